@@ -1,0 +1,187 @@
+"""Sentence-aligned chunks of about `budget` backbone tokens that exactly cover a document's text.
+
+Concatenating a document's chunks gives its text back. A chunk never crosses a segment marked
+`break_before` (a Markdown section, a dialogue session) and never splits an atomic segment (a
+dialogue turn); a sentence longer than the budget is cut at word boundaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from .parsers.base import ParsedDocument, Segment
+
+DEFAULT_CHUNK_TOKENS = 140
+
+_ABBREVIATIONS = {
+    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "prof", "vs", "etc", "e.g", "i.e", "no", "mt", "capt",
+    "col", "gen", "lt", "rev", "hon", "fig", "eq", "vol", "pp", "al", "approx", "dept", "inc", "ltd", "co",
+    "sgt", "cf", "ca", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+}
+# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) before whitespace,
+# or at a blank line.
+_END = re.compile(r"[.!?]+[\"')\]\u201d\u2019]*(?=\s)|\n[ \t]*\n")
+_WORD_BEFORE = re.compile(r"([\w.]+)[.!?]+[\"')\]]*$")
+
+
+class TokenCounter(Protocol):
+    def count(self, texts: list[str]) -> list[int]: ...
+
+    def offsets(self, text: str) -> list[tuple[int, int]]: ...
+
+
+def split_sentences(text: str) -> list[tuple[int, int]]:
+    """Spans of sentences covering `text` exactly; trailing whitespace stays with its sentence."""
+    spans = []
+    start = 0
+    for match in _END.finditer(text):
+        end = match.end()
+        if match.group().startswith("."):
+            word = _WORD_BEFORE.search(text[max(0, end - 24):end])
+            if word:
+                token = word.group(1).lower().rstrip(".")
+                # "Mr." or a single initial ("J.") do not end a sentence
+                if token in _ABBREVIATIONS or (len(token) == 1 and token.isalpha()):
+                    continue
+        while end < len(text) and text[end].isspace():
+            end += 1
+        if end > start:
+            spans.append((start, end))
+            start = end
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+@dataclass
+class Piece:
+    start: int
+    end: int
+    tokens: int
+    segment: Segment
+    new_chunk: bool = False  # a chunk must start here
+
+
+@dataclass
+class Chunk:
+    seq: int
+    start: int
+    end: int
+    text: str
+    n_tokens: int
+    segments: list[Segment] = field(default_factory=list)
+
+    def record(self) -> dict:
+        """The chunk as the store writes it, with provenance gathered from its segments."""
+        pages = [s.page for s in self.segments if s.page is not None]
+        speakers: list[str] = []
+        turn_ids: list[str] = []
+        times = [s.time for s in self.segments if s.time]
+        sessions: list[str] = []
+        for s in self.segments:
+            if s.speaker and s.speaker not in speakers:
+                speakers.append(s.speaker)
+            if s.turn_id and s.atomic:
+                turn_ids.append(s.turn_id)
+            if s.session and s.session not in sessions:
+                sessions.append(s.session)
+        return {
+            "seq": self.seq,
+            "text": self.text,
+            "content_hash": hashlib.sha256(self.text.encode("utf-8")).hexdigest(),
+            "n_tokens": self.n_tokens,
+            "char_start": self.start,
+            "char_end": self.end,
+            "page_start": min(pages) if pages else None,
+            "page_end": max(pages) if pages else None,
+            "speakers": speakers,
+            "session": ",".join(sessions) if sessions else None,
+            "turn_ids": turn_ids,
+            "time_start": times[0] if times else None,
+            "time_end": times[-1] if times else None,
+        }
+
+
+def _split_long(text: str, start: int, end: int, budget: int, counter: TokenCounter) -> list[tuple[int, int]]:
+    """Cut an over-long sentence into pieces of at most `budget` tokens at whitespace."""
+    piece = text[start:end]
+    offsets = counter.offsets(piece)
+    spans = []
+    cursor = 0
+    while len(offsets) > budget:
+        cut = offsets[budget - 1][1]
+        space = piece.rfind(" ", cursor + 1, cut + 1)
+        if space > cursor:
+            cut = space + 1
+        spans.append((start + cursor, start + cut))
+        cursor = cut
+        offsets = [o for o in offsets if o[0] >= cut]
+    spans.append((start + cursor, end))
+    return [s for s in spans if s[1] > s[0]]
+
+
+def make_pieces(doc: ParsedDocument, budget: int, counter: TokenCounter) -> list[Piece]:
+    spans: list[tuple[int, int, Segment, bool]] = []
+    for segment in doc.segments:
+        if segment.atomic:
+            spans.append((segment.start, segment.end, segment, segment.break_before))
+            continue
+        for i, (s, e) in enumerate(split_sentences(doc.text[segment.start:segment.end])):
+            spans.append((segment.start + s, segment.start + e, segment, segment.break_before and i == 0))
+    counts = counter.count([doc.text[s:e] for s, e, _, _ in spans]) if spans else []
+    pieces = []
+    for (start, end, segment, new_chunk), tokens in zip(spans, counts):
+        if tokens > budget and not segment.atomic:
+            for j, (s, e) in enumerate(_split_long(doc.text, start, end, budget, counter)):
+                n = counter.count([doc.text[s:e]])[0]
+                pieces.append(Piece(s, e, n, segment, new_chunk and j == 0))
+        else:
+            pieces.append(Piece(start, end, tokens, segment, new_chunk))
+    return pieces
+
+
+def chunk_document(
+    doc: ParsedDocument,
+    counter: TokenCounter,
+    budget: int = DEFAULT_CHUNK_TOKENS,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[Chunk]:
+    """Greedy packing of sentence pieces into chunks of at most `budget` tokens (a single atomic
+    turn longer than the budget becomes one chunk of its own)."""
+    doc.check()
+    pieces = make_pieces(doc, budget, counter)
+    chunks: list[Chunk] = []
+    current: list[Piece] = []
+
+    def close() -> None:
+        if not current:
+            return
+        start, end = current[0].start, current[-1].end
+        segments = []
+        for p in current:
+            if not segments or segments[-1] is not p.segment:
+                segments.append(p.segment)
+        chunks.append(
+            Chunk(len(chunks), start, end, doc.text[start:end], sum(p.tokens for p in current), segments)
+        )
+        current.clear()
+
+    # Whitespace-only pieces (blank lines between pages) join whatever chunk is open.
+    for index, piece in enumerate(pieces):
+        blank = not doc.text[piece.start:piece.end].strip()
+        if current and (piece.new_chunk or (not blank and sum(p.tokens for p in current) + piece.tokens > budget)):
+            close()
+        current.append(piece)
+        if on_progress and index % 200 == 0:
+            on_progress(index, len(pieces))
+    close()
+    if on_progress:
+        on_progress(len(pieces), len(pieces))
+    # Token counts of separately counted pieces differ slightly from the joined text's; recount.
+    if chunks:
+        for chunk, n in zip(chunks, counter.count([c.text for c in chunks])):
+            chunk.n_tokens = n
+    return chunks

@@ -1,0 +1,71 @@
+"""The `evsel` command: a thin door into the engine."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import __version__
+from .commands.ask import ask
+from .commands.docs import docs
+from .commands.ingest import ingest
+from .commands.models import models, sample
+from .errors import EvselError, user_message
+from .output import error
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 88}
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, prog_name="evsel")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", envvar="EVSEL_DEVICE",
+              show_default=True, help="Where the backbone runs (env EVSEL_DEVICE).")
+@click.option("--model", metavar="PATH", envvar="EVSEL_MODEL", default=None,
+              help="A local GGUF file or HF model folder instead of the bundled SmolLM2 (env EVSEL_MODEL).")
+@click.pass_context
+def cli(ctx, device, model):
+    """Ask questions about long documents; the evidence is chosen by the LLM that answers.
+
+    State lives in EVSEL_HOME (default: the platform's user data directory).
+    """
+    ctx.obj = {"device": device, "model": model}
+
+
+cli.add_command(ingest)
+cli.add_command(ask)
+cli.add_command(docs)
+cli.add_command(models)
+cli.add_command(sample)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="evsel", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        error("interrupted")
+        return 130
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
+    except EvselError as exc:
+        error(exc.line())
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        if os.environ.get("EVSEL_DEBUG"):
+            raise
+        error(user_message(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

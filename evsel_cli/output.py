@@ -1,0 +1,71 @@
+"""Everything the CLI prints. Results go to stdout; progress, warnings and errors to stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+stdout = Console(soft_wrap=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(data) -> None:
+    """Exactly one JSON document on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def error(message: str) -> None:
+    stderr.print(f"[bold red]evsel: error:[/] {message}", markup=True, highlight=False)
+
+
+def warning(message: str) -> None:
+    stderr.print(f"[yellow]evsel: warning:[/] {message}", markup=True, highlight=False)
+
+
+class ProgressView:
+    """Renders engine progress events as rich bars on stderr (a live display only on a terminal)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and stderr.is_terminal
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=stderr,
+            transient=True,
+        )
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> "ProgressView":
+        if self.enabled:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.progress.stop()
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("type")
+        if kind == "warning":
+            self._print(lambda: warning(event["message"]))
+        elif kind == "file" and event.get("status") == "failed" and event.get("error"):
+            from .errors import from_dict
+
+            self._print(lambda: error(from_dict(event["error"]).line()))
+        elif kind == "progress" and self.enabled:
+            name = event["task"]
+            total = max(int(event.get("total") or 1), 1)
+            description = event.get("label") or name
+            if name not in self.tasks:
+                self.tasks[name] = self.progress.add_task(description, total=total)
+            self.progress.update(self.tasks[name], description=description, completed=event.get("done", 0), total=total)
+
+    def _print(self, fn) -> None:
+        fn()  # rich keeps bars below printed lines while live

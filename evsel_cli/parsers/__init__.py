@@ -1,0 +1,66 @@
+"""Turn a file into parsed documents; pick the parser from --kind or the file itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputError
+from .base import ParsedDocument, Segment, TextBuilder
+from .dialogue import looks_like_transcript, parse_json_dialogue, parse_jsonl_dialogue, parse_transcript
+from .pdf import parse_epub, parse_pdf
+from .text import parse_book, read_text
+
+SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".epub", ".pdf", ".json", ".jsonl")
+KINDS = ("auto", "book", "pdf", "dialogue")
+
+__all__ = ["ParsedDocument", "Segment", "TextBuilder", "parse_file", "collect_files", "SUPPORTED_SUFFIXES", "KINDS"]
+
+
+def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None) -> list[ParsedDocument]:
+    """Parse one file into one or more documents (a LoCoMo JSON file holds several conversations)."""
+    warnings = warnings if warnings is not None else []
+    suffix = path.suffix.lower()
+    if not path.exists():
+        raise InputError("no such file", "check the path", path=str(path))
+    if suffix == ".pdf" or (kind == "pdf" and suffix not in (".epub",)):
+        if kind not in ("auto", "pdf"):
+            raise InputError(f"a PDF cannot be read as {kind}", "use --kind auto or pdf", path=str(path))
+        return [parse_pdf(path)]
+    if suffix == ".epub":
+        if kind == "dialogue":
+            raise InputError("an EPUB cannot be read as a dialogue", "use --kind auto or book", path=str(path))
+        return [parse_epub(path)]
+    text = read_text(path, warnings)
+    if suffix == ".json":
+        if kind == "book":
+            return [parse_book(path, text)]
+        return parse_json_dialogue(path, text)
+    if suffix == ".jsonl":
+        if kind == "book":
+            return [parse_book(path, text)]
+        return parse_jsonl_dialogue(path, text)
+    if kind == "dialogue" or (kind == "auto" and suffix not in (".md", ".markdown") and looks_like_transcript(text)):
+        return [parse_transcript(path, text)]
+    return [parse_book(path, text)]
+
+
+def collect_files(target: Path) -> list[Path]:
+    """A file as given, or the supported files under a directory (hidden ones skipped), sorted."""
+    if not target.exists():
+        raise InputError("no such file or directory", "check the path", path=str(target))
+    if target.is_file():
+        return [target]
+    found = sorted(
+        p
+        for p in target.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in SUPPORTED_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(target).parts)
+    )
+    if not found:
+        raise InputError(
+            "the directory has no supported files",
+            f"evsel reads {', '.join(SUPPORTED_SUFFIXES)}",
+            path=str(target),
+        )
+    return found

@@ -1,0 +1,105 @@
+"""PDF and EPUB through pymupdf. PDF pages keep their 1-based numbers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pymupdf
+
+from ..errors import InputError
+from .base import ParsedDocument, TextBuilder
+
+pymupdf.TOOLS.mupdf_display_errors(False)  # its own warnings go to stderr; ours say what to do
+
+_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
+_TRAILING_SPACE = re.compile(r"[ \t]+\n")
+
+
+def _open(path: Path, filetype: str) -> pymupdf.Document:
+    if path.stat().st_size == 0:
+        raise InputError("the file is empty", "give a non-empty file", path=str(path))
+    try:
+        doc = pymupdf.open(str(path), filetype=filetype)
+    except (pymupdf.FileDataError, pymupdf.EmptyFileError, RuntimeError, ValueError) as exc:
+        raise InputError(
+            f"cannot read this {filetype.upper()}: it is damaged or not a {filetype.upper()} ({exc})",
+            "re-export or re-download the file",
+            path=str(path),
+        ) from exc
+    if doc.needs_pass:
+        doc.close()
+        raise InputError(
+            f"the {filetype.upper()} is encrypted with a password",
+            "decrypt it first (for example: qpdf --decrypt --password=... in.pdf out.pdf)",
+            path=str(path),
+        )
+    return doc
+
+
+def clean_page_text(text: str) -> str:
+    """Join words hyphenated across line ends and drop trailing spaces; keep line structure."""
+    text = text.replace("\r\n", "\n").replace("\x00", "")
+    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    return _TRAILING_SPACE.sub("\n", text)
+
+
+def parse_pdf(path: Path) -> ParsedDocument:
+    doc = _open(path, "pdf")
+    try:
+        builder = TextBuilder()
+        labels = {}
+        n_pages = doc.page_count
+        for index in range(n_pages):
+            page = doc.load_page(index)
+            try:
+                text = clean_page_text(page.get_text("text"))
+            except RuntimeError as exc:
+                raise InputError(
+                    f"cannot extract text from page {index + 1} ({exc})", "re-export the PDF", path=str(path)
+                ) from exc
+            label = page.get_label() if hasattr(page, "get_label") else ""
+            if label and label != str(index + 1):
+                labels[str(index + 1)] = label
+            if text.strip():
+                if not text.endswith("\n"):
+                    text += "\n"
+                builder.add(text + "\n", page=index + 1)
+        meta = doc.metadata or {}
+    finally:
+        doc.close()
+    if not builder.segments:
+        raise InputError(
+            f"no extractable text in {n_pages} page(s): it looks scanned or image-only",
+            "OCR is not supported; run OCR first (for example ocrmypdf) and ingest its output",
+            path=str(path),
+        )
+    title = (meta.get("title") or "").strip() or path.stem.replace("_", " ")
+    metadata = {"pages": n_pages, "author": (meta.get("author") or "").strip()}
+    if labels:
+        metadata["page_labels"] = labels
+    return ParsedDocument(text=builder.text(), kind="pdf", title=title, segments=builder.segments, metadata=metadata)
+
+
+def parse_epub(path: Path) -> ParsedDocument:
+    """EPUB as a book: reflowed pages carry no stable page numbers, so none are kept."""
+    doc = _open(path, "epub")
+    try:
+        texts = []
+        for index in range(doc.page_count):
+            text = clean_page_text(doc.load_page(index).get_text("text"))
+            if text.strip():
+                texts.append(text if text.endswith("\n") else text + "\n")
+        meta = doc.metadata or {}
+    finally:
+        doc.close()
+    builder = TextBuilder()
+    for text in texts:
+        builder.add(text)
+    if not builder.segments:
+        raise InputError("the EPUB has no text", "check the file in an e-book reader", path=str(path))
+    title = (meta.get("title") or "").strip() or path.stem.replace("_", " ")
+    return ParsedDocument(
+        text=builder.text(), kind="book", title=title, segments=builder.segments,
+        metadata={"author": (meta.get("author") or "").strip()},
+    )

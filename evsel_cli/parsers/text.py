@@ -1,0 +1,69 @@
+"""Plain text and Markdown books: bytes to text with honest decoding."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import InputError
+from .base import ParsedDocument, TextBuilder
+
+# Control characters other than tab, newline, carriage return and form feed mark binary data.
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0e-\x1f]")
+
+
+def read_text(path: Path, warnings: list[str]) -> str:
+    """Read a text file; reject empty and binary files; fall back from UTF-8 and say so."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise InputError("the file is empty", "give a file with some text in it", path=str(path))
+    head = data[:65536]
+    if b"\x00" in head or len(_CONTROL.findall(head)) > max(8, len(head) // 100):
+        raise InputError(
+            "this looks like a binary file, not text",
+            "ingest .txt, .md, .epub, .pdf, .json or .jsonl files",
+            path=str(path),
+        )
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        try:
+            text = data.decode("cp1252")
+            encoding = "cp1252"
+        except UnicodeDecodeError:
+            text = data.decode("latin-1")
+            encoding = "latin-1"
+        warnings.append(
+            f"{path}: not valid UTF-8 (byte {exc.start}); decoded as {encoding}, "
+            "check the text or convert the file to UTF-8"
+        )
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        raise InputError("the file has no text", "give a file with some text in it", path=str(path))
+    return text
+
+
+_MD_HEADING = re.compile(r"^#{1,6} ", re.M)
+
+
+def guess_title(text: str, path: Path) -> str:
+    for line in text.splitlines()[:40]:
+        stripped = line.strip()
+        if stripped.startswith("# "):
+            return stripped[2:].strip()
+    for line in text.splitlines()[:40]:
+        stripped = line.strip()
+        if stripped.lower().startswith("title:"):
+            return stripped[6:].strip()
+    return path.stem.replace("_", " ")
+
+
+def parse_book(path: Path, text: str) -> ParsedDocument:
+    """A book: one segment per Markdown section, so chunks start at headings."""
+    builder = TextBuilder()
+    starts = [m.start() for m in _MD_HEADING.finditer(text)] if path.suffix.lower() == ".md" else []
+    bounds = [0] + [s for s in starts if s > 0] + [len(text)]
+    for index, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        builder.add(text[start:end], break_before=index > 0)
+    doc = ParsedDocument(text=text, kind="book", title=guess_title(text, path), segments=builder.segments)
+    return doc

