@@ -21,8 +21,10 @@ def db_path() -> Path:
 
 
 def model_cache_dir() -> Path:
-    """Dense copies of GGUF backbones and other per-model artifacts, keyed by fingerprint."""
-    path = evsel_home() / "models"
+    """Dense copies of GGUF backbones and other per-model artifacts, keyed by fingerprint.
+    $EVSEL_MODEL_CACHE lets several homes (tests, users) share one copy."""
+    override = os.environ.get("EVSEL_MODEL_CACHE")
+    path = Path(override).expanduser() if override else evsel_home() / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

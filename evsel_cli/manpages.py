@@ -1,0 +1,96 @@
+"""Generate man pages for `evsel` and each command from the CLI's own help.
+
+    python -m evsel.manpages man/          # write the pages
+    python -m evsel.manpages --check man/  # exit 1 if they drifted from --help
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+WIDTH = 80
+
+
+def _escape(text: str) -> str:
+    lines = []
+    for line in text.replace("\\", "\\\\").replace("-", "\\-").splitlines():
+        if line.startswith((".", "'")):
+            line = "\\&" + line
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _commands(group: click.Group, prefix: list[str]):
+    ctx = click.Context(group, info_name=" ".join(prefix))
+    for name in sorted(group.list_commands(ctx)):
+        command = group.get_command(ctx, name)
+        yield prefix + [name], command
+        if isinstance(command, click.Group):
+            yield from _commands(command, prefix + [name])
+
+
+def _help_text(command: click.Command, words: list[str]) -> str:
+    parent = None
+    for i, word in enumerate(words[:-1]):
+        parent = click.Context(click.Group(word), info_name=word, parent=parent)
+    ctx = click.Context(command, info_name=words[-1], parent=parent, terminal_width=WIDTH, max_content_width=WIDTH)
+    return command.get_help(ctx)
+
+
+def render(command: click.Command, words: list[str], subcommands: list[list[str]]) -> str:
+    name = "-".join(words)
+    summary = (command.get_short_help_str(limit=200) or "").rstrip(".")
+    out = [
+        f'.TH "{name.upper()}" "1" "" "evsel {__version__}" "evsel manual"',
+        ".SH NAME",
+        f"{_escape(name)} \\- {_escape(summary)}",
+        ".SH HELP",
+        ".nf",
+        _escape(_help_text(command, words)),
+        ".fi",
+    ]
+    if subcommands:
+        out.append(".SH SEE ALSO")
+        out.append(", ".join(f"\\fB{'-'.join(s)}\\fR(1)" for s in subcommands))
+    return "\n".join(out) + "\n"
+
+
+def pages() -> dict[str, str]:
+    from .cli import cli
+
+    found = list(_commands(cli, ["evsel"]))
+    result = {"evsel.1": render(cli, ["evsel"], [w for w, _ in found])}
+    for words, command in found:
+        result["-".join(words) + ".1"] = render(command, words, [])
+    return result
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    args = [a for a in argv if a != "--check"]
+    target = Path(args[0] if args else "man")
+    wanted = pages()
+    if check:
+        present = {p.name: p.read_text() for p in target.glob("*.1")} if target.is_dir() else {}
+        drift = sorted(n for n in set(wanted) | set(present) if wanted.get(n) != present.get(n))
+        if drift:
+            print(f"man pages drifted from --help: {', '.join(drift)}; run: python -m evsel.manpages {target}",
+                  file=sys.stderr)
+            return 1
+        return 0
+    target.mkdir(parents=True, exist_ok=True)
+    for old in target.glob("*.1"):
+        if old.name not in wanted:
+            old.unlink()
+    for name, text in wanted.items():
+        (target / name).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
