@@ -42,7 +42,10 @@ cli.add_command(sample)
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cli.main(args=argv, prog_name="evsel", standalone_mode=False)
+        # without standalone mode click returns ctx.exit(n)'s code instead of raising it
+        code = cli.main(args=argv, prog_name="evsel", standalone_mode=False)
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
