@@ -10,6 +10,7 @@ import click
 from . import __version__
 from .commands.ask import ask
 from .commands.docs import docs
+from .commands.eval import eval_command
 from .commands.ingest import ingest
 from .commands.models import models, sample
 from .errors import EvselError, user_message
@@ -36,6 +37,7 @@ def cli(ctx, device, model):
 cli.add_command(ingest)
 cli.add_command(ask)
 cli.add_command(docs)
+cli.add_command(eval_command)
 cli.add_command(models)
 cli.add_command(sample)
 

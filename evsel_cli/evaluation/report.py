@@ -1,0 +1,157 @@
+"""Evaluation output: a rich table, a recall@k plot, and where/how a run was made."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.table import Table
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _ms(latency: dict, stage: str) -> str:
+    entry = latency.get(stage)
+    if not entry:
+        return "-"
+    return f"{entry['median'] * 1000:.0f} / {entry['p95'] * 1000:.0f}"
+
+
+def headline_k(ks: list[int]) -> int:
+    return 5 if 5 in ks else ks[len(ks) // 2]
+
+
+def tables(result: dict) -> list[Table]:
+    """The headline table (one row per method) and a per-group recall table."""
+    ks = result["config"]["k"]
+    hk = headline_k(ks)
+    methods = result["methods"]
+    data = result["dataset"]
+    separate = data.get("separate_groups") or []
+    caption = (f"{data['questions']} questions ({data['questions_with_gold']} with gold), "
+               f"{data['documents']} documents, {data['chunks']} chunks of ~{data['chunk_tokens_mean']:.0f} tokens"
+               + (f"; headline excludes {', '.join(separate)}" if separate else ""))
+    main = Table(title=f"evsel eval {data['name']}", caption=caption)
+    main.add_column("method")
+    for k in ks:
+        main.add_column(f"R@{k}", justify="right")
+    main.add_column(f"all@{hk}", justify="right")
+    main.add_column("MRR", justify="right")
+    generate = result["config"]["generate"]
+    if generate:
+        for name in ("EM", "F1"):
+            main.add_column(name, justify="right")
+        if any("locomo_f1" in m for m in methods.values()):
+            main.add_column("LoCoMo F1", justify="right")
+        if any("pair_accuracy" in m for m in methods.values()):
+            main.add_column("claim acc", justify="right")
+            main.add_column("pair acc", justify="right")
+        main.add_column("prompt tok", justify="right")
+    main.add_column("select ms med/p95", justify="right")
+    if generate:
+        main.add_column("generate ms med/p95", justify="right")
+    main.add_column("index s", justify="right")
+    for spec, m in methods.items():
+        row = [spec] + [_fmt(m.get(f"recall@{k}")) for k in ks] + [_fmt(m.get(f"complete@{hk}")), _fmt(m.get("mrr"))]
+        if generate:
+            row += [_fmt(m.get("em")), _fmt(m.get("f1"))]
+            if any("locomo_f1" in x for x in methods.values()):
+                row.append(_fmt(m.get("locomo_f1")))
+            if any("pair_accuracy" in x for x in methods.values()):
+                row += [_fmt(m.get("correct")), _fmt(m.get("pair_accuracy"))]
+            tokens = m.get("prompt_tokens")
+            note = f" ({m['not_fitting']} too long)" if m.get("not_fitting") else ""
+            row.append((f"{tokens:.0f}" if tokens is not None else "-") + note)
+        row.append(_ms(m["latency"], "select_s"))
+        if generate:
+            row.append(_ms(m["latency"], "generate_s"))
+        row.append(f"{m['index_s']:.1f}")
+        main.add_row(*row)
+    out = [main]
+    groups = sorted({g for m in methods.values() for g in m["groups"]})
+    if len(groups) > 1:
+        by_group = Table(title=f"recall@{hk} by group (questions with gold)")
+        by_group.add_column("method")
+        for g in groups:
+            n = next(m["groups"][g]["with_gold"] for m in methods.values() if g in m["groups"])
+            by_group.add_column(f"{g} ({n})", justify="right")
+        for spec, m in methods.items():
+            by_group.add_row(spec, *[_fmt(m["groups"].get(g, {}).get(f"recall@{hk}")) for g in groups])
+        out.append(by_group)
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    """recall@k against k, one line per ranking method."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    ks = result["config"]["k"]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for spec, m in result["methods"].items():
+        values = [m.get(f"recall@{k}") for k in ks]
+        if all(v is not None for v in values):
+            ax.plot(ks, values, marker="o", label=spec)
+    data = result["dataset"]
+    ax.set_title(f"{data['name']}: evidence recall@k ({data['questions_with_gold']} questions)")
+    ax.set_xlabel("k (chunks selected)")
+    ax.set_ylabel("recall@k")
+    ax.set_xticks(ks)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                                capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit or None
+
+
+def run_info(argv: list[str] | None = None) -> dict:
+    """Machine, commit, command and time of a run, for RESULTS.md."""
+    import torch
+
+    return {
+        "command": " ".join(argv if argv is not None else sys.argv),
+        "commit": git_commit(),
+        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": _cpu_model(),
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "platform": platform.platform(terse=True),
+        },
+    }

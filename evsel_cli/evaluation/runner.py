@@ -1,0 +1,346 @@
+"""Run every method over the same documents, chunks and questions, and score them.
+
+Documents are parsed and chunked in memory exactly as `evsel ingest` would (same parsers, same
+chunker, the backbone's tokenizer), never written to the user's store. A method is any registered
+selector by name (`bm25`, `dense`, `random`, later `unreal`, ...), a fusion `rrf:OTHER`, a first
+stage followed by a reranker of its top 50 (`bm25>qrranker`), or `full`: the whole document read
+by the generator when it fits the context window (answers only, no ranking).
+
+Selectors get the engine as `engine=` (those that need the backbone use `engine.backbone`). A
+selector may define `prepare(chunks)` to build its index before the questions; that time is
+reported as index time, not per-question latency.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from evsel import chunker
+from evsel.errors import EvselError, ModelError
+from evsel.store import ChunkRecord
+
+from . import metrics
+from .datasets import EvalDataset, EvalQuestion
+from .gold import resolve
+
+RERANK_DEPTH = 50  # candidates a reranker re-scores, as in QRRanker
+CLAIM_PROMPT = "Is this claim about the book true or false? Claim: {claim}\nAnswer with one word: True or False."
+
+
+@dataclass
+class EvalConfig:
+    methods: list[str]
+    ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10])
+    generate: bool = False
+    limit: int | None = None  # at most this many questions, evenly spaced over the dataset
+    top_n: int = 5  # passages given to the generator
+    chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS
+    max_new_tokens: int = 32
+    per_question: bool = False  # keep each question's record in the result
+
+
+def _ignore(_event: dict) -> None:
+    pass
+
+
+def select_questions(questions: list[EvalQuestion], limit: int | None) -> list[EvalQuestion]:
+    """All questions, or `limit` of them evenly spaced (deterministic, covers every document)."""
+    if limit is None or limit >= len(questions):
+        return list(questions)
+    if limit < 1:
+        raise EvselError(f"--limit {limit} must be at least 1")
+    return [questions[(i * len(questions)) // limit] for i in range(limit)]
+
+
+class Method:
+    """One method spec turned into selectors."""
+
+    def __init__(self, spec: str, engine):
+        self.spec = spec
+        self.full = spec == "full"
+        self.first = self.rerank = None
+        if self.full:
+            return
+        from evsel.models.selectors import get_selector
+
+        first, _, rerank = spec.partition(">")
+        name, _, arg = first.partition(":")
+        kwargs = {"other": arg} if arg else {}
+        if arg and name != "rrf":
+            raise EvselError(f"method {spec!r}: only rrf takes an argument (rrf:OTHER)")
+        self.first = get_selector(name, engine=engine, **kwargs)
+        self.rerank = get_selector(rerank, engine=engine) if rerank else None
+
+    def prepare(self, chunks: list[ChunkRecord]) -> None:
+        for selector in (self.first, self.rerank):
+            if selector is not None and hasattr(selector, "prepare"):
+                selector.prepare(chunks)
+
+    def rank(self, question: str, chunks: list[ChunkRecord]) -> tuple[list[ChunkRecord], dict[str, float]]:
+        timings = {}
+        t = time.perf_counter()
+        ranked = [s.chunk for s in self.first.rank(question, chunks)]
+        timings["select_s"] = time.perf_counter() - t
+        if self.rerank is not None:
+            t = time.perf_counter()
+            head = [s.chunk for s in self.rerank.rank(question, ranked[:RERANK_DEPTH])]
+            ranked = head + ranked[RERANK_DEPTH:]
+            timings["rerank_s"] = time.perf_counter() - t
+        return ranked, timings
+
+
+@dataclass
+class Corpus:
+    """The parsed documents and their chunks, shared by every method."""
+
+    parsed: dict = field(default_factory=dict)  # key -> ParsedDocument
+    chunks: dict = field(default_factory=dict)  # key -> list[ChunkRecord]
+    seconds: float = 0.0
+
+    def scope(self, keys: list[str]) -> list[ChunkRecord]:
+        return [c for k in keys for c in self.chunks[k]]
+
+
+def build_corpus(dataset: EvalDataset, keys: list[str], counter, chunk_tokens: int,
+                 on_event: Callable[[dict], None] = _ignore) -> Corpus:
+    corpus = Corpus()
+    started = time.perf_counter()
+    next_id = 1
+    for index, key in enumerate(keys):
+        on_event({"type": "progress", "task": "docs", "label": f"chunking {key[-40:]}", "done": index,
+                  "total": len(keys)})
+        parsed = dataset.loaders[key]()
+        records = []
+        for chunk in chunker.chunk_document(parsed, counter, chunk_tokens):
+            records.append(ChunkRecord(id=next_id, doc_id=index + 1, title=parsed.title, kind=parsed.kind,
+                                       path=key, **chunk.record()))
+            next_id += 1
+        corpus.parsed[key] = parsed
+        corpus.chunks[key] = records
+    on_event({"type": "progress", "task": "docs", "label": "chunked", "done": len(keys), "total": len(keys)})
+    corpus.seconds = time.perf_counter() - started
+    return corpus
+
+
+def gold_units(question: EvalQuestion, corpus: Corpus, tally: dict[str, int]) -> list[set[int]]:
+    """Gold as sets of chunk ids; `tally` counts how each item was resolved."""
+    units = []
+    for gold in question.gold:
+        found: set[int] = set()
+        hows = []
+        for key in ([gold.doc] if gold.doc else question.docs):
+            chunks = corpus.chunks[key]
+            indexes, how = resolve(gold, corpus.parsed[key], chunks)
+            found.update(chunks[i].id for i in indexes)
+            hows.append(how)
+        how = next((h for h in hows if h != "unresolved"), "unresolved")
+        tally[how] = tally.get(how, 0) + 1
+        if found:
+            units.append(found)
+    return metrics.dedupe_units(units)
+
+
+def _generate(engine, question: EvalQuestion, passages: list[ChunkRecord], max_new_tokens: int,
+              claims: bool) -> dict:
+    from evsel.answer import build_messages
+    from evsel.models.selectors import Scored
+
+    text = CLAIM_PROMPT.format(claim=question.question) if claims else question.question
+    in_order = sorted(passages, key=lambda c: (c.doc_id, c.seq))
+    messages = build_messages(text, [Scored(c, 0.0, i) for i, c in enumerate(in_order, 1)])
+    t = time.perf_counter()
+    out = engine.backbone.generate(messages, max_new_tokens)
+    out["generate_s"] = time.perf_counter() - t
+    return out
+
+
+def _fits(engine, question: EvalQuestion, chunks: list[ChunkRecord], max_new_tokens: int) -> bool:
+    """Does the whole scope, as one prompt, fit the backbone's window? (tokens counted, not guessed)"""
+    from evsel.answer import build_messages
+    from evsel.models.selectors import Scored
+
+    window = engine.backbone.config.max_position_embeddings
+    # cheap bound first: a scope far over the window is not worth templating
+    if sum(c.n_tokens for c in chunks) > window:
+        return False
+    messages = build_messages(question.question, [Scored(c, 0.0, i) for i, c in enumerate(chunks, 1)])
+    return engine.backbone.chat_ids(messages).shape[1] + max_new_tokens <= window
+
+
+def _score_answer(dataset: EvalDataset, question: EvalQuestion, answer: str) -> dict:
+    scores = {}
+    if question.answers:
+        scores["em"] = metrics.exact_match(answer, question.answers)
+        scores["f1"] = metrics.token_f1(answer, question.answers)
+    if dataset.answer_metric == "locomo":
+        reference = question.answers[0] if question.answers else ""
+        scores["locomo_f1"] = metrics.locomo_f1(answer, reference, question.meta.get("category", 0))
+    if dataset.answer_metric == "claims":
+        verdict = metrics.claim_verdict(answer)
+        scores["verdict"] = verdict
+        scores["correct"] = float(verdict is not None and verdict == question.meta["label"])
+    return scores
+
+
+def _summary(records: list[dict], ks: list[int], claims: bool) -> dict:
+    """Means over the records of one method (one group or the headline)."""
+    ranked = [r for r in records if "ranking" in r]
+    out: dict = {"questions": len(records), "with_gold": len(ranked)}
+    if ranked:
+        for key in [f"recall@{k}" for k in ks] + [f"complete@{k}" for k in ks] + \
+                   [f"chunk_recall@{k}" for k in ks] + ["mrr"]:
+            out[key] = metrics.mean([r["ranking"][key] for r in ranked])
+    answered = [r for r in records if "answer" in r]
+    if answered:
+        for key in ("em", "f1", "locomo_f1", "correct"):
+            values = [r["scores"][key] for r in answered if key in r["scores"]]
+            if values:
+                out[key] = metrics.mean(values)
+        out["prompt_tokens"] = metrics.mean([r["prompt_tokens"] for r in answered])
+        out["answered"] = len(answered)
+        if claims:
+            pairs: dict[str, list[bool]] = {}
+            for r in answered:
+                pairs.setdefault(r["pair"], []).append(bool(r["scores"]["correct"]))
+            complete = {p: v for p, v in pairs.items() if len(v) == 2}
+            out["pair_accuracy"] = metrics.pair_accuracy(complete)
+            out["pairs"] = len(complete)
+    evidence = [r["evidence_tokens"] for r in records if "evidence_tokens" in r]
+    if evidence:
+        out["evidence_tokens"] = metrics.mean(evidence)
+    return out
+
+
+def _latency(records: list[dict]) -> dict:
+    out = {}
+    for stage in ("select_s", "rerank_s", "generate_s"):
+        values = [r["timings"][stage] for r in records if stage in r.get("timings", {})]
+        if values:
+            out[stage] = {"median": metrics.median(values), "p95": metrics.percentile(values, 95), "n": len(values)}
+    return out
+
+
+def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[dict], None] = _ignore) -> dict:
+    """Evaluate `config.methods` on `dataset`. Returns a plain dict (see the --json output)."""
+    if not config.methods:
+        raise EvselError("no methods to evaluate", "give --methods, e.g. bm25,dense,random")
+    if any(k < 1 for k in config.ks) or not config.ks:
+        raise EvselError("--k needs positive integers, e.g. 1,3,5,10")
+    ks = sorted(set(config.ks))
+    claims = dataset.task == "claims"
+    if claims and not config.generate:
+        raise EvselError(f"{dataset.name} has no gold evidence; its metric is answer accuracy",
+                         "add --generate")
+    if "full" in config.methods and not config.generate:
+        raise EvselError("the full-context baseline only reads, it does not rank", "add --generate or drop full")
+    started = time.perf_counter()
+    methods = [Method(spec, engine) for spec in config.methods]
+    questions = select_questions(dataset.questions, config.limit)
+    keys = list(dict.fromkeys(k for q in questions for k in q.docs))
+    corpus = build_corpus(dataset, keys, engine.backbone, config.chunk_tokens, on_event)
+
+    tally: dict[str, int] = {}
+    units = {q.qid: gold_units(q, corpus, tally) for q in questions}
+    scopes: dict[tuple, list[EvalQuestion]] = {}
+    for q in questions:
+        scopes.setdefault(tuple(q.docs), []).append(q)
+
+    results: dict[str, dict] = {}
+    per_question: dict[str, list[dict]] = {}
+    total = len(questions) * len(methods)
+    done = 0
+    for method in methods:
+        records: list[dict] = []
+        index_s = 0.0
+        not_fitting = 0
+        for scope_keys, scope_questions in scopes.items():
+            chunks = corpus.scope(list(scope_keys))
+            if not method.full:
+                t = time.perf_counter()
+                method.prepare(chunks)
+                index_s += time.perf_counter() - t
+            for q in scope_questions:
+                on_event({"type": "progress", "task": "questions", "label": f"{method.spec}: {q.qid[-30:]}",
+                          "done": done, "total": total})
+                done += 1
+                record: dict = {"qid": q.qid, "group": q.group, "timings": {}}
+                if claims:
+                    record["pair"] = q.meta["pair"]
+                if method.full:
+                    if not _fits(engine, q, chunks, config.max_new_tokens):
+                        not_fitting += 1
+                        records.append(record)
+                        continue
+                    passages = chunks
+                else:
+                    ranked, timings = method.rank(q.question, chunks)
+                    record["timings"].update(timings)
+                    passages = ranked[: config.top_n]
+                    record["evidence_tokens"] = sum(c.n_tokens for c in passages)
+                    if units[q.qid]:
+                        ids = [c.id for c in ranked]
+                        record["ranking"] = metrics.ranking_metrics(ids, units[q.qid], ks)
+                        if config.per_question:
+                            record["top"] = ids[: max(ks)]
+                            record["gold"] = [sorted(u) for u in units[q.qid]]
+                if config.generate:
+                    try:
+                        out = _generate(engine, q, passages, config.max_new_tokens, claims)
+                    except ModelError as exc:  # prompt over the window: say so, do not guess
+                        record["error"] = exc.message
+                    else:
+                        record["answer"] = out["text"]
+                        record["prompt_tokens"] = out["prompt_tokens"]
+                        record["timings"]["generate_s"] = out["generate_s"]
+                        record["scores"] = _score_answer(dataset, q, out["text"])
+                records.append(record)
+        headline = [r for r in records if r["group"] not in dataset.separate_groups]
+        groups = sorted({r["group"] for r in records})
+        results[method.spec] = {
+            **_summary(headline, ks, claims),
+            "latency": _latency(records),
+            "index_s": index_s,
+            "groups": {g: _summary([r for r in records if r["group"] == g], ks, claims) for g in groups},
+        }
+        if method.full:
+            results[method.spec]["not_fitting"] = not_fitting
+        if config.per_question:
+            per_question[method.spec] = records
+    on_event({"type": "progress", "task": "questions", "label": "done", "done": total, "total": total})
+
+    n_chunks = sum(len(v) for v in corpus.chunks.values())
+    result = {
+        "dataset": {
+            "name": dataset.name,
+            "source": dataset.source,
+            "documents": len(keys),
+            "questions": len(questions),
+            "questions_in_dataset": len(dataset.questions),
+            "questions_with_gold": sum(1 for q in questions if units[q.qid]),
+            "chunks": n_chunks,
+            "chunk_tokens_mean": (sum(c.n_tokens for v in corpus.chunks.values() for c in v) / n_chunks)
+            if n_chunks else 0,
+            "gold_resolution": tally,
+            "separate_groups": list(dataset.separate_groups),
+            "notes": dataset.notes,
+        },
+        "config": {
+            "methods": config.methods,
+            "k": ks,
+            "generate": config.generate,
+            "limit": config.limit,
+            "top_n": config.top_n,
+            "chunk_tokens": config.chunk_tokens,
+            "max_new_tokens": config.max_new_tokens,
+        },
+        "methods": results,
+        "seconds": {"chunking": corpus.seconds, "total": time.perf_counter() - started},
+    }
+    if config.generate or any(m.first is not None and m.first.needs_model for m in methods):
+        result["config"]["backbone"] = engine.backbone.name
+        result["config"]["fingerprint"] = engine.backbone.fingerprint
+    if config.per_question:
+        result["per_question"] = per_question
+    return result

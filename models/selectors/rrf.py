@@ -1,0 +1,39 @@
+"""Reciprocal-rank fusion of BM25 and another selector (dense by default):
+score = sum over the two rankings of 1 / (K + rank). Cheap, and the usual companion of a
+model-internal selector whose signal is weak alone."""
+
+from __future__ import annotations
+
+from evsel.errors import EvselError
+from evsel.store import ChunkRecord
+
+from . import get_selector, register
+from .base import Selector
+
+K = 60  # the constant of Cormack et al. (2009)
+
+
+@register("rrf")
+class RRFSelector(Selector):
+    name = "rrf"
+
+    def __init__(self, other: str = "dense", engine=None, **kwargs):
+        if other in ("rrf", "bm25"):
+            raise EvselError(f"rrf fuses bm25 with another selector, not {other!r}", "use e.g. rrf:dense")
+        self.name = f"rrf:{other}"
+        self.parts = [get_selector("bm25", engine=engine), get_selector(other, engine=engine)]
+        self.needs_model = any(p.needs_model for p in self.parts)
+
+    def prepare(self, chunks: list[ChunkRecord]) -> None:
+        for part in self.parts:
+            if hasattr(part, "prepare"):
+                part.prepare(chunks)
+
+    def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
+        fused = [0.0] * len(chunks)
+        for part in self.parts:
+            values = part.scores(question, chunks)
+            order = sorted(range(len(chunks)), key=lambda i: -values[i])
+            for rank, i in enumerate(order, 1):
+                fused[i] += 1.0 / (K + rank)
+        return fused
