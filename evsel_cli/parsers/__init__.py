@@ -7,7 +7,6 @@ from pathlib import Path
 from ..errors import InputError
 from .base import ParsedDocument, Segment, TextBuilder
 from .dialogue import looks_like_transcript, parse_json_dialogue, parse_jsonl_dialogue, parse_transcript
-from .pdf import parse_epub, parse_pdf
 from .text import parse_book, read_text
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".epub", ".pdf", ".json", ".jsonl")
@@ -22,6 +21,8 @@ def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None
     suffix = path.suffix.lower()
     if not path.exists():
         raise InputError("no such file", "check the path", path=str(path))
+    if suffix in (".pdf", ".epub") or kind == "pdf":
+        from .pdf import parse_epub, parse_pdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
     if suffix == ".pdf" or (kind == "pdf" and suffix not in (".epub",)):
         if kind not in ("auto", "pdf"):
             raise InputError(f"a PDF cannot be read as {kind}", "use --kind auto or pdf", path=str(path))
