@@ -16,15 +16,22 @@ from .parsers.base import ParsedDocument, Segment
 
 DEFAULT_CHUNK_TOKENS = 140
 
+# Words that a period follows without ending the sentence. Titles always precede a name.
+_TITLES = {
+    "mr", "mrs", "ms", "messrs", "mme", "mlle", "dr", "st", "prof", "capt", "col", "gen", "lt", "rev", "hon",
+    "sgt", "mt", "fr", "sen", "rep", "gov", "supt", "insp",
+}
+# These may also end a sentence: they do when the next word is capitalised.
 _ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "prof", "vs", "etc", "e.g", "i.e", "no", "mt", "capt",
-    "col", "gen", "lt", "rev", "hon", "fig", "eq", "vol", "pp", "al", "approx", "dept", "inc", "ltd", "co",
-    "sgt", "cf", "ca", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+    "jr", "sr", "vs", "etc", "e.g", "i.e", "fig", "figs", "eq", "vol", "pp", "al", "approx", "dept", "inc",
+    "ltd", "co", "cf", "ca", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
 }
 # A sentence ends at . ! ? (optionally followed by closing quotes/brackets) before whitespace,
 # or at a blank line.
 _END = re.compile(r"[.!?]+[\"')\]\u201d\u2019]*(?=\s)|\n[ \t]*\n")
-_WORD_BEFORE = re.compile(r"([\w.]+)[.!?]+[\"')\]]*$")
+_WORD_BEFORE = re.compile(r"([\w.]+)\.$")
+_DOTTED = re.compile(r"(?:\w\.)+\w")  # e.g, U.S, p.m
+_NEXT_WORD = re.compile(r"\s*[\"'(\[\u201c\u2018]*(\w)")
 
 
 class TokenCounter(Protocol):
@@ -33,19 +40,34 @@ class TokenCounter(Protocol):
     def offsets(self, text: str) -> list[tuple[int, int]]: ...
 
 
+def _ends_sentence(text: str, end: int) -> bool:
+    """Whether the bare period just before `end` ends a sentence ("Mr.", "J.", "e.g." do not)."""
+    word = _WORD_BEFORE.search(text[max(0, end - 24):end])
+    if not word:
+        return True
+    token = word.group(1).rstrip(".")
+    lower = token.lower()
+    following = _NEXT_WORD.match(text, end)
+    next_char = following.group(1) if following else ""
+    if lower in _TITLES:
+        return False
+    if len(token) == 1 and token.isupper() and token != "I":  # an initial; "I." is mostly the pronoun
+        return False
+    if lower == "no":  # "No. 5", but "he said no."
+        return not next_char.isdigit()
+    if lower in _ABBREVIATIONS or _DOTTED.fullmatch(token):
+        return next_char.isupper()
+    return True
+
+
 def split_sentences(text: str) -> list[tuple[int, int]]:
     """Spans of sentences covering `text` exactly; trailing whitespace stays with its sentence."""
     spans = []
     start = 0
     for match in _END.finditer(text):
         end = match.end()
-        if match.group().startswith("."):
-            word = _WORD_BEFORE.search(text[max(0, end - 24):end])
-            if word:
-                token = word.group(1).lower().rstrip(".")
-                # "Mr." or a single initial ("J.") do not end a sentence
-                if token in _ABBREVIATIONS or (len(token) == 1 and token.isalpha()):
-                    continue
+        if match.group() == "." and not _ends_sentence(text, end):
+            continue
         while end < len(text) and text[end].isspace():
             end += 1
         if end > start:
@@ -156,32 +178,40 @@ def chunk_document(
     chunks: list[Chunk] = []
     current: list[Piece] = []
 
-    def close() -> None:
-        if not current:
-            return
-        start, end = current[0].start, current[-1].end
+    def emit(group: list[Piece], n_tokens: int) -> None:
+        start, end = group[0].start, group[-1].end
         segments = []
-        for p in current:
+        for p in group:
             if not segments or segments[-1] is not p.segment:
                 segments.append(p.segment)
-        chunks.append(
-            Chunk(len(chunks), start, end, doc.text[start:end], sum(p.tokens for p in current), segments)
-        )
-        current.clear()
+        chunks.append(Chunk(len(chunks), start, end, doc.text[start:end], n_tokens, segments))
+
+    def close(flush: bool) -> None:
+        """Emit the open pieces as a chunk. Pieces counted apart can tokenize into more tokens
+        joined ("\n\n" + "\u201c" is 3 tokens, not 2), so trailing pieces that push the joined count
+        over the budget move on: into the next chunk, or with `flush` (a break) into their own."""
+        while current:
+            take = len(current)
+            n = counter.count([doc.text[current[0].start:current[take - 1].end]])[0]
+            while n > budget and take > 1:
+                take -= 1
+                n = counter.count([doc.text[current[0].start:current[take - 1].end]])[0]
+            emit(current[:take], n)
+            del current[:take]
+            if not flush:
+                return
 
     # Whitespace-only pieces (blank lines between pages) join whatever chunk is open.
     for index, piece in enumerate(pieces):
         blank = not doc.text[piece.start:piece.end].strip()
-        if current and (piece.new_chunk or (not blank and sum(p.tokens for p in current) + piece.tokens > budget)):
-            close()
+        if current and piece.new_chunk:
+            close(flush=True)
+        elif current and not blank and sum(p.tokens for p in current) + piece.tokens > budget:
+            close(flush=False)
         current.append(piece)
         if on_progress and index % 200 == 0:
             on_progress(index, len(pieces))
-    close()
+    close(flush=True)
     if on_progress:
         on_progress(len(pieces), len(pieces))
-    # Token counts of separately counted pieces differ slightly from the joined text's; recount.
-    if chunks:
-        for chunk, n in zip(chunks, counter.count([c.text for c in chunks])):
-            chunk.n_tokens = n
     return chunks

@@ -6,6 +6,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 stdout = Console(soft_wrap=True, highlight=False)
@@ -19,11 +20,16 @@ def print_json(data) -> None:
 
 
 def error(message: str) -> None:
-    stderr.print(f"[bold red]evsel: error:[/] {message}", markup=True, highlight=False)
+    # messages carry paths and file text: "[...]" or ":name:" in them is neither markup nor emoji
+    stderr.print(f"[bold red]evsel: error:[/] {escape(_one_line(message))}", markup=True, highlight=False, emoji=False)
 
 
 def warning(message: str) -> None:
-    stderr.print(f"[yellow]evsel: warning:[/] {message}", markup=True, highlight=False)
+    stderr.print(f"[yellow]evsel: warning:[/] {escape(_one_line(message))}", markup=True, highlight=False, emoji=False)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.splitlines())
 
 
 class ProgressView:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 
 from evsel.chunker import DEFAULT_CHUNK_TOKENS
 from evsel.output import ProgressView, print_json, stderr
@@ -37,9 +38,9 @@ def ingest(ctx, paths, collection, kind, chunk_tokens, as_json):
     else:
         for r in results:
             if r["status"] == "ingested":
-                stderr.print(f"ingested {r['path']}: {len(r['doc_ids'])} document(s), {r['chunks']} chunks "
-                             f"in {r['seconds']:.1f}s (id {', '.join(map(str, r['doc_ids']))})")
+                stderr.print(f"ingested {escape(r['path'])}: {len(r['doc_ids'])} document(s), {r['chunks']} chunks "
+                             f"in {r['seconds']:.1f}s (id {', '.join(map(str, r['doc_ids']))})", emoji=False)
             elif r["status"] == "unchanged":
-                stderr.print(f"unchanged {r['path']} (id {', '.join(map(str, r['doc_ids']))})")
+                stderr.print(f"unchanged {escape(r['path'])} (id {', '.join(map(str, r['doc_ids']))})", emoji=False)
     if failed:
         ctx.exit(1)

@@ -21,11 +21,15 @@ def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None
     suffix = path.suffix.lower()
     if not path.exists():
         raise InputError("no such file", "check the path", path=str(path))
+    if not path.is_file():
+        raise InputError("not a regular file", "give a file or a directory", path=str(path))
     if suffix in (".pdf", ".epub") or kind == "pdf":
         from .pdf import parse_epub, parse_pdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
-    if suffix == ".pdf" or (kind == "pdf" and suffix not in (".epub",)):
-        if kind not in ("auto", "pdf"):
+    if suffix == ".pdf" or kind == "pdf":
+        if suffix == ".pdf" and kind not in ("auto", "pdf"):
             raise InputError(f"a PDF cannot be read as {kind}", "use --kind auto or pdf", path=str(path))
+        if suffix == ".epub":
+            raise InputError("an EPUB cannot be read as pdf", "use --kind auto or book", path=str(path))
         return [parse_pdf(path)]
     if suffix == ".epub":
         if kind == "dialogue":
@@ -51,6 +55,8 @@ def collect_files(target: Path) -> list[Path]:
         raise InputError("no such file or directory", "check the path", path=str(target))
     if target.is_file():
         return [target]
+    if not target.is_dir():  # a pipe or device: reading it could block or never end
+        raise InputError("not a regular file or directory", "give a file or a directory", path=str(target))
     found = sorted(
         p
         for p in target.rglob("*")

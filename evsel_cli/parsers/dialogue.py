@@ -82,6 +82,8 @@ def parse_locomo_sample(path: Path, sample: dict, index: int) -> ParsedDocument:
                 text += f" [shares an image: {turn['blip_caption']}]"
             turn_id = str(turn.get("dia_id") or f"D{number}:{turn_index + 1}")
             builder.turn(str(turn["speaker"]), text, str(number), turn_id, time)
+    if not builder.turns:
+        raise _malformed(path, f"item {index} has sessions but no turns")
     sample_id = str(sample.get("sample_id") or f"conversation-{index + 1}")
     speakers = [conv.get("speaker_a"), conv.get("speaker_b")]
     title = f"{sample_id}: " + " & ".join(s for s in speakers if s) if any(speakers) else sample_id
@@ -92,6 +94,8 @@ def parse_json_dialogue(path: Path, text: str) -> list[ParsedDocument]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and text.lstrip().startswith("{"):  # JSONL saved as .json
+            return parse_jsonl_dialogue(path, text)
         raise _malformed(path, f"{exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     if isinstance(data, dict) and "conversation" in data:
         return [parse_locomo_sample(path, data, 0)]

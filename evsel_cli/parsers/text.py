@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import re
 from pathlib import Path
 
@@ -17,6 +18,15 @@ def read_text(path: Path, warnings: list[str]) -> str:
     data = path.read_bytes()
     if not data.strip():
         raise InputError("the file is empty", "give a file with some text in it", path=str(path))
+    if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):  # full of NUL bytes, yet text
+        try:
+            text = data.decode("utf-16")
+        except UnicodeDecodeError:
+            pass
+        else:
+            warnings.append(f"{path}: not UTF-8 but UTF-16 (it has a byte order mark); decoded as UTF-16, "
+                            "convert the file to UTF-8 to silence this")
+            return _normalise(path, text)
     head = data[:65536]
     if b"\x00" in head or len(_CONTROL.findall(head)) > max(8, len(head) // 100):
         raise InputError(
@@ -37,6 +47,10 @@ def read_text(path: Path, warnings: list[str]) -> str:
             f"{path}: not valid UTF-8 (byte {exc.start}); decoded as {encoding}, "
             "check the text or convert the file to UTF-8"
         )
+    return _normalise(path, text)
+
+
+def _normalise(path: Path, text: str) -> str:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if not text.strip():
         raise InputError("the file has no text", "give a file with some text in it", path=str(path))
@@ -61,7 +75,8 @@ def guess_title(text: str, path: Path) -> str:
 def parse_book(path: Path, text: str) -> ParsedDocument:
     """A book: one segment per Markdown section, so chunks start at headings."""
     builder = TextBuilder()
-    starts = [m.start() for m in _MD_HEADING.finditer(text)] if path.suffix.lower() == ".md" else []
+    markdown = path.suffix.lower() in (".md", ".markdown")
+    starts = [m.start() for m in _MD_HEADING.finditer(text)] if markdown else []
     bounds = [0] + [s for s in starts if s > 0] + [len(text)]
     for index, (start, end) in enumerate(zip(bounds, bounds[1:])):
         builder.add(text[start:end], break_before=index > 0)
