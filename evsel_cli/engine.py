@@ -7,6 +7,7 @@ plain dicts, so the same call works locally and over the daemon's socket.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,13 @@ class Engine:
             error = InputError(f"cannot read the file: {exc.strerror or exc}", "check the path and permissions",
                                path=str(path))
             return FileResult(str(path), "failed", error=error.to_dict(), seconds=time.perf_counter() - started)
+        except Exception as exc:  # a library or parser failure on one file must not stop the others
+            if os.environ.get("EVSEL_DEBUG"):
+                raise
+            error = EvselError(f"unexpected {type(exc).__name__} while ingesting: {exc}",
+                               "rerun with EVSEL_DEBUG=1 for a traceback and report it", path=str(path))
+            return FileResult(str(path), "failed", error=error.to_dict(), warnings=warnings,
+                              seconds=time.perf_counter() - started)
 
     # scope
     def scope_chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:

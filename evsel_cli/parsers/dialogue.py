@@ -152,12 +152,15 @@ def parse_jsonl_dialogue(path: Path, text: str) -> list[ParsedDocument]:
     return [_messages_document(path, messages, where_prefix="line")]
 
 
-# Transcript lines: "[time] Speaker: text", "Speaker (time): text", "Speaker: text".
+# Transcript lines: "[time] Speaker: text", "10:02 Speaker: text", "Speaker (time): text", "Speaker: text".
 _TURN = re.compile(
-    r"^(?:\[(?P<time1>[^\]]{1,40})\]\s*)?(?P<speaker>[A-Z][\w.'\- ]{0,40}?)(?:\s*\((?P<time2>[^)]{1,40})\))?:\s+(?P<text>\S.*)$"
+    r"^(?:\[(?P<time1>[^\]]{1,40})\]\s*|(?P<time3>\d{1,2}:\d{2}(?::\d{2})?(?:\s?[APap]\.?[Mm]\.?)?)\s+)?"
+    r"(?P<speaker>[A-Z][\w.'\- ]{0,40}?)(?:\s*\((?P<time2>[^)]{1,40})\))?:\s+(?P<text>\S.*)$"
 )
+# Session headers: "Session 2", "## Session 2 - 2023-05-08", "=== Session 2 (8 May 2023, 1:56 pm) ===".
 _SESSION = re.compile(
-    r"^(?:#+\s*|[-=*]{2,}\s*)?session\s+(?P<name>[\w.\-]+)\s*(?:[-:,(|]\s*(?P<time>[^)=*\-#]+?))?\s*\)?\s*(?:[-=*#]{2,})?\s*$",
+    r"^(?:#+\s*|[-=*]{2,}\s*)?session\s+(?P<name>[\w.\-]+?)\s*(?:[-:,(|\u2013\u2014]\s*(?P<time>\w.*?))?"
+    r"\s*\)?\s*(?:[-=*#]{2,})?\s*$",
     re.I,
 )
 
@@ -203,7 +206,7 @@ def parse_transcript(path: Path, text: str) -> ParsedDocument:
             pending = {
                 "speaker": m.group("speaker").strip(),
                 "text": m.group("text"),
-                "time": m.group("time1") or m.group("time2") or session_time,
+                "time": m.group("time1") or m.group("time2") or m.group("time3") or session_time,
                 "session": session,
                 "n": turn_number,
             }
