@@ -1,0 +1,92 @@
+"""End to end through the real CLI, with the real SmolLM2 backbone: ingest, ask, check the evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import shared_data
+
+pytestmark = pytest.mark.model
+
+
+def evsel(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", "evsel", *args], capture_output=True, text=True, env=os.environ.copy(), timeout=900
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"evsel {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+    return result
+
+
+def ask_json(*args: str) -> dict:
+    return json.loads(evsel("ask", "--json", *args).stdout)
+
+
+def test_sample_story_who_killed():
+    sample = evsel("sample").stdout.strip()
+    evsel("ingest", sample)
+    result = ask_json("Who killed Ambrose Tenterden?")
+    texts = [e["text"] for e in result["evidence"]]
+    assert any("Roland Pryce killed Ambrose Tenterden" in t for t in texts), texts
+    assert result["answer"], "the model wrote no answer"
+    assert result["method"]["select"] == "bm25"
+    assert result["timings"]["generate_s"] > 0
+    assert result["usage"]["prompt_tokens"] > 0
+    # evidence comes in document order, with provenance
+    positions = [e["char_start"] for e in result["evidence"]]
+    assert positions == sorted(positions)
+    assert all(e["title"] == "The Gull Point Light" for e in result["evidence"])
+
+
+def test_sample_story_human_output_cites_passages():
+    evsel("ingest", evsel("sample").stdout.strip())
+    out = evsel("ask", "How many steps does the lighthouse tower stair have?").stdout
+    assert out.startswith("Answer:")
+    assert "There were one hundred and twelve steps" in " ".join(out.split())
+    assert "The Gull Point Light" in out
+
+
+def test_book_from_nocha():
+    book = shared_data("nocha", "books", "the_adventures_of_sherlock_holmes_arthur_conan_doyle.txt")
+    evsel("ingest", str(book))
+    result = ask_json("Where did the King of Bohemia meet the adventuress Irene Adler?")
+    joined = [" ".join(e["text"].split()) for e in result["evidence"]]
+    assert any("visit to Warsaw, I made the acquaintance" in t for t in joined), joined
+    assert result["answer"]
+
+
+def test_dialogue_from_locomo():
+    locomo = shared_data("locomo", "locomo10.json")
+    evsel("ingest", str(locomo), "--collection", "locomo")
+    docs = json.loads(evsel("docs", "list", "--json").stdout)
+    conv26 = next(d for d in docs if d["part"] == "conv-26")
+    assert len(docs) == 10
+    result = ask_json("When did Melanie sign up for a pottery class?", "--doc", str(conv26["id"]))
+    turns = [t for e in result["evidence"] for t in e["turn_ids"]]
+    assert "D5:4" in turns, turns
+    hit = next(e for e in result["evidence"] if "D5:4" in e["turn_ids"])
+    assert "Melanie" in hit["speakers"]
+    assert hit["session"] == "5"
+    assert hit["time_start"]  # the session's date-time
+
+
+def test_evidence_only_needs_no_generation():
+    evsel("ingest", evsel("sample").stdout.strip())
+    result = ask_json("Who killed Ambrose Tenterden?", "--evidence-only")
+    assert result["answer"] is None
+    assert "generate_s" not in result["timings"]
+    assert len(result["evidence"]) == 5
+
+
+def test_models_info_reports_device_and_reason():
+    info = json.loads(evsel("models", "info", "--json").stdout)
+    assert len(info["fingerprint"]) == 64
+    assert info["device"] in ("cpu", "cuda")
+    assert info["dtype"] in ("bfloat16", "float32")
+    assert info["reason"]
+    assert info["layers"] == 30 and info["hidden_size"] == 576
