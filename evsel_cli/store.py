@@ -75,6 +75,16 @@ def m001_create_tables(db: sqlite_utils.Database) -> None:
     db["chunks"].create_index(["content_hash"])
 
 
+@migration
+def m002_daemon_watches_and_pending(db: sqlite_utils.Database) -> None:
+    # folders the daemon watches; they survive restarts
+    db["watches"].create({"path": str, "collection": str, "created_at": float}, pk="path")
+    # files the daemon began to ingest; a row left behind by a crash makes the next start re-ingest it
+    db["pending_ingests"].create(
+        {"id": int, "path": str, "collection": str, "kind": str, "chunk_tokens": int, "created_at": float}, pk="id"
+    )
+
+
 def migrate(db: sqlite_utils.Database) -> list[str]:
     """Apply the migrations not yet applied, each in its own transaction. Returns their names."""
     db.execute(
