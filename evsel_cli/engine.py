@@ -166,6 +166,15 @@ class Engine:
                               seconds=time.perf_counter() - started)
 
     # scope
+    def cached(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
+        """Data derived from a scope's chunks (a BM25 index, stacked chunk states), built by `build`.
+
+        In-process it is built on every call; the daemon's engine keeps it in memory, keyed by
+        `kind`, `config` and the chunks' ids and content hashes, so a changed scope never hits.
+        """
+        return build()
+
+    # scope
     def scope_chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
         docs = self.store.documents()
         if not docs:

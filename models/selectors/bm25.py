@@ -45,14 +45,22 @@ class BM25Selector(Selector):
     name = "bm25"
     needs_model = False
 
-    def __init__(self, k1: float = 1.5, b: float = 0.75, **_):
+    def __init__(self, k1: float = 1.5, b: float = 0.75, engine=None, **_):
         self.k1 = k1
         self.b = b
+        self.engine = engine
+
+    def index(self, chunks: list[ChunkRecord]) -> BM25Okapi:
+        def build() -> BM25Okapi:
+            return BM25Okapi([tokenize(c.text) or ["<empty>"] for c in chunks], k1=self.k1, b=self.b)
+
+        cached = getattr(self.engine, "cached", None)
+        if cached is None:
+            return build()
+        return cached("bm25", chunks, build, self.k1, self.b)  # the daemon keeps it per scope
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
-        corpus = [tokenize(c.text) or ["<empty>"] for c in chunks]
         query = tokenize(question)
         if not query:
             return [0.0] * len(chunks)
-        index = BM25Okapi(corpus, k1=self.k1, b=self.b)
-        return [float(x) for x in index.get_scores(query)]
+        return [float(x) for x in self.index(chunks).get_scores(query)]
