@@ -7,6 +7,7 @@ dialogue turn); a sentence longer than the budget is cut at word boundaries.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -128,19 +129,30 @@ class Chunk:
 
 
 def _split_long(text: str, start: int, end: int, budget: int, counter: TokenCounter) -> list[tuple[int, int]]:
-    """Cut an over-long sentence into pieces of at most `budget` tokens at whitespace."""
+    """Cut an over-long sentence into pieces of at most `budget` tokens, at whitespace where there is
+    some. Each cut is checked by counting the piece itself: a substring can tokenize differently."""
     piece = text[start:end]
     offsets = counter.offsets(piece)
+    starts = [o[0] for o in offsets]
     spans = []
     cursor = 0
-    while len(offsets) > budget:
-        cut = offsets[budget - 1][1]
-        space = piece.rfind(" ", cursor + 1, cut + 1)
-        if space > cursor:
-            cut = space + 1
+    first = 0  # first token that starts at or after the cursor
+    while len(offsets) - first > budget or counter.count([piece[cursor:]])[0] > budget:
+        take = min(budget, len(offsets) - first)
+        while True:
+            cut = offsets[first + take - 1][1]
+            space = max(piece.rfind(c, cursor + 1, cut + 1) for c in " \n\t")
+            if space > cursor:
+                cut = space + 1
+            excess = counter.count([piece[cursor:cut]])[0] - budget
+            if excess <= 0 or take == 1:
+                break
+            take = max(1, take - excess)
         spans.append((start + cursor, start + cut))
         cursor = cut
-        offsets = [o for o in offsets if o[0] >= cut]
+        first = bisect.bisect_left(starts, cursor, lo=first)
+        if first >= len(offsets):
+            break
     spans.append((start + cursor, end))
     return [s for s in spans if s[1] > s[0]]
 

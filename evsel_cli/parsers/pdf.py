@@ -12,6 +12,9 @@ from .base import ParsedDocument, TextBuilder
 
 pymupdf.TOOLS.mupdf_display_errors(False)  # its own warnings go to stderr; ours say what to do
 
+# mupdf's own exceptions (FzErrorBase) derive from Exception only
+_PYMUPDF_ERRORS = (pymupdf.FileDataError, pymupdf.EmptyFileError, pymupdf.mupdf.FzErrorBase, RuntimeError, ValueError)
+
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _TRAILING_SPACE = re.compile(r"[ \t]+\n")
 
@@ -19,14 +22,15 @@ _TRAILING_SPACE = re.compile(r"[ \t]+\n")
 def _open(path: Path, filetype: str) -> pymupdf.Document:
     if path.stat().st_size == 0:
         raise InputError("the file is empty", "give a non-empty file", path=str(path))
+    damaged = InputError(
+        f"cannot read this {filetype.upper()}: it is damaged or not a {filetype.upper()}",
+        "re-export or re-download the file",
+        path=str(path),
+    )
     try:
         doc = pymupdf.open(str(path), filetype=filetype)
-    except (pymupdf.FileDataError, pymupdf.EmptyFileError, RuntimeError, ValueError) as exc:
-        raise InputError(
-            f"cannot read this {filetype.upper()}: it is damaged or not a {filetype.upper()} ({exc})",
-            "re-export or re-download the file",
-            path=str(path),
-        ) from exc
+    except _PYMUPDF_ERRORS as exc:
+        raise damaged from exc
     if doc.needs_pass:
         doc.close()
         raise InputError(
@@ -34,6 +38,9 @@ def _open(path: Path, filetype: str) -> pymupdf.Document:
             "decrypt it first (for example: qpdf --decrypt --password=... in.pdf out.pdf)",
             path=str(path),
         )
+    if doc.page_count == 0:  # a truncated download opens "repaired" with no pages
+        doc.close()
+        raise damaged
     return doc
 
 
@@ -54,7 +61,7 @@ def parse_pdf(path: Path) -> ParsedDocument:
             page = doc.load_page(index)
             try:
                 text = clean_page_text(page.get_text("text"))
-            except RuntimeError as exc:
+            except _PYMUPDF_ERRORS as exc:
                 raise InputError(
                     f"cannot extract text from page {index + 1} ({exc})", "re-export the PDF", path=str(path)
                 ) from exc
