@@ -85,6 +85,25 @@ def m002_daemon_watches_and_pending(db: sqlite_utils.Database) -> None:
     )
 
 
+@migration
+def m003_chunk_states(db: sqlite_utils.Database) -> None:
+    # Per-chunk internal states of the backbone (UNREAL residual states, later BlockSearch or
+    # QRRanker keys), keyed by what they depend on: the chunk text's hash, the model's
+    # fingerprint, the method and its config. Shared by every document holding the same text.
+    db.execute(
+        "create table chunk_states ("
+        " content_hash text not null,"
+        " model text not null,"  # backbone fingerprint
+        " method text not null,"  # unreal | intrinsic | ...
+        " config text not null,"  # canonical method config, e.g. layer=20;pool=7
+        " shape text not null,"  # JSON list
+        " dtype text not null,"  # numpy dtype name, float16
+        " data blob not null,"
+        " created_at float,"
+        " primary key (content_hash, model, method, config)) without rowid"
+    )
+
+
 def migrate(db: sqlite_utils.Database) -> list[str]:
     """Apply the migrations not yet applied, each in its own transaction. Returns their names."""
     db.execute(
@@ -331,6 +350,51 @@ class Store:
         if not rows:
             raise NotFoundError(f"no document with id {doc_id}", "list documents with: evsel docs list")
         return rows[0]
+
+    # per-chunk states (m003): numpy arrays, fetched and written in bulk
+    def get_states(self, model: str, method: str, config: str, hashes: Iterable[str]) -> dict:
+        """{content_hash: ndarray} for the hashes whose states are stored; the others are absent."""
+        import numpy as np
+
+        wanted = list(dict.fromkeys(hashes))
+        found = {}
+        for at in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
+            part = wanted[at:at + 500]
+            rows = self.db.execute(
+                "select content_hash, shape, dtype, data from chunk_states where model = ? and method = ? "
+                f"and config = ? and content_hash in ({', '.join('?' for _ in part)})",
+                [model, method, config, *part],
+            ).fetchall()
+            for content_hash, shape, dtype, data in rows:
+                found[content_hash] = np.frombuffer(data, dtype=dtype).reshape(json.loads(shape))
+        return found
+
+    def put_states(self, model: str, method: str, config: str, states: dict) -> None:
+        """Store {content_hash: ndarray} in one transaction; a state already there is kept."""
+        import numpy as np
+
+        now = time.time()
+        rows = []
+        for content_hash, array in states.items():
+            array = np.ascontiguousarray(array)
+            rows.append((content_hash, model, method, config, json.dumps(list(array.shape)), array.dtype.name,
+                         array.tobytes(), now))
+        conn = self.db.conn
+        conn.execute("begin immediate")
+        try:
+            conn.executemany("insert or ignore into chunk_states values (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            conn.execute("commit")
+        except BaseException:
+            conn.execute("rollback")
+            raise
+
+    def count_states(self, model: str | None = None, method: str | None = None) -> int:
+        sql, args = "select count(*) from chunk_states", []
+        where = [(c, v) for c, v in (("model", model), ("method", method)) if v is not None]
+        if where:
+            sql += " where " + " and ".join(f"{c} = ?" for c, _ in where)
+            args = [v for _, v in where]
+        return self.db.execute(sql, args).fetchone()[0]
 
     def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
         """Chunks in scope, in document order."""
