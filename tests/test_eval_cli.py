@@ -1,0 +1,97 @@
+"""`evsel eval` end to end on a generic JSONL dataset: the --json shape, the plot, the errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evsel.cli import main
+
+TOPICS = [
+    ("lighthouse", "The lighthouse keeper lit the lamp every evening at dusk and wound the clockwork."),
+    ("orchard", "In the orchard the old gardener grafted pear branches onto quince roots each spring."),
+    ("harbour", "Fishing boats came back to the harbour at noon, loaded with mackerel and herring."),
+    ("school", "The village school had one classroom, a stove, and a teacher who loved geography."),
+    ("mill", "The water mill ground barley for the whole valley until the river froze in January."),
+    ("market", "On market day the square filled with cheese sellers, potters and a travelling dentist."),
+]
+
+
+def _dataset(tmp_path):
+    # each topic is a Markdown section, so each lands in its own chunk
+    body = "\n\n".join(f"## {name.title()}\n\n{text} " + "It was an ordinary place. " * 6 for name, text in TOPICS)
+    (tmp_path / "village.md").write_text(f"# The Village\n\n{body}\n", encoding="utf-8")
+    rows = [
+        {"id": "q1", "question": "Who grafted pear branches in the orchard?", "answer": "the old gardener",
+         "document": "village.md", "evidence": ["the old gardener grafted pear branches onto quince roots"]},
+        {"id": "q2", "question": "When did the river freeze?", "answer": ["in January", "January"],
+         "document": "village.md", "evidence": ["until the river froze in January"], "group": "time"},
+        {"id": "q3", "question": "What fish did the boats bring back?", "answer": "mackerel and herring",
+         "documents": ["village.md"], "evidence": ["loaded with mackerel and herring"]},
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_eval_json_shape_and_plot(tmp_path, capsys):
+    path = _dataset(tmp_path)
+    plot = tmp_path / "recall.png"
+    code = main(["eval", str(path), "--methods", "bm25,dense,random,rrf:dense", "--k", "1,3", "--json",
+                 "--plot", str(plot), "--per-question"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)  # exactly one JSON document on stdout
+    assert set(result) >= {"dataset", "config", "methods", "seconds", "run", "per_question", "plot"}
+    assert result["dataset"]["name"] == "mine"
+    assert result["dataset"]["questions"] == 3 and result["dataset"]["questions_with_gold"] == 3
+    assert result["dataset"]["gold_resolution"] == {"text": 3}
+    assert result["config"]["methods"] == ["bm25", "dense", "random", "rrf:dense"]
+    assert result["config"]["k"] == [1, 3]
+    assert result["run"]["commit"] is None or len(result["run"]["commit"]) == 12
+    for spec in ("bm25", "dense", "random", "rrf:dense"):
+        m = result["methods"][spec]
+        for key in ("recall@1", "recall@3", "complete@1", "complete@3", "chunk_recall@1", "mrr", "latency",
+                    "index_s", "groups", "evidence_tokens"):
+            assert key in m, (spec, key)
+        assert 0.0 <= m["recall@1"] <= m["recall@3"] <= 1.0
+        assert set(m["latency"]) == {"select_s"}
+        assert set(m["groups"]) == {"all", "time"}
+        assert len(result["per_question"][spec]) == 3
+    # the questions name their evidence plainly: lexical and dense retrieval both find all of it
+    assert result["methods"]["bm25"]["recall@1"] == 1.0
+    assert result["methods"]["dense"]["recall@1"] == 1.0
+    assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_table_output(tmp_path, capsys):
+    path = _dataset(tmp_path)
+    assert main(["eval", str(path), "--methods", "bm25,random", "--k", "1,2,5"]) == 0
+    out = capsys.readouterr().out
+    assert "R@1" in out and "bm25" in out and "random" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "nosuchset"], "unknown dataset 'nosuchset'"),
+        (["eval", "{path}", "--methods", "bm25,nosuch"], "unknown selector 'nosuch'"),
+        (["eval", "{path}", "--methods", "full"], "add --generate or drop full"),
+        (["eval", "{path}", "--k", "0"], "positive integers"),
+        (["eval", "nocha", "--data-dir", "{tmp}"], "is not there"),
+    ],
+)
+def test_eval_errors_are_one_line(tmp_path, capsys, args, message):
+    path = _dataset(tmp_path)
+    args = [a.format(path=path, tmp=tmp_path) for a in args]
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert message in err
+
+
+def test_jsonl_problems_say_what_to_fix(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "where?", "document": "missing.txt"}\n', encoding="utf-8")
+    assert main(["eval", str(bad)]) == 1
+    assert "document 'missing.txt' does not exist" in capsys.readouterr().err
