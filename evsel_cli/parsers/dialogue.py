@@ -157,9 +157,10 @@ _TURN = re.compile(
     r"^(?:\[(?P<time1>[^\]]{1,40})\]\s*|(?P<time3>\d{1,2}:\d{2}(?::\d{2})?(?:\s?[APap]\.?[Mm]\.?)?)\s+)?"
     r"(?P<speaker>[A-Z][\w.'\- ]{0,40}?)(?:\s*\((?P<time2>[^)]{1,40})\))?:\s+(?P<text>\S.*)$"
 )
-# Session headers: "Session 2", "## Session 2 - 2023-05-08", "=== Session 2 (8 May 2023, 1:56 pm) ===".
+# Session headers: "Session 2", "Session 2: 9 May", "## Session 2 - 2023-05-08", "=== Session IV (...) ===".
+# The name must be a number (or Roman numeral) so that "Session notes: ..." stays a turn.
 _SESSION = re.compile(
-    r"^(?:#+\s*|[-=*]{2,}\s*)?session\s+(?P<name>[\w.\-]+?)\s*(?:[-:,(|\u2013\u2014]\s*(?P<time>\w.*?))?"
+    r"^(?:#+\s*|[-=*]{2,}\s*)?session\s+(?P<name>\d[\w.\-]*?|[ivxlc]+)\s*(?:[-:,(|\u2013\u2014]\s*(?P<time>\w.*?))?"
     r"\s*\)?\s*(?:[-=*#]{2,})?\s*$",
     re.I,
 )
@@ -193,7 +194,7 @@ def parse_transcript(path: Path, text: str) -> ParsedDocument:
         line = raw.strip()
         if not line:
             continue
-        if (m := _SESSION.match(line)) and not _TURN.match(line):
+        if m := _SESSION.match(line):
             flush()
             session = m.group("name")
             session_time = (m.group("time") or "").strip() or None
