@@ -1,0 +1,303 @@
+"""SQLite store: migrations, idempotent re-ingest, atomic replacement, rollback on failure, killed ingests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evsel import store as store_module
+from evsel.engine import Engine
+from evsel.errors import StoreError
+from evsel.paths import db_path, sample_story_path
+from evsel.store import MIGRATIONS, Store, connect, migrate
+
+
+def rows(db, table: str) -> list[tuple]:
+    return [tuple(r) for r in db.execute(f"select * from {table} order by id").fetchall()]
+
+
+def assert_consistent(store: Store) -> None:
+    """Every document's chunks are all there, in order, and cover its text; no chunk is orphaned."""
+    db = store.db
+    assert db.execute("pragma integrity_check").fetchone()[0] == "ok"
+    assert db.execute("pragma foreign_key_check").fetchall() == []
+    orphans = db.execute("select count(*) from chunks where doc_id not in (select id from documents)").fetchone()[0]
+    assert orphans == 0
+    for doc in store.documents():
+        chunks = store.chunks([doc["id"]])
+        assert len(chunks) == doc["n_chunks"] > 0
+        assert [c.seq for c in chunks] == list(range(len(chunks)))
+        assert chunks[0].char_start == 0 and chunks[-1].char_end == doc["n_chars"]
+        assert all(a.char_end == b.char_start for a, b in zip(chunks, chunks[1:]))
+        assert sum(len(c.text) for c in chunks) == doc["n_chars"]
+
+
+def ingest(*paths, **options) -> list[dict]:
+    return Engine().ingest([str(p) for p in paths], **options)
+
+
+def locomo_like(parts: dict[str, list[str]]) -> str:
+    """A LoCoMo-format file with one conversation per part; each turn text given."""
+    samples = []
+    for part, texts in parts.items():
+        samples.append({
+            "sample_id": part,
+            "conversation": {
+                "speaker_a": "Ann", "speaker_b": "Ben", "session_1_date_time": "1 May 2023",
+                "session_1": [{"speaker": "Ann" if i % 2 == 0 else "Ben", "dia_id": f"D1:{i + 1}", "text": t}
+                              for i, t in enumerate(texts)],
+            },
+        })
+    return json.dumps(samples)
+
+
+# migrations
+
+
+def test_fresh_store_applies_every_migration_once():
+    db = connect()
+    assert db_path().is_file()
+    assert db.journal_mode == "wal"
+    applied = [r[0] for r in db.execute("select name from _evsel_migrations order by rowid").fetchall()]
+    assert applied == [name for name, _ in MIGRATIONS]
+    assert applied[0] == "m001_create_tables"
+    assert {"collections", "documents", "chunks"} <= set(db.table_names())
+    assert migrate(db) == []
+    assert migrate(connect()) == []
+
+
+def test_new_migration_is_applied_and_keeps_data(monkeypatch):
+    ingest(sample_story_path())
+    before = rows(connect(), "chunks")
+
+    def m999_add_note(db):
+        db["documents"].add_column("note", str)
+
+    monkeypatch.setattr(store_module, "MIGRATIONS", [*MIGRATIONS, ("m999_add_note", m999_add_note)])
+    db = connect()
+    assert "note" in db["documents"].columns_dict
+    assert rows(db, "chunks") == before
+    assert migrate(db) == []
+
+
+def test_failing_migration_rolls_back(monkeypatch):
+    connect()
+
+    def m999_broken(db):
+        db["documents"].add_column("half_done", str)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(store_module, "MIGRATIONS", [*MIGRATIONS, ("m999_broken", m999_broken)])
+    with pytest.raises(RuntimeError):
+        connect()
+    monkeypatch.setattr(store_module, "MIGRATIONS", list(MIGRATIONS))
+    db = connect()
+    assert "half_done" not in db["documents"].columns_dict
+    assert db.execute("select count(*) from _evsel_migrations where name = 'm999_broken'").fetchone()[0] == 0
+
+
+def test_store_from_a_newer_evsel_is_refused():
+    db = connect()
+    db.execute("insert into _evsel_migrations values ('m998_from_the_future', 0)")
+    with pytest.raises(StoreError, match="newer evsel"):
+        connect()
+
+
+# re-ingest
+
+
+def test_unchanged_file_is_not_written_again(tmp_path):
+    path = tmp_path / "story.md"
+    path.write_text(sample_story_path().read_text(encoding="utf-8"))
+    [first] = ingest(path)
+    assert first["status"] == "ingested" and first["chunks"] > 60
+    db = connect()
+    documents, chunks = rows(db, "documents"), rows(db, "chunks")
+    [second] = ingest(path)
+    assert second["status"] == "unchanged"
+    assert second["doc_ids"] == first["doc_ids"] and second["chunks"] == first["chunks"]
+    assert rows(db, "documents") == documents  # not even updated_at moves
+    assert rows(db, "chunks") == chunks
+    store = Store()
+    assert "".join(c.text for c in store.chunks(first["doc_ids"])) == path.read_text(encoding="utf-8")
+    assert_consistent(store)
+
+
+def test_changed_file_replaces_its_old_version_keeping_the_id(tmp_path):
+    path = tmp_path / "story.md"
+    other = tmp_path / "other.txt"
+    other.write_text("The harbour master kept a second log. It recorded every ship.\n")
+    text = sample_story_path().read_text(encoding="utf-8")
+    path.write_text(text)
+    [first, kept] = ingest(path, other)
+    other_rows = [r for r in rows(connect(), "chunks") if r[1] == kept["doc_ids"][0]]
+
+    changed = text.replace("Agnes Quarrie", "Agnes Quarry") + "\n## Afterword\n\nThe light was sold in the spring.\n"
+    path.write_text(changed)
+    [second] = ingest(path)
+    assert second["status"] == "ingested"
+    assert second["doc_ids"] == first["doc_ids"]
+    store = Store()
+    chunks = store.chunks(first["doc_ids"])
+    assert "".join(c.text for c in chunks) == changed
+    assert not any("Agnes Quarrie" in c.text for c in chunks)
+    assert len(store.documents()) == 2
+    doc = store.document(first["doc_ids"][0])
+    assert doc["n_chars"] == len(changed) and doc["n_chunks"] == len(chunks) == second["chunks"]
+    assert [r for r in rows(store.db, "chunks") if r[1] == kept["doc_ids"][0]] == other_rows
+    assert_consistent(store)
+
+
+def test_other_chunk_size_or_kind_reingests(tmp_path):
+    path = tmp_path / "story.md"
+    path.write_text(sample_story_path().read_text(encoding="utf-8"))
+    [first] = ingest(path)
+    [smaller] = ingest(path, chunk_tokens=60)
+    assert smaller["status"] == "ingested" and smaller["doc_ids"] == first["doc_ids"]
+    assert smaller["chunks"] > 2 * first["chunks"] // 1.5
+    assert ingest(path, chunk_tokens=60)[0]["status"] == "unchanged"
+    assert ingest(path, chunk_tokens=60, kind="book")[0]["status"] == "ingested"
+    assert_consistent(Store())
+
+
+def test_collections_hold_separate_copies(tmp_path):
+    path = tmp_path / "story.md"
+    path.write_text("# A\n\nOne short story. The end.\n")
+    [a] = ingest(path)
+    [b] = ingest(path, collection="second")
+    assert b["status"] == "ingested" and a["doc_ids"] != b["doc_ids"]
+    assert [c["name"] for c in Store().collections()] == ["default", "second"]
+
+
+def test_part_that_vanishes_from_a_file_is_removed(tmp_path):
+    path = tmp_path / "chats.json"
+    path.write_text(locomo_like({"a": ["Hello there.", "Hi."], "b": ["Second chat.", "Yes."]}))
+    [first] = ingest(path)
+    assert len(first["doc_ids"]) == 2
+    path.write_text(locomo_like({"a": ["Hello there, again.", "Hi."]}))
+    [second] = ingest(path)
+    assert second["doc_ids"] == first["doc_ids"][:1]
+    store = Store()
+    assert [d["part"] for d in store.documents()] == ["a"]
+    assert_consistent(store)
+
+
+# failures
+
+
+def test_failure_inside_replace_file_leaves_the_old_version(tmp_path, monkeypatch):
+    path = tmp_path / "chats.json"
+    path.write_text(locomo_like({"a": ["The key is under the mat.", "Thanks."], "b": ["Second chat.", "Yes."]}))
+    [first] = ingest(path)
+    db = connect()
+    documents, chunks = rows(db, "documents"), rows(db, "chunks")
+
+    # the new version rewrites part a, then fails while dropping the vanished part b
+    path.write_text(locomo_like({"a": ["The key is in the drawer.", "Thanks."]}))
+
+    def fail(self, doc_id):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(Store, "_delete_document", fail)
+    [result] = ingest(path)
+    assert result["status"] == "failed"
+    assert "disk I/O error" in result["error"]["message"] and result["error"]["path"] == str(path)
+    assert rows(db, "documents") == documents
+    assert rows(db, "chunks") == chunks
+    texts = " ".join(c.text for c in Store().chunks(first["doc_ids"]))
+    assert "under the mat" in texts and "in the drawer" not in texts
+    monkeypatch.undo()
+    assert_consistent(Store())
+
+
+def test_replace_file_is_one_transaction():
+    store = Store()
+    collection = store.collection_id("default", create=True)
+    good = {"part": "a", "kind": "book", "title": "A", "metadata": {}, "n_chars": 5,
+            "chunks": [{"seq": 0, "text": "Hello", "content_hash": "h", "n_tokens": 1, "char_start": 0, "char_end": 5}]}
+    [doc_id] = store.replace_file(collection, "/x", "sha1", [good])
+    broken = {**good, "part": "b", "chunks": [{"seq": 0}]}  # no text: fails after part a was rewritten
+    with pytest.raises(KeyError):
+        store.replace_file(collection, "/x", "sha2", [{**good, "title": "A2"}, broken])
+    assert [(d["id"], d["title"], d["sha256"]) for d in store.documents()] == [(doc_id, "A", "sha1")]
+    assert [c.text for c in store.chunks()] == ["Hello"]
+    assert not store.db.conn.in_transaction
+
+
+# killed ingest
+
+KILLABLE = textwrap.dedent(
+    """
+    import functools, sqlite3, sys, time
+
+    class Connection(sqlite3.Connection):
+        # Stop for good just before the COMMIT of a file's rows, and say so.
+        wrote_chunks = False
+
+        def executemany(self, sql, rows):
+            if sql.lstrip().lower().startswith("insert into chunks"):
+                Connection.wrote_chunks = True
+            return super().executemany(sql, rows)
+
+        def execute(self, sql, *args):
+            if sql == "commit" and Connection.wrote_chunks:
+                print("writing", flush=True)
+                time.sleep(600)
+            return super().execute(sql, *args)
+
+    sqlite3.connect = functools.partial(sqlite3.connect, factory=Connection)
+    from evsel.cli import main
+    sys.exit(main(["ingest", *sys.argv[1:]]))
+    """
+)
+
+
+def test_killed_ingest_leaves_the_store_as_it_was(tmp_path):
+    story = sample_story_path().read_text(encoding="utf-8")
+    earlier = tmp_path / "earlier.txt"
+    earlier.write_text("The harbour master kept a log. It recorded every ship.\n")
+    big = tmp_path / "big.md"
+    big.write_text(story)
+    ingest(earlier, big)
+    db = connect()
+    documents, chunks = rows(db, "documents"), rows(db, "chunks")
+    db.conn.close()
+
+    big.write_text(story + "\n" + story.replace("Agnes", "Agatha") * 2)  # a new, three times bigger version
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE, str(big)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ.copy(),
+    )
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "writing", child.stderr.read() if child.poll() is not None else line
+        assert child.poll() is None
+        # the new version is written but not committed: this is the moment to die
+        wal = Path(str(db_path()) + "-wal")
+        assert wal.exists()
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=60)
+        child.stdout.close()
+        child.stderr.close()
+    assert child.returncode == -signal.SIGKILL
+
+    store = Store()
+    assert rows(store.db, "documents") == documents
+    assert rows(store.db, "chunks") == chunks
+    assert "Agatha" not in " ".join(c.text for c in store.chunks())
+    assert_consistent(store)
+    # and the next ingest of the new version goes through
+    [result] = ingest(big)
+    assert result["status"] == "ingested"
+    assert "".join(c.text for c in Store().chunks(result["doc_ids"])) == big.read_text(encoding="utf-8")
