@@ -9,6 +9,7 @@ import click
 
 from . import __version__
 from .commands.ask import ask
+from .commands.daemon import daemon, watch
 from .commands.docs import docs
 from .commands.eval import eval_command
 from .commands.ingest import ingest
@@ -25,13 +26,17 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
               show_default=True, help="Where the backbone runs (env EVSEL_DEVICE).")
 @click.option("--model", metavar="PATH", envvar="EVSEL_MODEL", default=None,
               help="A local GGUF file or HF model folder instead of the bundled SmolLM2 (env EVSEL_MODEL).")
+@click.option("--no-daemon", is_flag=True, envvar="EVSEL_NO_DAEMON",
+              help="Run in this process instead of the resident daemon; same results, but the model "
+                   "loads every time (env EVSEL_NO_DAEMON=1).")
 @click.pass_context
-def cli(ctx, device, model):
+def cli(ctx, device, model, no_daemon):
     """Ask questions about long documents; the evidence is chosen by the LLM that answers.
 
-    State lives in EVSEL_HOME (default: the platform's user data directory).
+    State lives in EVSEL_HOME (default: the platform's user data directory). Commands run in a
+    background daemon that keeps the model loaded (started on first use; see evsel daemon).
     """
-    ctx.obj = {"device": device, "model": model}
+    ctx.obj = {"device": device, "model": model, "no_daemon": no_daemon}
 
 
 cli.add_command(ingest)
@@ -40,6 +45,8 @@ cli.add_command(docs)
 cli.add_command(eval_command)
 cli.add_command(models)
 cli.add_command(sample)
+cli.add_command(daemon)
+cli.add_command(watch)
 
 
 def main(argv: list[str] | None = None) -> int:

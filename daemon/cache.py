@@ -1,0 +1,106 @@
+"""What the daemon keeps in memory between requests: the chunks of hot scopes and data derived from
+them (a BM25 index; selectors' stacked chunk states), beside the loaded backbone.
+
+Every entry is keyed by what it was built from (the documents' ids, versions and chunk hashes), so
+a changed store can never be answered from a stale entry, even when another process (an
+`evsel --no-daemon ingest`) wrote it. Ingest and rm also drop the entries of the documents they
+touched, to free the memory early.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+from evsel.engine import Engine
+from evsel.store import ChunkRecord, Store
+
+MAX_ENTRIES = 32  # a book's chunks plus its BM25 index is a few MB
+
+
+def chunk_key(chunks: list[ChunkRecord]) -> str:
+    digest = hashlib.sha1()
+    for c in chunks:
+        digest.update(f"{c.id}:{c.content_hash}\n".encode())
+    return digest.hexdigest()
+
+
+class MemoCache:
+    """A small LRU of built objects with hit/miss counts per kind; safe across threads."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES):
+        self.max_entries = max_entries
+        self.entries: OrderedDict[tuple, tuple[frozenset, object]] = OrderedDict()
+        self.counts: dict[str, dict[str, int]] = {}
+        self.lock = threading.Lock()
+
+    def get_or_build(self, kind: str, key: tuple, doc_ids: Callable[[object], set], build: Callable[[], object]):
+        full_key = (kind, *key)
+        with self.lock:
+            counts = self.counts.setdefault(kind, {"hits": 0, "misses": 0})
+            if full_key in self.entries:
+                self.entries.move_to_end(full_key)
+                counts["hits"] += 1
+                return self.entries[full_key][1]
+            counts["misses"] += 1
+        value = build()  # outside the lock: building a big index must not block status
+        with self.lock:
+            self.entries[full_key] = (frozenset(doc_ids(value)), value)
+            self.entries.move_to_end(full_key)
+            while len(self.entries) > self.max_entries:
+                self.entries.popitem(last=False)
+        return value
+
+    def invalidate(self, doc_ids: set[int] | None = None) -> int:
+        """Drop entries built from any of `doc_ids` (all entries when None). Returns how many."""
+        with self.lock:
+            doomed = [k for k, (docs, _) in self.entries.items() if doc_ids is None or docs & doc_ids]
+            for key in doomed:
+                del self.entries[key]
+        return len(doomed)
+
+    def stats(self) -> dict:
+        with self.lock:
+            out = {"entries": len(self.entries)}
+            for kind, c in sorted(self.counts.items()):
+                total = c["hits"] + c["misses"]
+                out[kind] = {**c, "hit_rate": round(c["hits"] / total, 3) if total else None}
+            return out
+
+
+class CachingStore(Store):
+    """A Store whose `chunks(...)` answers repeated scopes from memory."""
+
+    def __init__(self, memo: MemoCache, db=None):
+        super().__init__(db)
+        self.memo = memo
+
+    def signature(self) -> str:
+        """Changes whenever any document is added, replaced, moved or removed."""
+        row = self.db.execute(
+            "select group_concat(id || ':' || updated_at || ':' || n_chunks || ':' || collection_id, ',') "
+            "from (select * from documents order by id)"
+        ).fetchone()
+        return hashlib.sha1((row[0] or "").encode()).hexdigest()
+
+    def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
+        scope = (tuple(sorted(set(doc_ids))) if doc_ids else None, collection, self.signature())
+        found = self.memo.get_or_build(
+            "chunks", scope, lambda chunks: {c.doc_id for c in chunks},
+            lambda: Store.chunks(self, doc_ids, collection),
+        )
+        return list(found)
+
+
+class DaemonEngine(Engine):
+    """The engine the daemon runs requests on: the same code, with scope data kept in memory."""
+
+    def __init__(self, model: str | None, device: str, store: Store, memo: MemoCache):
+        super().__init__(model=model, device=device, store=store)
+        self.memo = memo
+
+    def cached(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
+        key = (repr(config), chunk_key(chunks))
+        return self.memo.get_or_build(kind, key, lambda _value: {c.doc_id for c in chunks}, build)

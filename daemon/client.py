@@ -1,0 +1,311 @@
+"""The CLI's side of the daemon: find it, start it when needed, and call the engine through it.
+
+`DaemonClient` has the engine's method signatures: `client.ask(question, top_n=3, on_event=view)`
+sends `{"method": "ask", "params": {...}}`, relays the daemon's progress events to `on_event` and
+returns the same plain dict `Engine.ask` returns (errors come back as the same `EvselError`s). Any
+public `Engine` method is a request, so methods added to the engine later need no client code.
+Only pure Python is imported here: a warm `evsel ask` never loads torch in the client.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+from evsel import __version__
+from evsel.errors import EvselError, from_dict
+
+from . import runtime
+from .protocol import PROTOCOL_VERSION, LineReader, ProtocolError, encode
+from .runtime import DaemonError, DaemonFiles
+
+START_TIMEOUT = float(os.environ.get("EVSEL_DAEMON_START_TIMEOUT", "120"))
+LOCAL_ONLY = frozenset({"cached", "scope_chunks"})  # engine helpers that take or return live objects
+
+
+def _ignore(_event: dict) -> None:
+    pass
+
+
+class Connection:
+    """One socket to the daemon; requests on it run one after another."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.reader = LineReader(sock)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def send(self, message: dict) -> None:
+        self.sock.sendall(encode(message))
+
+    def request(self, method: str, params: dict | None = None, on_event=_ignore, engine: dict | None = None,
+                meta: dict | None = None):
+        """Send one request and wait for its result, relaying events. Ctrl-C cancels it."""
+        request_id = uuid.uuid4().hex[:12]
+        message = {"v": PROTOCOL_VERSION, "id": request_id, "type": "request", "method": method,
+                   "params": params or {}, "cwd": _cwd(), "client": {"pid": os.getpid(), "version": __version__}}
+        if engine is not None:
+            message["engine"] = engine
+        try:
+            self.send(message)
+            while True:
+                reply = self.reader.read()
+                if reply is None:
+                    raise DaemonError(
+                        "lost the connection to the evsel daemon before the request finished",
+                        f"it may have crashed; see {runtime.files().log}, then run the command again",
+                    )
+                kind = reply.get("type")
+                if kind == "event":
+                    on_event(reply["event"])
+                elif kind == "accepted":
+                    if reply.get("queue_position"):
+                        ahead = reply["queue_position"]
+                        on_event({"type": "progress", "task": "queue", "done": 0, "total": 1,
+                                  "label": f"waiting for the daemon ({ahead} request{'s' if ahead > 1 else ''} ahead)"})
+                elif kind == "result":
+                    if meta is not None:
+                        meta.update(reply.get("meta") or {})
+                    return reply.get("result")
+                elif kind == "error":
+                    if meta is not None:
+                        meta.update(reply.get("meta") or {})
+                    raise from_dict(reply.get("error") or {})
+                else:
+                    raise DaemonError(f"the daemon sent an unknown message type {kind!r}",
+                                      "restart it: evsel daemon stop")
+        except KeyboardInterrupt:
+            try:  # the daemon drops or stops the job; the daemon itself carries on
+                self.send({"v": PROTOCOL_VERSION, "id": request_id, "type": "cancel"})
+            except OSError:
+                pass
+            self.close()
+            raise
+        except (ConnectionError, ProtocolError, socket.timeout) as exc:
+            self.close()
+            raise DaemonError(f"lost the connection to the evsel daemon ({exc})",
+                              f"see {runtime.files().log}; run the command again") from None
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # the directory was deleted under us
+        return "/"
+
+
+# finding, starting and stopping the daemon
+def try_connect(daemon_files: DaemonFiles) -> Connection | None:
+    """A connection to a listening daemon, or None (cleaning a dead daemon's socket and pid file)."""
+    if not daemon_files.socket.exists():
+        return None
+    try:
+        sock = runtime.connect_unix(daemon_files.socket, timeout=None)
+    except (FileNotFoundError, ConnectionRefusedError):
+        runtime.clean_stale(daemon_files)
+        return None
+    except OSError as exc:
+        raise DaemonError(f"cannot reach the evsel daemon at {daemon_files.socket}: {exc}",
+                          "check EVSEL_HOME's permissions, or use --no-daemon") from None
+    return Connection(sock)
+
+
+def hello(connection: Connection) -> dict:
+    return connection.request("hello")
+
+
+def spawn(daemon_files: DaemonFiles, model: str | None = None, device: str = "auto",
+          idle_timeout: float | None = None, preload: bool = True) -> None:
+    """Launch a detached daemon (python -m evsel.daemon --detach); returns once the launcher exits."""
+    runtime.check_home_private(daemon_files.home)
+    runtime.clean_stale(daemon_files)
+    command = [sys.executable, "-m", "evsel.daemon", "--detach", "--device", device or "auto"]
+    if model:
+        command += ["--model", os.path.abspath(os.path.expanduser(model))]
+    if idle_timeout is not None:
+        command += ["--idle-timeout", str(idle_timeout)]
+    if not preload:
+        command.append("--no-preload")
+    with open(daemon_files.err, "w") as err:
+        os.chmod(daemon_files.err, 0o600)
+        subprocess.run(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, cwd="/", check=False,
+                       start_new_session=True)
+
+
+def wait_ready(daemon_files: DaemonFiles, timeout: float = START_TIMEOUT, on_event=_ignore) -> Connection:
+    deadline = time.monotonic() + timeout
+    on_event({"type": "progress", "task": "daemon", "label": "starting the evsel daemon", "done": 0, "total": 1})
+    while True:
+        connection = try_connect(daemon_files)
+        if connection is not None:
+            on_event({"type": "progress", "task": "daemon", "label": "daemon ready", "done": 1, "total": 1})
+            return connection
+        failure = _start_failure(daemon_files)
+        if failure:
+            raise DaemonError(f"the evsel daemon did not start: {failure}",
+                              f"see {daemon_files.err}; or run without it: --no-daemon")
+        if time.monotonic() > deadline:
+            raise DaemonError(f"the evsel daemon did not answer within {timeout:.0f}s",
+                              f"see {daemon_files.log}; or run without it: --no-daemon")
+        time.sleep(0.03)
+
+
+def _start_failure(daemon_files: DaemonFiles) -> str | None:
+    """The daemon's own error line when it exited without listening, else None."""
+    try:
+        text = daemon_files.err.read_text(errors="replace")
+    except OSError:
+        return None
+    if "evsel: error:" not in text and "Traceback" not in text:
+        return None
+    if runtime.daemon_alive(daemon_files):
+        return None
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("evsel: error:"):
+            return line.removeprefix("evsel: error:").strip()
+    return lines[-1] if lines else "unknown error"
+
+
+def ensure_daemon(model: str | None = None, device: str = "auto", idle_timeout: float | None = None,
+                  preload: bool = True, on_event=_ignore, build: str | None = None) -> tuple[Connection, dict]:
+    """A connection to a daemon of this very build, starting (or restarting) one when needed."""
+    daemon_files = runtime.files()
+    build = build or runtime.build_id()
+    for _attempt in range(3):
+        connection = try_connect(daemon_files)
+        if connection is None:
+            if not runtime.daemon_alive(daemon_files):
+                spawn(daemon_files, model, device, idle_timeout, preload)
+            connection = wait_ready(daemon_files, on_event=on_event)
+        try:
+            info = hello(connection)
+        except EvselError as exc:
+            if "protocol" not in exc.message:
+                raise
+            info = {"build": None, "evsel_version": "unknown"}
+        if info.get("build") == build and info.get("protocol") == PROTOCOL_VERSION:
+            return connection, info
+        on_event({"type": "warning", "message": f"restarting the evsel daemon: it runs evsel "
+                  f"{info.get('build') or info.get('evsel_version')}, this is {build}"})
+        stop(daemon_files, connection)
+    raise DaemonError("could not start an evsel daemon of this version", f"see {daemon_files.log}")
+
+
+def stop(daemon_files: DaemonFiles | None = None, connection: Connection | None = None,
+         timeout: float = 60) -> dict | None:
+    """Ask the daemon to stop and wait until it has; None when none was running."""
+    daemon_files = daemon_files or runtime.files()
+    connection = connection or try_connect(daemon_files)
+    if connection is None:
+        return None
+    try:
+        reply = connection.request("shutdown")
+    except EvselError:
+        reply = {"pid": None}
+    finally:
+        connection.close()
+    deadline = time.monotonic() + timeout
+    while runtime.daemon_alive(daemon_files):
+        if time.monotonic() > deadline:
+            raise DaemonError(f"the evsel daemon (pid {reply.get('pid')}) did not stop within {timeout:.0f}s",
+                              f"see {daemon_files.log}; kill {reply.get('pid')} ends it safely")
+        time.sleep(0.05)
+    runtime.clean_stale(daemon_files)
+    return reply
+
+
+def status(daemon_files: DaemonFiles | None = None) -> dict | None:
+    """The daemon's status, or None when it is not running (never starts it)."""
+    daemon_files = daemon_files or runtime.files()
+    connection = try_connect(daemon_files)
+    if connection is None:
+        return None
+    try:
+        return connection.request("status")
+    finally:
+        connection.close()
+
+
+class DaemonClient:
+    """Stands in for `Engine` in the CLI: the same methods, run by the daemon.
+
+    Attributes that are not requests (`backbone`, `store`) come from an in-process engine, so code
+    that reaches into the engine still works, in-process.
+    """
+
+    def __init__(self, model: str | None = None, device: str = "auto", idle_timeout: float | None = None):
+        self.model = model
+        self.device = device or "auto"
+        self.idle_timeout = idle_timeout
+        self._connection: Connection | None = None
+        self._local = None
+        self.info: dict | None = None
+        self.last_meta: dict = {}
+
+    def connect(self, on_event=_ignore) -> Connection:
+        if self._connection is None:
+            self._connection, self.info = ensure_daemon(self.model, self.device, self.idle_timeout,
+                                                        on_event=on_event)
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def call(self, method: str, params: dict, on_event=_ignore):
+        connection = self.connect(on_event)
+        self.last_meta = {}
+        try:
+            return connection.request(method, params, on_event,
+                                      engine={"model": self.model, "device": self.device}, meta=self.last_meta)
+        except BaseException:
+            self._connection = None  # a cancelled or broken connection is not reused
+            raise
+
+    def request(self, method: str, **params):
+        """A daemon request that is not an engine method (status, watch_add, ...)."""
+        return self.call(method, params)
+
+    def __getattr__(self, name: str):
+        from evsel.engine import Engine
+
+        attr = inspect.getattr_static(Engine, name, None)
+        if name.startswith("_") or attr is None:
+            raise AttributeError(name)
+        if inspect.isfunction(attr) and name not in LOCAL_ONLY:
+            signature = inspect.signature(attr)
+
+            def remote(*args, **kwargs):
+                bound = signature.bind(None, *args, **kwargs)  # None stands for self
+                params = dict(bound.arguments)
+                params.pop(next(iter(signature.parameters)))
+                on_event = params.pop("on_event", None) or _ignore
+                try:
+                    encode(params)
+                except (TypeError, ValueError):  # not plain data: only an in-process engine can take it
+                    return getattr(self._local_engine(), name)(*args, **kwargs)
+                return self.call(name, params, on_event)
+
+            remote.__name__ = name
+            remote.__doc__ = attr.__doc__
+            return remote
+        return getattr(self._local_engine(), name)
+
+    def _local_engine(self):
+        if self._local is None:
+            from evsel.engine import Engine
+
+            self._local = Engine(model=self.model, device=self.device)
+        return self._local

@@ -1,0 +1,741 @@
+"""The resident daemon: one process per EVSEL_HOME that keeps the backbone loaded.
+
+Threads:
+- main: accepts connections on the Unix socket, watches for idle time and stop signals;
+- one per connection: reads requests; fast ones (status, docs, watch list) are answered right
+  there, model ones become jobs and the thread streams the job's progress back to the client;
+- the model worker: runs jobs one at a time, in arrival order, on the engine (the same `Engine`
+  methods the CLI runs in-process, so the results are the same);
+- the watcher's observer and debouncer, and a preload thread that loads the backbone at start.
+
+A client that disconnects or sends `cancel` cancels its job: a queued job is dropped, a running
+one stops at its next progress event (the model finishes the step it is in). Nothing a request
+does can stop the daemon: every failure is answered to its client and logged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import logging.handlers
+import os
+import queue
+import select
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from contextlib import contextmanager
+from pathlib import Path
+
+from evsel import __version__
+from evsel.engine import Engine
+from evsel.errors import EvselError, InputError, NotFoundError, user_message
+from evsel.parsers import collect_files
+from evsel.store import DEFAULT_COLLECTION, Store
+
+from . import runtime, watcher
+from .cache import CachingStore, DaemonEngine, MemoCache
+from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
+
+log = logging.getLogger("evsel.daemon")
+
+DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before the daemon exits
+MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
+LOCAL_ONLY = frozenset({"cached", "scope_chunks"})  # engine helpers that take or return live objects
+LOG_BYTES = 2 << 20
+LOG_BACKUPS = 3
+
+
+class RequestCancelled(BaseException):
+    """Raised from a job's progress callback to stop it (BaseException: the engine must not catch it)."""
+
+    def __init__(self, reason: str = "cancelled"):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Job:
+    """One queued request (or internal task) for the model worker."""
+
+    def __init__(self, method: str, params: dict, cwd: str = "/", model: str | None = None, device: str = "auto",
+                 client_pid: int | None = None, task=None, label: str = ""):
+        self.id = uuid.uuid4().hex[:12]
+        self.method = method
+        self.params = params
+        self.cwd = cwd
+        self.model = model
+        self.device = device
+        self.client_pid = client_pid
+        self.task = task  # internal jobs: a callable(engine, emit) instead of an engine method
+        self.label = label or method
+        self.outbox: queue.Queue = queue.Queue()
+        self.cancelled = threading.Event()
+        self.cancel_reason = "cancelled"
+        self.received_at = time.time()
+        self.enqueued = time.perf_counter()
+        self.started: float | None = None
+        self.last_event: dict | None = None
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        self.cancel_reason = reason
+        self.cancelled.set()
+
+
+class Daemon:
+    def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT, preload: bool = True,
+                 model: str | None = None, device: str = "auto", foreground: bool = False,
+                 debounce: float | None = None):
+        self.files = runtime.files()
+        self.idle_timeout = idle_timeout
+        self.preload = preload
+        self.preload_model = model
+        self.preload_device = device or "auto"
+        self.foreground = foreground
+        self.debounce = debounce if debounce is not None else float(os.environ.get("EVSEL_WATCH_DEBOUNCE", "1.0"))
+        self.build = runtime.build_id()
+        self.lock = runtime.HomeLock(self.files.lock)
+        self.memo = MemoCache()
+        self.queue: queue.Queue = queue.Queue()
+        self.waiting: list[Job] = []  # mirror of the queue, for status and shutdown
+        self.waiting_lock = threading.Lock()
+        self.running: Job | None = None
+        self.engines: dict[tuple, DaemonEngine] = {}
+        self.engines_lock = threading.Lock()
+        self.fast_lock = threading.Lock()
+        self.status_lock = threading.Lock()
+        self.clients = 0
+        self.clients_lock = threading.Lock()
+        self.last_activity = time.monotonic()
+        self.stop_event = threading.Event()
+        self.started_at = time.time()
+        self.recent: deque = deque(maxlen=50)
+        self.counts = {"requests": 0, "errors": 0, "cancelled": 0}
+        self.preload_state = "off" if not preload else "pending"
+        self.resumed: list[str] = []
+        self.sock: socket.socket | None = None
+        self.watcher: watcher.Watcher | None = None
+
+    # start-up
+    def run(self) -> int:
+        home = self.files.home
+        runtime.check_home_private(home)
+        if self.lock.fd is None and not self.lock.acquire():
+            running = runtime.read_pid_file(self.files) or {}
+            raise runtime.DaemonError(
+                f"a daemon is already running for {home} (pid {running.get('pid', '?')})",
+                "stop it with: evsel daemon stop",
+            )
+        try:
+            return self._run_locked()
+        finally:
+            self.lock.release()
+
+    def _run_locked(self) -> int:
+        # files a dead daemon left behind are ours to clean: we hold the lock
+        for path in (self.files.socket, self.files.pid):
+            path.unlink(missing_ok=True)
+        self._setup_logging()
+        # requests carry their own cwd, model and device; the daemon's own must not leak into them
+        os.environ["EVSEL_HOME"] = str(self.files.home.resolve())
+        if os.environ.get("EVSEL_MODEL_CACHE"):
+            os.environ["EVSEL_MODEL_CACHE"] = str(Path(os.environ["EVSEL_MODEL_CACHE"]).expanduser().resolve())
+        os.environ.pop("EVSEL_MODEL", None)
+        os.environ.pop("EVSEL_DEVICE", None)
+        os.chdir("/")
+        self.worker_store = CachingStore(self.memo)  # used by the model thread only
+        self.fast_store = Store()  # docs requests and the watch list, under fast_lock
+        self.status_store = Store()  # status only, so it never waits behind a slow docs request
+        self.fast_engine = Engine(store=self.fast_store)
+        self.sock = runtime.bind_unix(self.files.socket)
+        runtime.write_pid_file(self.files, {
+            "pid": os.getpid(), "version": __version__, "build": self.build, "protocol": PROTOCOL_VERSION,
+            "socket": str(self.files.socket), "started_at": self.started_at,
+        })
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+            signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+        log.info("daemon started: pid %d, evsel %s, socket %s, idle timeout %s", os.getpid(), self.build,
+                 self.files.socket, f"{self.idle_timeout:g}s" if self.idle_timeout > 0 else "off")
+        threading.Thread(target=self._worker, name="evsel-model", daemon=True).start()
+        if self.preload:
+            threading.Thread(target=self._preload, name="evsel-preload", daemon=True).start()
+        self._resume_pending()
+        self.watcher = watcher.Watcher(self._submit_watch, self.debounce)
+        self.watcher.start()
+        for row in watcher.watch_rows(self.fast_store.db):
+            self.watcher.watch(row["path"], row["collection"])
+        try:
+            self._accept_loop()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _setup_logging(self) -> None:
+        log.setLevel(logging.INFO)
+        log.propagate = False
+        for handler in list(log.handlers):
+            log.removeHandler(handler)
+        handler = logging.handlers.RotatingFileHandler(self.files.log, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        os.chmod(self.files.log, 0o600)
+        if self.foreground:
+            stream = logging.StreamHandler()
+            stream.setFormatter(logging.Formatter("evsel daemon: %(message)s"))
+            log.addHandler(stream)
+
+    def _preload(self) -> None:
+        self.preload_state = "loading"
+        try:
+            engine = self._engine_for(self.preload_model, self.preload_device, "/")
+            started = time.perf_counter()
+            _ = engine.backbone.model
+            self.preload_state = "done"
+            log.info("backbone loaded: %s on %s in %.1fs", engine.backbone.name, engine.backbone.plan.device,
+                     time.perf_counter() - started)
+        except EvselError as exc:
+            self.preload_state = f"failed: {exc.line()}"
+            log.error("preloading the backbone failed: %s", exc.line())
+        except Exception as exc:  # noqa: BLE001  a broken model file must not stop the daemon
+            self.preload_state = f"failed: {user_message(exc)}"
+            log.error("preloading the backbone failed:\n%s", traceback.format_exc())
+
+    # the accept loop, idle time and shutdown
+    def _accept_loop(self) -> None:
+        self.sock.settimeout(0.25)
+        while not self.stop_event.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                if self._idle_expired():
+                    log.info("idle for %.0fs: shutting down", self.idle_timeout)
+                    break
+                continue
+            except OSError as exc:
+                log.error("accept failed: %s", exc)
+                time.sleep(0.1)
+                continue
+            with self.clients_lock:
+                self.clients += 1
+                self.last_activity = time.monotonic()
+            threading.Thread(target=self._serve, args=(conn,), name="evsel-client", daemon=True).start()
+
+    def _idle_expired(self) -> bool:
+        if self.idle_timeout <= 0:
+            return False
+        with self.clients_lock:
+            busy = self.clients > 0
+        with self.waiting_lock:
+            busy = busy or bool(self.waiting) or self.running is not None
+        if busy or (self.watcher is not None and self.watcher.roots):
+            self.last_activity = time.monotonic()  # watching folders is work: never idle then
+            return False
+        return time.monotonic() - self.last_activity > self.idle_timeout
+
+    def _shutdown(self) -> None:
+        log.info("stopping")
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.files.socket.unlink(missing_ok=True)
+        with self.waiting_lock:
+            waiting, self.waiting = self.waiting, []
+            running = self.running
+        for job in waiting:
+            job.cancel("shutdown")
+            job.outbox.put({"type": "error", "error": _stopped_error()})
+        if running is not None:
+            running.cancel("shutdown")
+        self.queue.put(None)
+        deadline = time.monotonic() + 30
+        while self.running is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.watcher is not None:
+            self.watcher.stop()
+        deadline = time.monotonic() + 2  # let connection threads deliver their last messages
+        while self.clients and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.files.pid.unlink(missing_ok=True)
+        log.info("stopped")
+
+    # connections
+    def _serve(self, conn: socket.socket) -> None:
+        reader = LineReader(conn)
+        try:
+            while True:
+                message = reader.read()
+                if message is None:
+                    break
+                if message.get("type") == "cancel":
+                    continue  # nothing of this connection's is running
+                if message.get("v") != PROTOCOL_VERSION:
+                    _send(conn, {"v": PROTOCOL_VERSION, "id": message.get("id"), "type": "error", "error": {
+                        "type": "ProtocolMismatch",
+                        "message": f"the daemon speaks protocol {PROTOCOL_VERSION}, the client {message.get('v')}",
+                        "hint": "restart the daemon: evsel daemon stop"}})
+                    break
+                self._handle(conn, reader, message)
+        except (OSError, ProtocolError) as exc:
+            log.info("client connection closed: %s", exc)
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+            with self.clients_lock:
+                self.clients -= 1
+                self.last_activity = time.monotonic()
+
+    def _handle(self, conn: socket.socket, reader: LineReader, message: dict) -> None:
+        request_id = message.get("id") or uuid.uuid4().hex[:12]
+        method = message.get("method")
+        params = message.get("params") or {}
+        self.counts["requests"] += 1
+        if not isinstance(method, str) or not isinstance(params, dict):
+            _send(conn, _error_message(request_id, {"type": "ProtocolError", "message": "a request needs a method "
+                                                    "name and a params object", "hint": "see daemon/PROTOCOL.md"}))
+            return
+        if method in FAST_METHODS:
+            started = time.perf_counter()
+            try:
+                result = self._fast(method, params, message)
+                _send(conn, {"v": PROTOCOL_VERSION, "id": request_id, "type": "result", "result": result,
+                             "meta": {"queue_s": 0.0, "run_s": round(time.perf_counter() - started, 4)}})
+            except EvselError as exc:
+                self.counts["errors"] += 1
+                _send(conn, _error_message(request_id, exc.to_dict()))
+            except Exception as exc:  # noqa: BLE001
+                self.counts["errors"] += 1
+                log.error("%s failed:\n%s", method, traceback.format_exc())
+                _send(conn, _error_message(request_id, self._internal_error(exc)))
+            return
+        error = self._check_engine_method(method, params)
+        if error is not None:
+            self.counts["errors"] += 1
+            _send(conn, _error_message(request_id, error))
+            return
+        engine_args = message.get("engine") or {}
+        job = Job(method, params, cwd=message.get("cwd") or "/", model=engine_args.get("model"),
+                  device=engine_args.get("device") or "auto", client_pid=(message.get("client") or {}).get("pid"))
+        job.id = request_id
+        position = self._enqueue(job)
+        _send(conn, {"v": PROTOCOL_VERSION, "id": request_id, "type": "accepted", "queue_position": position})
+        self._stream(conn, reader, job)
+
+    def _stream(self, conn: socket.socket, reader: LineReader, job: Job) -> None:
+        """Relay the job's messages to the client; its EOF or `cancel` cancels the job."""
+        while True:
+            try:
+                out = job.outbox.get(timeout=0.1)
+            except queue.Empty:
+                out = None
+            if out is not None:
+                try:
+                    _send(conn, {"v": PROTOCOL_VERSION, "id": job.id, **out})
+                except OSError:
+                    job.cancel()
+                    return
+                if out["type"] in ("result", "error"):
+                    return
+            readable = reader.pending() or bool(select.select([conn], [], [], 0)[0])
+            if readable:
+                try:
+                    message = reader.read()
+                except (OSError, ProtocolError):
+                    message = None
+                if message is None or message.get("type") == "cancel":
+                    log.info("%s %s: cancelled by the client", job.method, job.id)
+                    job.cancel()
+                    with self.waiting_lock:
+                        if job in self.waiting:
+                            self.waiting.remove(job)  # the worker drops it when it comes up
+                    raise OSError("client went away")  # ends this connection
+
+    # fast requests
+    def _fast(self, method: str, params: dict, message: dict):
+        if method == "hello":
+            return {"evsel_version": __version__, "build": self.build, "protocol": PROTOCOL_VERSION,
+                    "pid": os.getpid(), "home": str(self.files.home), "started_at": self.started_at}
+        if method == "status":
+            return self.status()
+        if method == "shutdown":
+            log.info("stop requested by pid %s", (message.get("client") or {}).get("pid"))
+            self.stop_event.set()
+            return {"stopping": True, "pid": os.getpid()}
+        with self.fast_lock:
+            if method == "watch_add":
+                return self._watch_add(params.get("path", ""), params.get("collection") or DEFAULT_COLLECTION)
+            if method == "watch_remove":
+                return self._watch_remove(params.get("path", ""))
+            if method == "watch_list":
+                return self._watch_list()
+            fn = getattr(self.fast_engine, method)
+            _bind(fn, params)
+            result = fn(**params)
+            if method == "docs_rm":
+                self.memo.invalidate({d["id"] for d in result})
+            return result
+
+    def _watch_add(self, path: str, collection: str) -> dict:
+        root = str(watcher.watch_dir(path))
+        added = watcher.add_watch_row(self.fast_store.db, root, collection)
+        self.watcher.watch(root, collection)
+        try:
+            n_files = len(collect_files(Path(root)))
+        except InputError:
+            n_files = 0
+        log.info("watch %s (collection %s): %s", root, collection, "added" if added else "updated")
+        return {"path": root, "collection": collection, "added": added, "files": n_files}
+
+    def _watch_remove(self, path: str) -> dict:
+        root = watcher.watched_path(path)
+        removed_row = watcher.remove_watch_row(self.fast_store.db, root)
+        stopped = self.watcher.unwatch(root)
+        if not (removed_row or stopped):
+            raise NotFoundError(f"{root} is not watched", "list watched folders with: evsel watch --list")
+        log.info("watch %s: removed", root)
+        return {"path": root, "removed": True}
+
+    def _watch_list(self, db=None) -> list[dict]:
+        live = self.watcher.describe()
+        rows = []
+        for row in watcher.watch_rows(db or self.fast_store.db):
+            rows.append({**row, **live.get(row["path"], {"observing": False})})
+        return rows
+
+    def status(self) -> dict:
+        with self.waiting_lock:
+            waiting = [{"method": j.label, "waiting_s": round(time.perf_counter() - j.enqueued, 2)}
+                       for j in self.waiting]
+            running = self.running
+        with self.status_lock:
+            docs = self.status_store.db.execute(
+                "select count(*), coalesce(sum(n_chunks), 0) from documents").fetchone()
+            watches = self._watch_list(self.status_store.db) if self.watcher is not None else []
+        with self.engines_lock:
+            engines = list(self.engines.values())
+        backbones = []
+        for engine in engines:
+            backbone = engine._backbone
+            if backbone is None:
+                continue
+            entry = {"name": backbone.name, "loaded": backbone.loaded, "model_arg": engine.model_arg,
+                     "requested_device": engine.device}
+            if backbone._plan is not None:
+                entry.update(device=backbone._plan.device, dtype=backbone._plan.dtype)
+            if backbone.loaded:
+                entry["load_s"] = round(backbone.load_seconds, 2)
+            backbones.append(entry)
+        with self.clients_lock:
+            clients = self.clients
+        return {
+            "running": True,
+            "pid": os.getpid(),
+            "version": __version__,
+            "build": self.build,
+            "protocol": PROTOCOL_VERSION,
+            "home": str(self.files.home),
+            "socket": str(self.files.socket),
+            "log": str(self.files.log),
+            "started_at": self.started_at,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "idle_timeout_s": self.idle_timeout,
+            "preload": self.preload_state,
+            "backbones": backbones,
+            "memory_mb": _rss_mb(),
+            "documents": docs[0],
+            "chunks": docs[1],
+            "cache": self.memo.stats(),
+            "queue": {
+                "running": None if running is None else {
+                    "method": running.label, "id": running.id,
+                    "running_s": round(time.perf_counter() - (running.started or time.perf_counter()), 2),
+                    "progress": running.last_event,
+                },
+                "waiting": waiting,
+            },
+            "clients": clients,
+            "requests": dict(self.counts),
+            "recent": list(self.recent)[-10:],
+            "watches": watches,
+            "resumed": self.resumed,
+        }
+
+    # engine requests
+    def _check_engine_method(self, method: str, params: dict) -> dict | None:
+        fn = getattr(Engine, method, None)
+        if method.startswith("_") or method in LOCAL_ONLY or not inspect.isfunction(fn):
+            return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
+                    "hint": "a client of another evsel version? run: evsel daemon stop"}
+        try:
+            _bind(fn, params, with_self=True)
+        except EvselError as exc:
+            return exc.to_dict()
+        return None
+
+    def _enqueue(self, job: Job) -> int:
+        with self.waiting_lock:
+            position = len(self.waiting) + (1 if self.running is not None else 0)
+            self.waiting.append(job)
+        self.queue.put(job)
+        return position
+
+    def _engine_for(self, model: str | None, device: str, cwd: str) -> Engine:
+        if model:
+            candidate = Path(model).expanduser()
+            if not candidate.is_absolute():
+                candidate = Path(cwd) / candidate
+            if not candidate.exists():
+                # not kept: the engine's own check reports the path exactly as the user typed it
+                return DaemonEngine(model, device, self.worker_store, self.memo)
+            model = str(candidate.resolve())
+        key = (model, device)
+        with self.engines_lock:
+            engine = self.engines.pop(key, None)
+            if engine is None:
+                engine = DaemonEngine(model, device, self.worker_store, self.memo)
+            self.engines[key] = engine  # most recently used last
+            while len(self.engines) > MAX_ENGINES:
+                evicted = next(iter(self.engines))
+                log.info("unloading backbone %s (%s)", *evicted)
+                del self.engines[evicted]
+        return engine
+
+    def _worker(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            with self.waiting_lock:
+                if job in self.waiting:
+                    self.waiting.remove(job)
+                if job.cancelled.is_set():
+                    self._record(job, "cancelled")
+                    continue
+                self.running = job
+            job.started = time.perf_counter()
+            self.last_activity = time.monotonic()
+            status = "ok"
+            try:
+                with _cwd(job.cwd):
+                    result = self._run(job)
+                job.outbox.put({"type": "result", "result": result, "meta": self._meta(job)})
+            except RequestCancelled:
+                status = "cancelled"
+                self.counts["cancelled"] += 1
+                if job.cancel_reason == "shutdown":
+                    job.outbox.put({"type": "error", "error": _stopped_error()})
+                log.info("%s %s: cancelled", job.label, job.id)
+            except EvselError as exc:
+                status = f"error: {exc.line()}"
+                self.counts["errors"] += 1
+                job.outbox.put({"type": "error", "error": exc.to_dict(), "meta": self._meta(job)})
+            except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down
+                status = f"error: {user_message(exc)}"
+                self.counts["errors"] += 1
+                log.error("%s %s failed:\n%s", job.label, job.id, traceback.format_exc())
+                job.outbox.put({"type": "error", "error": self._internal_error(exc), "meta": self._meta(job)})
+            finally:
+                with self.waiting_lock:
+                    self.running = None
+                self.last_activity = time.monotonic()
+            self._record(job, status)
+
+    def _meta(self, job: Job) -> dict:
+        now = time.perf_counter()
+        return {"queue_s": round((job.started or now) - job.enqueued, 4),
+                "run_s": round(now - (job.started or now), 4), "received_at": job.received_at}
+
+    def _record(self, job: Job, status: str) -> None:
+        entry = {"id": job.id, "method": job.label, "client_pid": job.client_pid, "received_at": job.received_at,
+                 **{k: v for k, v in self._meta(job).items() if k != "received_at"}, "status": status}
+        self.recent.append(entry)
+        level = logging.INFO if status in ("ok", "cancelled") else logging.WARNING
+        log.log(level, "%s %s (client %s): %s, queued %.2fs, ran %.2fs", job.label, job.id, job.client_pid, status,
+                entry["queue_s"], entry["run_s"])
+
+    def _emitter(self, job: Job):
+        def emit(event: dict) -> None:
+            if job.cancelled.is_set():
+                raise RequestCancelled(job.cancel_reason)
+            job.last_event = event
+            job.outbox.put({"type": "event", "event": event})
+
+        return emit
+
+    def _run(self, job: Job):
+        emit = self._emitter(job)
+        if job.task is not None:
+            engine = self._engine_for(job.model, job.device, job.cwd)
+            return job.task(engine, emit)
+        engine = self._engine_for(job.model, job.device, job.cwd)
+        fn = getattr(engine, job.method)
+        params = dict(job.params)
+        if "on_event" in inspect.signature(fn).parameters:
+            params["on_event"] = emit
+        if job.method == "ingest":
+            result = self._ingest_tracked(engine, params)
+        else:
+            result = fn(**params)
+        if job.method in ("ingest", "docs_rm"):
+            self._invalidate(result)
+        return result
+
+    def _invalidate(self, result) -> None:
+        changed = set()
+        for item in result if isinstance(result, list) else []:
+            if isinstance(item, dict):
+                if item.get("status") == "ingested":
+                    changed.update(item.get("doc_ids") or [])
+                elif "id" in item and "status" not in item:
+                    changed.add(item["id"])
+        if changed:
+            self.memo.invalidate(changed)
+
+    # crash safety for ingest
+    def _ingest_tracked(self, engine: Engine, params: dict, rows: dict[str, list[int]] | None = None):
+        """Run engine.ingest with a `pending_ingests` row per file until that file is done.
+
+        Each file is stored in one transaction, so a crash leaves the store consistent; the rows a
+        crash leaves behind are re-ingested at the next start (`_resume_pending`).
+        """
+        db = self.worker_store.db
+        collection = params.get("collection", DEFAULT_COLLECTION)
+        kind = params.get("kind", "auto")
+        chunk_tokens = params.get("chunk_tokens")
+        rows = dict(rows or {})
+        if not rows:
+            files = []
+            for target in params.get("targets") or []:
+                try:
+                    files.extend(str(p.resolve()) for p in collect_files(Path(target).expanduser()))
+                except (EvselError, OSError):
+                    pass  # the engine reports it in its results
+            now = time.time()
+            for path in dict.fromkeys(files):
+                cursor = db.execute(
+                    "insert into pending_ingests (path, collection, kind, chunk_tokens, created_at) "
+                    "values (?, ?, ?, ?, ?)", [path, collection, kind, chunk_tokens, now])
+                rows.setdefault(path, []).append(cursor.lastrowid)
+        emit = params.get("on_event")
+
+        def on_event(event: dict) -> None:
+            if event.get("type") == "file" and event.get("path") in rows:
+                for row_id in rows.pop(event["path"]):
+                    db.execute("delete from pending_ingests where id = ?", [row_id])
+            if emit is not None:
+                emit(event)
+
+        try:
+            return engine.ingest(**{**params, "on_event": on_event})
+        finally:
+            # finished, failed or cancelled by its client: nothing to resume. Only a crash skips this.
+            for ids in rows.values():
+                for row_id in ids:
+                    db.execute("delete from pending_ingests where id = ?", [row_id])
+
+    def _resume_pending(self) -> None:
+        pending = list(self.worker_store.db.query("select * from pending_ingests order by id"))
+        for row in pending:
+            params = {"targets": [row["path"]], "collection": row["collection"], "kind": row["kind"]}
+            if row["chunk_tokens"] is not None:
+                params["chunk_tokens"] = row["chunk_tokens"]
+            self.resumed.append(row["path"])
+            log.info("resuming the ingest of %s, interrupted by a crash", row["path"])
+
+            def task(engine, emit, params=params, row=row):
+                result = self._ingest_tracked(engine, {**params, "on_event": emit}, {row["path"]: [row["id"]]})
+                self._invalidate(result)
+                for r in result:
+                    log.info("resumed ingest of %s: %s", r["path"], r["status"])
+                return result
+
+            self._enqueue(Job("ingest", params, task=task, label="resume ingest",
+                              model=self.preload_model, device=self.preload_device))
+
+    # watch folders
+    def _submit_watch(self, root: str, collection: str, paths: list[str] | None) -> None:
+        def task(engine, emit):
+            def quiet(event: dict) -> None:  # nobody is listening; still honour cancellation
+                emit(event)
+
+            try:
+                if paths is None:
+                    outcome = watcher.full_sync(engine, root, collection, quiet)
+                else:
+                    outcome = watcher.sync_paths(engine, root, collection, paths, quiet)
+            except EvselError as exc:
+                self.watcher.record_error(root, exc.line())
+                raise
+            self.watcher.record(root, outcome)
+            self._invalidate(outcome["files"])
+            self.memo.invalidate({d["id"] for d in outcome["removed"]})
+            return outcome
+
+        label = f"watch sync {root}" if paths is None else f"watch {len(paths)} file(s) in {root}"
+        self._enqueue(Job("watch", {}, task=task, label=label, model=self.preload_model, device=self.preload_device))
+
+    def _internal_error(self, exc: BaseException) -> dict:
+        return {"type": "EvselError", "message": user_message(exc).split("; rerun with")[0],
+                "hint": f"the daemon's log has the traceback: {self.files.log}"}
+
+
+def _bind(fn, params: dict, with_self: bool = False) -> None:
+    """Check a request's params against the method's signature before it runs."""
+    signature = inspect.signature(fn)
+    if "on_event" in params:
+        raise EvselError("on_event cannot be sent; the daemon streams events itself")
+    try:
+        signature.bind(*([None] if with_self else []), **params)
+    except TypeError as exc:
+        raise EvselError(f"bad request for {fn.__name__}: {exc}", "a client of another evsel version? "
+                         "run: evsel daemon stop") from None
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    conn.sendall(encode(message))
+
+
+def _error_message(request_id: str, error: dict) -> dict:
+    return {"v": PROTOCOL_VERSION, "id": request_id, "type": "error", "error": error}
+
+
+def _stopped_error() -> dict:
+    return {"type": "DaemonError", "message": "the evsel daemon stopped before this request finished",
+            "hint": "run the command again"}
+
+
+@contextmanager
+def _cwd(path: str):
+    """Run a job in its client's working directory, so relative paths mean what they meant there.
+
+    Only the model thread changes directory; every other thread uses absolute paths.
+    """
+    try:
+        os.chdir(path)
+    except OSError:
+        os.chdir("/")
+    try:
+        yield
+    finally:
+        os.chdir("/")
+
+
+def _rss_mb() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    except (ImportError, OSError):
+        return None

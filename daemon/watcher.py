@@ -1,0 +1,256 @@
+"""Watch folders: the daemon ingests new and changed files and removes deleted ones.
+
+File system events (watchdog) are debounced per path: a path is synced only once it has been quiet
+for `debounce` seconds, so an editor's save storm (write temp, rename, touch, chmod) is one ingest.
+Syncs run as jobs on the daemon's model queue, through the same `Engine.ingest` / `Engine.docs_rm`
+as the CLI. The watch list lives in the store (`watches` table) and survives restarts; every start
+re-syncs each folder, catching what changed while the daemon was down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from watchdog.events import FileSystemEventHandler
+
+from evsel.errors import EvselError, InputError, from_dict
+from evsel.parsers import SUPPORTED_SUFFIXES, collect_files
+
+log = logging.getLogger("evsel.daemon")
+
+MAX_FAILURES_SHOWN = 20
+
+
+# the persisted list
+def watch_rows(db) -> list[dict]:
+    return list(db.query("select path, collection, created_at from watches order by path"))
+
+
+def add_watch_row(db, path: str, collection: str) -> bool:
+    """Remember a folder; True when it was not watched before (an existing one takes the new collection)."""
+    existed = db.execute("select 1 from watches where path = ?", [path]).fetchone() is not None
+    db.execute(
+        "insert into watches (path, collection, created_at) values (?, ?, ?) "
+        "on conflict(path) do update set collection = excluded.collection",
+        [path, collection, time.time()],
+    )
+    return not existed
+
+
+def remove_watch_row(db, path: str) -> bool:
+    return db.execute("delete from watches where path = ?", [path]).rowcount > 0
+
+
+def watch_dir(path: str) -> Path:
+    """The absolute, resolved folder to watch, or an error saying what is wrong with it."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise InputError("no such directory", "check the path", path=str(path))
+    if not folder.is_dir():
+        raise InputError("not a directory", "evsel watch takes a folder; ingest a single file with: evsel ingest",
+                         path=str(path))
+    return folder.resolve()
+
+
+def watched_path(path: str) -> str:
+    """How --remove names a folder: resolved if it still exists, else absolute as given."""
+    folder = Path(path).expanduser()
+    return str(folder.resolve() if folder.exists() else folder.absolute())
+
+
+def wanted(root: str, path: str) -> bool:
+    """Files a watch ingests: the same rule as ingesting the folder (supported suffix, not hidden)."""
+    try:
+        rel = Path(path).relative_to(root)
+    except ValueError:
+        return False
+    return Path(path).suffix.lower() in SUPPORTED_SUFFIXES and not any(p.startswith(".") for p in rel.parts)
+
+
+# syncing (runs on the daemon's model thread)
+def sync_paths(engine, root: str, collection: str, paths: list[str], on_event) -> dict:
+    """Ingest the listed files that exist; remove the documents of those that are gone."""
+    present = [p for p in paths if os.path.isfile(p)]
+    gone = [p for p in paths if not os.path.exists(p)]
+    results = engine.ingest(present, collection=collection, on_event=on_event) if present else []
+    removed = _remove_paths(engine, collection, gone)
+    return {"root": root, "files": results, "removed": removed}
+
+
+def full_sync(engine, root: str, collection: str, on_event) -> dict:
+    """Bring the store in line with the whole folder."""
+    if not os.path.isdir(root):
+        raise InputError("the watched folder is gone", f"stop watching it with: evsel watch --remove {root}",
+                         path=root)
+    try:
+        on_disk = [str(p.resolve()) for p in collect_files(Path(root))]
+    except InputError:  # an empty folder is fine for a watch
+        on_disk = []
+    collection_id = engine.store.collection_id(collection)
+    stored = set()
+    if collection_id is not None:
+        prefix = root.rstrip(os.sep) + os.sep
+        stored = {d["path"] for d in engine.store.documents(collection) if d["path"].startswith(prefix)}
+    gone = sorted(p for p in stored if not os.path.exists(p))
+    results = engine.ingest(on_disk, collection=collection, on_event=on_event) if on_disk else []
+    removed = _remove_paths(engine, collection, gone)
+    return {"root": root, "files": results, "removed": removed}
+
+
+def _remove_paths(engine, collection: str, paths: list[str]) -> list[dict]:
+    collection_id = engine.store.collection_id(collection)
+    if collection_id is None or not paths:
+        return []
+    ids = [d["id"] for p in paths for d in engine.store.documents_for_path(collection_id, p)]
+    return engine.docs_rm(ids) if ids else []
+
+
+class Watcher:
+    """watchdog observers for the watched folders, and the debouncer that turns events into syncs."""
+
+    def __init__(self, submit: Callable[[str, str, list[str] | None], None], debounce: float = 1.0):
+        # submit(root, collection, paths): paths None means a full sync of the folder
+        self.submit = submit
+        self.debounce = debounce
+        self.lock = threading.Lock()
+        self.roots: dict[str, dict] = {}  # root -> {collection, watch (observer handle)}
+        self.pending: dict[tuple[str, str | None], float] = {}  # (root, path or None=rescan) -> last event
+        self.failures: dict[str, dict[str, dict]] = {}  # root -> path -> {error, at}
+        self.last_sync: dict[str, float] = {}
+        self.observer = None
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="evsel-watch-debounce", daemon=True)
+
+    def start(self) -> None:
+        from watchdog.observers import Observer
+
+        self.observer = Observer()
+        self.observer.daemon = True
+        self.observer.start()
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.observer is not None:
+            self.observer.stop()
+
+    def watch(self, root: str, collection: str) -> None:
+        """Start observing `root` and queue a full sync of it."""
+        with self.lock:
+            current = self.roots.get(root)
+            if current is not None:
+                current["collection"] = collection
+            else:
+                entry = {"collection": collection, "watch": None, "error": None}
+                try:
+                    entry["watch"] = self.observer.schedule(_Handler(self, root), root, recursive=True)
+                except (OSError, EvselError) as exc:
+                    entry["error"] = f"cannot watch the folder: {exc}"
+                    log.warning("watch %s: %s", root, entry["error"])
+                self.roots[root] = entry
+        self.submit(root, collection, None)
+
+    def unwatch(self, root: str) -> bool:
+        with self.lock:
+            entry = self.roots.pop(root, None)
+            self.failures.pop(root, None)
+            for key in [k for k in self.pending if k[0] == root]:
+                del self.pending[key]
+        if entry is None:
+            return False
+        if entry["watch"] is not None:
+            try:
+                self.observer.unschedule(entry["watch"])
+            except (KeyError, OSError):
+                pass
+        return True
+
+    def event(self, root: str, path: str | None) -> None:
+        with self.lock:
+            if root in self.roots:
+                self.pending[(root, path)] = time.monotonic()
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(min(0.2, self.debounce / 4 or 0.05)):
+            now = time.monotonic()
+            with self.lock:
+                ready = [k for k, t in self.pending.items() if now - t >= self.debounce]
+                for key in ready:
+                    del self.pending[key]
+                batches: dict[str, list[str] | None] = {}
+                for root, path in ready:
+                    if root not in self.roots:
+                        continue
+                    if path is None or batches.get(root, []) is None:
+                        batches[root] = None  # a rescan covers every single path
+                    else:
+                        batches.setdefault(root, []).append(path)
+                collections = {root: self.roots[root]["collection"] for root in batches}
+            for root, paths in batches.items():
+                self.submit(root, collections[root], sorted(set(paths)) if paths is not None else None)
+
+    # results, for status and the log
+    def record(self, root: str, outcome: dict) -> None:
+        with self.lock:
+            failures = self.failures.setdefault(root, {})
+            self.last_sync[root] = time.time()
+            for r in outcome.get("files", []):
+                if r["status"] == "failed":
+                    line = from_dict(r["error"]).line() if r.get("error") else "failed"
+                    failures[r["path"]] = {"error": line, "at": time.time()}
+                    log.warning("watch %s: %s", root, line)
+                else:
+                    failures.pop(r["path"], None)
+                    if r["status"] == "ingested":
+                        log.info("watch %s: ingested %s (%d chunks)", root, r["path"], r["chunks"])
+            for d in outcome.get("removed", []):
+                failures.pop(d["path"], None)
+                log.info("watch %s: removed %s (document %d)", root, d["path"], d["id"])
+
+    def record_error(self, root: str, error: str) -> None:
+        with self.lock:
+            self.failures.setdefault(root, {})[root] = {"error": error, "at": time.time()}
+        log.warning("watch %s: %s", root, error)
+
+    def describe(self) -> dict[str, dict]:
+        with self.lock:
+            out = {}
+            for root, entry in self.roots.items():
+                failures = sorted(self.failures.get(root, {}).items(), key=lambda kv: -kv[1]["at"])
+                out[root] = {
+                    "collection": entry["collection"],
+                    "observing": entry["watch"] is not None,
+                    "error": entry["error"],
+                    "last_sync": self.last_sync.get(root),
+                    "pending_events": sum(1 for k in self.pending if k[0] == root),
+                    "failures": [{"path": p, **f} for p, f in failures[:MAX_FAILURES_SHOWN]],
+                    "failed": len(failures),
+                }
+            return out
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, watcher: Watcher, root: str):
+        super().__init__()
+        self.watcher = watcher
+        self.root = root
+
+    def on_any_event(self, event) -> None:
+        kind = event.event_type
+        if kind not in ("created", "modified", "deleted", "moved", "closed"):
+            return  # opened, closed_no_write, attrib: the content did not change
+        paths = [os.fsdecode(event.src_path)]
+        if kind == "moved":
+            paths.append(os.fsdecode(event.dest_path))
+        if event.is_directory:
+            if kind != "modified":  # a folder created, deleted or moved: its files sent no events
+                self.watcher.event(self.root, None)
+            return
+        for path in paths:
+            if wanted(self.root, path):
+                self.watcher.event(self.root, path)

@@ -1,0 +1,229 @@
+"""`evsel daemon start|stop|status|run` and `evsel watch`."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+
+from evsel.output import print_json, stderr, stdout
+from evsel.store import DEFAULT_COLLECTION
+
+from .common import engine_from, json_option, no_daemon
+
+NOT_RUNNING_EXIT = 3  # as `systemctl status` and LSB init scripts say "not running"
+
+idle_option = click.option(
+    "--idle-timeout", type=float, default=1800, show_default=True, envvar="EVSEL_DAEMON_IDLE", metavar="SECONDS",
+    help="Exit after this long with no clients, requests or watched folders; 0 never exits (env EVSEL_DAEMON_IDLE).",
+)
+preload_option = click.option("--no-preload", is_flag=True,
+                              help="Load the backbone on the first request that needs it, not at start.")
+
+
+@click.group()
+def daemon():
+    """The resident daemon: keeps the backbone loaded between commands.
+
+    Every command that needs the engine talks to the daemon over a Unix socket in EVSEL_HOME and
+    starts it when it is not running; --no-daemon (env EVSEL_NO_DAEMON=1) runs in-process
+    instead, with the same results. Model work (ingest, ask, eval, train) queues; status and
+    document listings never wait. Log: EVSEL_HOME/daemon.log.
+    """
+
+
+@daemon.command("start")
+@idle_option
+@preload_option
+@click.pass_context
+def daemon_start(ctx, idle_timeout, no_preload):
+    """Start the daemon in the background (a daemon of another evsel version is restarted)."""
+    from evsel.daemon import client, runtime
+
+    obj = ctx.find_root().obj or {}
+    running = client.status()
+    connection, info = client.ensure_daemon(obj.get("model"), obj.get("device", "auto"), idle_timeout,
+                                            preload=not no_preload, on_event=_warn_only)
+    connection.close()
+    if running is not None and running.get("pid") == info["pid"]:
+        stderr.print(f"the evsel daemon is already running (pid {info['pid']})")
+    else:
+        stderr.print(f"started the evsel daemon (pid {info['pid']}, socket {escape(str(runtime.files().socket))})")
+
+
+@daemon.command("stop")
+def daemon_stop():
+    """Stop the daemon. Requests in flight fail with a message saying to run them again."""
+    from evsel.daemon import client
+
+    reply = client.stop()
+    if reply is None:
+        stderr.print("the evsel daemon is not running")
+    else:
+        stderr.print(f"stopped the evsel daemon (pid {reply.get('pid')})")
+
+
+@daemon.command("status")
+@json_option
+@click.pass_context
+def daemon_status(ctx, as_json):
+    """Show pid, uptime, backbone and device, memory, documents, cache hits, queue and watched folders.
+
+    Exits with status 3 when the daemon is not running (it is not started).
+    """
+    from evsel.daemon import client
+
+    info = client.status()
+    if info is None:
+        if as_json:
+            print_json({"running": False})
+        else:
+            stderr.print("the evsel daemon is not running; start it with: evsel daemon start")
+        ctx.exit(NOT_RUNNING_EXIT)
+    if as_json:
+        print_json(info)
+        return
+    _print_status(info)
+
+
+@daemon.command("run")
+@idle_option
+@preload_option
+@click.pass_context
+def daemon_run(ctx, idle_timeout, no_preload):
+    """Run the daemon in the foreground, logging to stderr too (for systemd and launchd).
+
+    The user units shipped in the daemon folder run: evsel daemon run --idle-timeout 0
+    """
+    from evsel.daemon.server import Daemon
+
+    obj = ctx.find_root().obj or {}
+    Daemon(idle_timeout=idle_timeout, preload=not no_preload, model=obj.get("model"),
+           device=obj.get("device", "auto"), foreground=True).run()
+
+
+def _warn_only(event: dict) -> None:
+    if event.get("type") == "warning":
+        stderr.print(f"[yellow]evsel: warning:[/] {escape(event['message'])}")
+
+
+def _print_status(info: dict) -> None:
+    uptime = _duration(info["uptime_s"])
+    stdout.print(f"[bold]evsel daemon:[/] running (pid {info['pid']}, up {uptime}, evsel {escape(info['build'])})")
+    rows = [("socket", info["socket"]), ("log", info["log"])]
+    for b in info["backbones"] or [{"name": "not created yet", "loaded": False}]:
+        where = f" on {b['device']} {b['dtype']}" if b.get("device") else ""
+        state = f"loaded in {b['load_s']}s" if b.get("loaded") else "not loaded"
+        rows.append(("backbone", f"{b['name']}{where} ({state})"))
+    if info["preload"] not in ("done", "off"):
+        rows.append(("preload", info["preload"]))
+    rows.append(("memory", f"{info['memory_mb']} MB resident" if info["memory_mb"] is not None else "unknown"))
+    rows.append(("documents", f"{info['documents']} ({info['chunks']} chunks)"))
+    cache = info["cache"]
+    parts = [f"{kind} {c['hits']}/{c['hits'] + c['misses']} hits" for kind, c in cache.items() if kind != "entries"]
+    rows.append(("cache", f"{cache['entries']} entries" + (f"; {', '.join(parts)}" if parts else "")))
+    queue = info["queue"]
+    running = queue["running"]
+    now = f"running {running['method']} ({running['running_s']}s)" if running else "idle"
+    rows.append(("queue", f"{now}, {len(queue['waiting'])} waiting"))
+    rows.append(("clients", str(info["clients"])))
+    idle = info["idle_timeout_s"]
+    rows.append(("idle exit", f"after {_duration(idle)} idle" if idle > 0 else "never"))
+    if info["resumed"]:
+        rows.append(("resumed", ", ".join(info["resumed"])))
+    for key, value in rows:
+        stdout.print(f"[bold]{key}:[/] {escape(str(value))}")
+    for w in info["watches"]:
+        state = "" if w.get("observing") else " (not observing)"
+        stdout.print(f"[bold]watching:[/] {escape(w['path'])} -> {escape(w['collection'])}{state}, "
+                     f"{w.get('failed', 0)} failed")
+        for f in w.get("failures", []):
+            stdout.print(f"  [red]failed[/] {escape(f['error'])}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+
+
+@click.command()
+@click.argument("folder", required=False, type=click.Path())
+@click.option("--collection", metavar="NAME", default=DEFAULT_COLLECTION, show_default=True,
+              help="Collection the folder's documents go to.")
+@click.option("--list", "list_watches", is_flag=True, help="List watched folders and their failed files.")
+@click.option("--remove", "remove", metavar="DIR", default=None,
+              help="Stop watching DIR (its documents stay; remove them with evsel docs rm).")
+@json_option
+@click.pass_context
+def watch(ctx, folder, collection, list_watches, remove, as_json):
+    """Keep FOLDER ingested: the daemon ingests new and changed files and removes deleted ones.
+
+    Changes are debounced (an editor's burst of saves is one ingest). Watched folders survive
+    restarts and are re-synced when the daemon starts. Files that fail to ingest are shown by
+    evsel daemon status and evsel watch --list, and logged; the watcher carries on. While any
+    folder is watched the daemon does not exit when idle.
+    """
+    from evsel.daemon import watcher
+    from evsel.errors import EvselError
+
+    chosen = sum(x is not None and x is not False for x in (folder, remove, list_watches or None))
+    if chosen != 1:
+        raise EvselError("give one of: a FOLDER to watch, --list, or --remove DIR",
+                         "e.g. evsel watch ~/papers --collection papers")
+    local = no_daemon(ctx)
+    client = None if local else engine_from(ctx)
+    if list_watches:
+        rows = _local_watch_list() if local else client.request("watch_list")
+        if as_json:
+            print_json(rows)
+        elif not rows:
+            stderr.print("no folders are watched; add one with: evsel watch DIR")
+        for w in [] if as_json else rows:
+            stdout.print(f"{escape(w['path'])}  [dim]collection {escape(w['collection'])}, "
+                         f"{w.get('failed', 0)} failed[/]")
+            for f in w.get("failures", []):
+                stdout.print(f"  [red]failed[/] {escape(f['error'])}")
+        return
+    if remove is not None:
+        path = watcher.watched_path(remove)
+        if local:
+            from evsel.errors import NotFoundError
+            from evsel.store import Store
+
+            if not watcher.remove_watch_row(Store().db, path):
+                raise NotFoundError(f"{path} is not watched", "list watched folders with: evsel watch --list")
+            result = {"path": path, "removed": True}
+        else:
+            result = client.request("watch_remove", path=path)
+        if as_json:
+            print_json(result)
+        else:
+            stderr.print(f"stopped watching {escape(result['path'])} (its documents stay)")
+        return
+    root = str(watcher.watch_dir(folder))
+    if local:
+        from evsel.store import Store
+
+        added = watcher.add_watch_row(Store().db, root, collection)
+        result = {"path": root, "collection": collection, "added": added, "files": None}
+        note = "saved; the daemon watches it when it runs (evsel daemon start)"
+    else:
+        result = client.request("watch_add", path=root, collection=collection)
+        note = (f"{result['files']} file(s) are synced in the background; progress and failures: "
+                "evsel daemon status")
+    if as_json:
+        print_json(result)
+    else:
+        verb = "watching" if result["added"] else "already watching"
+        stderr.print(f"{verb} {escape(root)} (collection {escape(collection)}); {note}")
+
+
+def _local_watch_list() -> list[dict]:
+    from evsel.daemon import watcher
+    from evsel.store import Store
+
+    return watcher.watch_rows(Store().db)
+
