@@ -189,7 +189,9 @@ def ensure_daemon(model: str | None = None, device: str = "auto", idle_timeout: 
                 spawn(daemon_files, model, device, idle_timeout, preload)
             connection = wait_ready(daemon_files, on_event=on_event)
         try:
+            connection.sock.settimeout(30)  # a daemon that accepts but never answers is not usable
             info = hello(connection)
+            connection.sock.settimeout(None)  # requests may run for minutes
         except EvselError as exc:
             if "protocol" not in exc.message:
                 raise

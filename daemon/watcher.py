@@ -79,7 +79,7 @@ def sync_paths(engine, root: str, collection: str, paths: list[str], on_event) -
     gone = [p for p in paths if not os.path.exists(p)]
     results = engine.ingest(present, collection=collection, on_event=on_event) if present else []
     removed = _remove_paths(engine, collection, gone)
-    return {"root": root, "files": results, "removed": removed}
+    return {"root": root, "files": results, "removed": removed, "gone": gone}
 
 
 def full_sync(engine, root: str, collection: str, on_event) -> dict:
@@ -99,7 +99,7 @@ def full_sync(engine, root: str, collection: str, on_event) -> dict:
     gone = sorted(p for p in stored if not os.path.exists(p))
     results = engine.ingest(on_disk, collection=collection, on_event=on_event) if on_disk else []
     removed = _remove_paths(engine, collection, gone)
-    return {"root": root, "files": results, "removed": removed}
+    return {"root": root, "files": results, "removed": removed, "gone": gone, "full": True}
 
 
 def _remove_paths(engine, collection: str, paths: list[str]) -> list[dict]:
@@ -209,8 +209,13 @@ class Watcher:
                     if r["status"] == "ingested":
                         log.info("watch %s: ingested %s (%d chunks)", root, r["path"], r["chunks"])
             for d in outcome.get("removed", []):
-                failures.pop(d["path"], None)
                 log.info("watch %s: removed %s (document %d)", root, d["path"], d["id"])
+            for path in outcome.get("gone", []):
+                failures.pop(path, None)
+            if outcome.get("full"):  # a full sync saw every file: drop failures of files no longer there
+                failures.pop(root, None)
+                for path in [p for p in failures if not os.path.exists(p)]:
+                    del failures[path]
 
     def record_error(self, root: str, error: str) -> None:
         with self.lock:
