@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import click
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -33,7 +34,9 @@ def docs_list(ctx, collection, as_json):
     for r in rows:
         table.add_row(str(r["id"]), r["collection"], r["kind"], escape(r["title"]), str(r["n_chunks"]),
                       str(r["n_tokens"]), escape(r["path"] + (f"#{r['part']}" if r["part"] else "")))
-    stdout.print(table)
+    # on a pipe there is no width to fit: keep each document on one line for grep and friends
+    console = stdout if stdout.is_terminal else Console(width=100_000, highlight=False)
+    console.print(table)
 
 
 @docs.command("show")
