@@ -1,0 +1,27 @@
+"""Helpers shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """$EVSEL_DATA, else ../shared/data beside the checkout (as `evsel eval` finds it)."""
+    from evsel.evaluation import default_data_dir
+
+    return default_data_dir()
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_result(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    tmp.replace(path)

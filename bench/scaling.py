@@ -1,0 +1,317 @@
+"""Long-context scaling (LOFT / UNREAL Fig. 1 style): evidence recall and time per ask as the
+context grows from 8K to 1M tokens, against full-context reading.
+
+    python bench/scaling.py                                  # 20 questions, 8K..1M, bm25,dense,random
+    python bench/scaling.py --questions 5 --lengths 8000,32000 --methods bm25   # a smoke run
+
+Questions: FairytaleQA val questions whose gold is one story section (a fixed-seed sample). For
+each question a context of about L tokens is built from its gold section and distractor passages
+from other documents of the data (sections of the other FairytaleQA stories, train and val, and
+paragraphs of the NoCha novels), drawn in a fixed-seed order per question, so a shorter context's
+distractors are a prefix of a longer one's; the gold passage sits at the same relative depth (drawn
+once per question) at every length. Every passage is chunked by evsel's chunker with the backbone
+tokenizer once, and a context is its passages' chunks in order: the same chunks as chunking the
+joined text with a break at each passage.
+
+Per method and length: recall@k of the gold section's chunks, time per ask (the selector over the
+whole context; index time, such as dense embeddings, apart). Full-context reading: time-to-first-
+token (one prefill of the whole prompt) measured where it fits SmolLM2's 8K window, projected beyond
+with the FLOP model of UNREAL Appendix C (t(L) = t(L_cut) * FLOPs(L) / FLOPs(L_cut)), next to the
+selection pipelines' time to first token (select + prefill of the top-n passages and the question)
+and the break-even length N* of Appendix C eq. 10 for this backbone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import data_dir, peak_rss_mib, write_result  # noqa: E402
+
+from evsel import chunker  # noqa: E402
+from evsel.evaluation import metrics  # noqa: E402
+from evsel.evaluation.report import run_info  # noqa: E402
+from evsel.parsers.base import ParsedDocument, Segment  # noqa: E402
+from evsel.store import ChunkRecord  # noqa: E402
+
+DEFAULT_LENGTHS = [8_000, 32_000, 128_000, 512_000, 1_000_000]
+SEED = 0
+
+
+class Passage:
+    def __init__(self, index: int, source: str, text: str):
+        self.index = index
+        self.source = source  # story or book it came from
+        self.text = text.strip() + "\n\n"
+        self.chunks: list = []  # evsel chunks of this passage alone
+        self.tokens = 0
+
+
+def load_passages() -> list[Passage]:
+    root = data_dir()
+    passages: list[Passage] = []
+    for split in ("train", "val"):
+        for path in sorted((root / "fairytaleqa" / "section-stories" / split).glob("*-story.csv")):
+            story = path.name[: -len("-story.csv")]
+            with open(path, newline="", encoding="utf-8") as handle:
+                for row in csv.DictReader(handle):
+                    passages.append(Passage(len(passages), story, row["text"]))
+    # novels: paragraphs grouped to about 300 words, so their passages are section-sized
+    for path in sorted((root / "nocha" / "books").glob("*.txt")):
+        words, group = 0, []
+        for para in path.read_text(encoding="utf-8").split("\n\n"):
+            if not para.strip():
+                continue
+            group.append(para.strip())
+            words += len(para.split())
+            if words >= 300:
+                passages.append(Passage(len(passages), path.stem, "\n\n".join(group)))
+                words, group = 0, []
+        if group:
+            passages.append(Passage(len(passages), path.stem, "\n\n".join(group)))
+    if not passages:
+        raise SystemExit(f"no FairytaleQA or NoCha data under {root}; set EVSEL_DATA")
+    return passages
+
+
+def chunk_passages(passages: list[Passage], counter, budget: int) -> None:
+    for p in passages:
+        doc = ParsedDocument(text=p.text, kind="book", title="", segments=[Segment(0, len(p.text))])
+        p.chunks = chunker.chunk_document(doc, counter, budget)
+        p.tokens = sum(c.n_tokens for c in p.chunks)
+
+
+def pick_questions(n: int) -> list[dict]:
+    """Local FairytaleQA val questions citing exactly one section, a fixed-seed sample."""
+    root = data_dir() / "fairytaleqa" / "questions" / "val"
+    found = []
+    for path in sorted(root.glob("*-questions.csv")):
+        story = path.name[: -len("-questions.csv")]
+        with open(path, newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                sections = [s for s in row["cor_section"].split(",") if s.strip()]
+                if row["local-or-sum"] == "local" and len(sections) == 1:
+                    found.append({"story": story, "section": sections[0].strip(), "question": row["question"],
+                                  "qid": f"{story}/{row['question_id']}"})
+    return random.Random(SEED).sample(found, min(n, len(found)))
+
+
+def gold_passage(passages: list[Passage], question: dict) -> Passage:
+    stories = data_dir() / "fairytaleqa" / "section-stories" / "val" / f"{question['story']}-story.csv"
+    with open(stories, newline="", encoding="utf-8") as handle:
+        text = next(r["text"] for r in csv.DictReader(handle) if r["section"].strip() == question["section"])
+    return next(p for p in passages if p.source == question["story"] and p.text == text.strip() + "\n\n")
+
+
+def build_context(gold: Passage, order: list[Passage], depth: float, length: int) -> tuple[list[ChunkRecord], set[int], int]:
+    """Chunks of a context of about `length` tokens with the gold passage at relative `depth`."""
+    chosen, total = [], gold.tokens
+    for p in order:
+        if total >= length:
+            break
+        chosen.append(p)
+        total += p.tokens
+    at = round(depth * len(chosen))
+    sequence = chosen[:at] + [gold] + chosen[at:]
+    records, gold_ids, offset, seq = [], set(), 0, 0
+    for p in sequence:
+        for c in p.chunks:
+            # ids stable per (passage, chunk): per-chunk caches hit across contexts, as after ingest
+            cid = p.index * 1000 + c.seq + 1
+            records.append(ChunkRecord(id=cid, doc_id=1, seq=seq, text=c.text, content_hash=c.record()["content_hash"],
+                                       n_tokens=c.n_tokens, char_start=offset + c.start, char_end=offset + c.end,
+                                       title="context"))
+            if p is gold:
+                gold_ids.add(cid)
+            seq += 1
+        offset += len(p.text)
+    return records, gold_ids, total
+
+
+# full-context reading -----------------------------------------------------------------------------
+
+def prefill_seconds(backbone, n_tokens: int, ids_source: list[int]) -> float:
+    """One prefill of n_tokens through the whole model, logits for the last position only: the
+    time to the first generated token."""
+    import torch
+
+    ids = torch.tensor([ids_source[:n_tokens]])
+    with torch.inference_mode():
+        t = time.perf_counter()
+        backbone.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+        return time.perf_counter() - t
+
+
+def flop_model(config, l_c: int, n: int, chunk: int, c0: int, r: int, t_q: int) -> dict:
+    """UNREAL Appendix C for this backbone: Theta (matrix params active per token, no embeddings or
+    LM head), kappa = Theta / (L_a d_a), lambda = 1 - l_c / L, |x_ret| = C0*T + T_q + R, and the
+    break-even length N* of eq. 10 above which selection costs fewer FLOPs than full reading."""
+    d = config.hidden_size
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    layers = config.num_hidden_layers
+    per_layer = d * heads * head_dim * 2 + 2 * d * kv * head_dim + 3 * d * config.intermediate_size
+    theta = layers * per_layer
+    d_a = heads * head_dim
+    kappa = theta / (layers * d_a)
+    lam = 1 - l_c / layers
+    x_ret = c0 * chunk + t_q + r
+    q = n * chunk + x_ret
+    n_star = 0.5 * (-lam * kappa + math.sqrt(lam**2 * kappa**2 + 4 * kappa * q))
+    return {"theta": theta, "layers": layers, "d_attn": d_a, "kappa": kappa, "lambda": lam, "l_c": l_c,
+            "n": n, "T": chunk, "C0": c0, "R": r, "T_q": t_q, "x_ret": x_ret, "n_star_tokens": n_star}
+
+
+def full_flops(fm: dict, length: int) -> float:
+    """Prefill FLOPs of full-context reading: 2*Theta per token plus 2*L_a*d_a*N(N+1) for attention."""
+    return 2 * fm["theta"] * length + 2 * fm["layers"] * fm["d_attn"] * length * (length + 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--questions", type=int, default=20, help="questions (default 20)")
+    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="context tokens, comma-separated")
+    parser.add_argument("--methods", default="bm25,dense,random", help="selectors by name, comma-separated")
+    parser.add_argument("--k", default="1,5,10", help="recall cut-offs")
+    parser.add_argument("--top-n", type=int, default=5, help="passages read after selection (for TTFT)")
+    parser.add_argument("--ttft-lengths", default="1000,2000,4000,7900",
+                        help="full-context prefill lengths to measure (must fit the 8K window)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "scaling.json")
+    args = parser.parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    ks = [int(x) for x in args.k.split(",")]
+    specs = [m.strip() for m in args.methods.split(",") if m.strip()]
+
+    from evsel.engine import Engine
+    from evsel.evaluation.runner import Method
+
+    info = run_info(["python", "bench/scaling.py", *(argv if argv is not None else sys.argv[1:])])
+    started = time.perf_counter()
+    engine = Engine()
+    backbone = engine.backbone
+    passages = load_passages()
+    t = time.perf_counter()
+    chunk_passages(passages, backbone, chunker.DEFAULT_CHUNK_TOKENS)
+    chunk_s = time.perf_counter() - t
+    pool_tokens = sum(p.tokens for p in passages)
+    print(f"{len(passages)} passages, {pool_tokens} tokens, chunked in {chunk_s:.0f} s", file=sys.stderr)
+    questions = pick_questions(args.questions)
+    methods = [Method(spec, engine) for spec in specs]
+
+    rows: dict[str, dict[int, list[dict]]] = {m.spec: {L: [] for L in lengths} for m in methods}
+    index_s: dict[str, float] = {m.spec: 0.0 for m in methods}
+    actual_tokens: dict[int, list[int]] = {L: [] for L in lengths}
+    for qi, q in enumerate(questions):
+        gold = gold_passage(passages, q)
+        rng = random.Random(f"{SEED}:{q['qid']}")
+        depth = rng.uniform(0.05, 0.95)
+        order = [p for p in passages if p.source != q["story"]]
+        rng.shuffle(order)
+        for L in lengths:
+            chunks, gold_ids, total = build_context(gold, order, depth, L)
+            actual_tokens[L].append(total)
+            for m in methods:
+                t = time.perf_counter()
+                m.prepare(chunks)
+                index_s[m.spec] += time.perf_counter() - t
+                ranked, timings = m.rank(q["question"], chunks)
+                scores = metrics.ranking_metrics([c.id for c in ranked], [gold_ids], ks)
+                rows[m.spec][L].append({"qid": q["qid"], "depth": depth, "chunks": len(chunks), **scores,
+                                        "select_s": timings["select_s"]})
+        print(f"question {qi + 1}/{len(questions)} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+
+    # full-context time to first token, measured where it fits, projected beyond
+    text = "".join(p.text for p in passages[:200])
+    ids = [backbone.bos_id()] + backbone.tokenizer(text, add_special_tokens=False)["input_ids"]
+    window = backbone.model.config.max_position_embeddings
+    ttft_lengths = [n for n in (int(x) for x in args.ttft_lengths.split(",")) if n <= window]
+    # best of two: the first pass at a new length pays one-off kernel set-up
+    measured = {n: min(prefill_seconds(backbone, n, ids) for _ in range(2)) for n in ttft_lengths}
+    read_tokens = args.top_n * chunker.DEFAULT_CHUNK_TOKENS + 60  # top-n passages + question and template
+    read_s = min(prefill_seconds(backbone, read_tokens, ids) for _ in range(2))
+    fm = flop_model(backbone.model.config, l_c=20, n=args.top_n, chunk=chunker.DEFAULT_CHUNK_TOKENS, c0=5, r=64,
+                    t_q=60)
+    cut = max(measured)
+    projection = {L: measured[cut] * full_flops(fm, L) / full_flops(fm, cut) for L in lengths}
+
+    summary = {}
+    for spec, by_length in rows.items():
+        summary[spec] = {}
+        for L, items in by_length.items():
+            entry = {k: metrics.mean([r[k] for r in items]) for k in [f"recall@{k}" for k in ks] + ["mrr"]}
+            times = [r["select_s"] for r in items]
+            entry["select_s_median"] = metrics.median(times)
+            entry["select_s_p95"] = metrics.percentile(times, 95)
+            entry["ttft_s"] = entry["select_s_median"] + read_s  # select, then read the top-n
+            entry["chunks_mean"] = metrics.mean([r["chunks"] for r in items])
+            summary[spec][L] = entry
+    result = {
+        "benchmark": "scaling",
+        "run": info,
+        "config": {"questions": len(questions), "lengths": lengths, "methods": specs, "k": ks, "top_n": args.top_n,
+                   "seed": SEED, "chunk_tokens": chunker.DEFAULT_CHUNK_TOKENS, "backbone": backbone.name,
+                   "dtype": backbone.plan.dtype, "pool_passages": len(passages), "pool_tokens": pool_tokens},
+        "context_tokens_mean": {L: statistics.mean(v) for L, v in actual_tokens.items()},
+        "methods": summary,
+        "index_s_total": index_s,
+        "full_context": {
+            "window": window,
+            "ttft_measured_s": measured,
+            "ttft_projected_s": {L: (measured[L] if L in measured else projection[L]) for L in lengths},
+            "projected_from": cut,
+            "read_top_n_prefill_s": read_s,
+            "read_top_n_tokens": read_tokens,
+        },
+        "flop_model": fm,
+        "per_question": rows,
+        "peak_rss_mib": peak_rss_mib(),
+        "seconds": time.perf_counter() - started,
+    }
+    write_result(args.out, result)
+    plot(result, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
+    return 0
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = result["config"]["lengths"]
+    k = 5 if 5 in result["config"]["k"] else result["config"]["k"][0]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
+    for spec, by_length in result["methods"].items():
+        left.plot(lengths, [by_length[L][f"recall@{k}"] for L in lengths], marker="o", label=spec)
+        right.plot(lengths, [by_length[L]["ttft_s"] for L in lengths], marker="o", label=f"{spec} + read top-n")
+    full = result["full_context"]
+    measured = {int(n): s for n, s in full["ttft_measured_s"].items()}
+    right.plot(sorted(measured), [measured[n] for n in sorted(measured)], "k-o", label="full context (measured)")
+    beyond = [L for L in lengths if L >= full["projected_from"]]
+    right.plot([full["projected_from"]] + beyond,
+               [measured[full["projected_from"]]] + [full["ttft_projected_s"][L] for L in beyond],
+               "k--", label="full context (FLOP projection)")
+    left.set(xscale="log", ylim=(0, 1), xlabel="context tokens", ylabel=f"recall@{k}",
+             title=f"evidence recall@{k} ({result['config']['questions']} FairytaleQA questions)")
+    right.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="seconds",
+              title="time to first token")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Throughput on this machine: chunk encoding against a matmul roofline, selector latency vs corpus size.
+
+    python bench/throughput.py                      # writes bench/results/throughput.json
+    python bench/throughput.py --quick              # smaller sizes, fewer repeats (a smoke run)
+
+1. Chunk encoding: the default backbone (bf16 where the CPU supports it, as evsel runs it) encodes
+   batches of 16 chunks x 140 tokens through `Backbone.hidden_states_at` to layer 20 and to layer 30
+   (the forward stops there). Tokens/s, achieved FLOP/s (FLOPs per token from the model config and
+   the layers actually run) and that as a share of a bf16 and an fp32 matmul roofline measured in
+   the same run with the same threads.
+2. Selector latency vs number of chunks (10^3 .. 10^6, capped by --max-gib of memory):
+   BM25 as `evsel ask` runs it today (index built per ask) and with a prebuilt index, on synthetic
+   chunks whose words follow the word frequencies of real text; MaxSim (UNREAL scoring) over
+   synthetic chunk states, 7 vectors x 576 dims per chunk in bf16, 4 query vectors.
+3. Peak RSS after each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import data_dir, peak_rss_mib, write_result  # noqa: E402
+
+from evsel.evaluation.report import run_info  # noqa: E402
+
+BATCH, TOKENS = 16, 140
+L_P, DIM, QUERY_VECTORS = 7, 576, 4
+
+
+# 1. encoding vs roofline --------------------------------------------------------------------------
+
+def matmul_flops(dtype: torch.dtype, m: int, k: int, n: int, seconds: float = 2.0) -> float:
+    """Best sustained FLOP/s of an (m x k) @ (k x n) product over `seconds`."""
+    a = torch.randn(m, k, dtype=torch.float32).to(dtype)
+    b = torch.randn(k, n, dtype=torch.float32).to(dtype)
+    for _ in range(3):
+        torch.matmul(a, b)
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t = time.perf_counter()
+        torch.matmul(a, b)
+        best = max(best, 2 * m * k * n / (time.perf_counter() - t))
+    return best
+
+
+def roofline(quick: bool) -> dict:
+    """Peak matmul FLOP/s: a large square product and the model's own widest projection shape
+    (16*140 tokens x 576 -> 1536, the MLP up-projection); the roofline is the better of the two."""
+    shapes = {"square_2048": (2048, 2048, 2048), "mlp_up_2240x576x1536": (BATCH * TOKENS, 576, 1536)}
+    out = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        per_shape = {s: matmul_flops(dtype, *dims, seconds=0.5 if quick else 2.0) for s, dims in shapes.items()}
+        out[name] = {"flops": max(per_shape.values()), "by_shape": per_shape}
+    return out
+
+
+def flops_per_token(config, layers: int, context: int) -> dict:
+    """Forward FLOPs per token through `layers` decoder layers (2 per multiply-add), from the config.
+    Weights: q, k, v, o and the gated MLP (gate, up, down); the embedding lookup is not a product
+    and the LM head does not run (the forward stops at the layer). Attention: a causal sequence of
+    `context` tokens has context*(context+1)/2 query-key pairs, each 4*d_attn FLOPs (score + value),
+    so 2*d_attn*(context+1) per token."""
+    d = config.hidden_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    d_attn, d_kv = heads * head_dim, kv_heads * head_dim
+    weights = d * d_attn + 2 * d * d_kv + d_attn * d + 3 * d * config.intermediate_size
+    per_layer_weights = 2 * weights
+    per_layer_attention = 2 * d_attn * (context + 1)
+    return {
+        "layers": layers,
+        "weight_params_per_layer": weights,
+        "flops_per_token": layers * (per_layer_weights + per_layer_attention),
+        "attention_share": per_layer_attention / (per_layer_weights + per_layer_attention),
+    }
+
+
+def real_token_batches(backbone, n_batches: int) -> list[torch.Tensor]:
+    """(16, 140) id batches cut from real text (FairytaleQA stories, else evsel's sample story),
+    each row starting with the BOS sink token as evsel encodes chunks."""
+    texts = []
+    stories = data_dir() / "fairytaleqa" / "section-stories" / "val"
+    if stories.is_dir():
+        import csv
+
+        for path in sorted(stories.glob("*.csv"))[:6]:
+            with open(path, newline="", encoding="utf-8") as handle:
+                texts += [row["text"] for row in csv.DictReader(handle)]
+    else:
+        from evsel.paths import sample_story_path
+
+        texts.append(sample_story_path().read_text(encoding="utf-8"))
+    ids = [i for t in texts for i in backbone.tokenizer(t, add_special_tokens=False)["input_ids"]]
+    need = n_batches * BATCH * (TOKENS - 1)
+    while len(ids) < need:
+        ids = ids + ids
+    rows = torch.tensor(ids[:need]).view(n_batches, BATCH, TOKENS - 1)
+    bos = torch.full((n_batches, BATCH, 1), backbone.bos_id())
+    return list(torch.cat([bos, rows], dim=-1))
+
+
+def encoding(backbone, roof: dict, quick: bool) -> dict:
+    model = backbone.model
+    plan = backbone.plan
+    repeats = 2 if quick else 6
+    batches = real_token_batches(backbone, repeats + 1)
+    mask = torch.ones(BATCH, TOKENS, dtype=torch.long)
+    out = {"dtype": plan.dtype, "device": plan.device, "reason": plan.reason, "batch": [BATCH, TOKENS],
+           "threads": torch.get_num_threads(), "layers": {}}
+    for layer in (20, model.config.num_hidden_layers):
+        backbone.hidden_states_at(batches[0], mask, layer)  # warm-up
+        times = []
+        for ids in batches[1:]:
+            t = time.perf_counter()
+            states = backbone.hidden_states_at(ids, mask, layer)
+            times.append(time.perf_counter() - t)
+            assert states.shape == (BATCH, TOKENS, model.config.hidden_size)
+        best, med = min(times), statistics.median(times)
+        flops = flops_per_token(model.config, layer, TOKENS)
+        tokens = BATCH * TOKENS
+        achieved = tokens * flops["flops_per_token"] / med
+        out["layers"][str(layer)] = {
+            **flops,
+            "tokens_per_s_median": tokens / med,
+            "tokens_per_s_best": tokens / best,
+            "achieved_flops": achieved,
+            "share_of_bf16_roofline": achieved / roof["bf16"]["flops"],
+            "share_of_fp32_roofline": achieved / roof["fp32"]["flops"],
+            "seconds_per_batch": times,
+        }
+    return out
+
+
+# 2. selector latency vs corpus size -----------------------------------------------------------------
+
+def word_distribution() -> tuple[list[str], np.ndarray]:
+    """Words and their frequencies from real text, for synthetic chunks that BM25 sees as text."""
+    counts: Counter = Counter()
+    root = data_dir() / "fairytaleqa" / "section-stories"
+    files = sorted(root.glob("*/*.csv"))[:80] if root.is_dir() else []
+    if files:
+        for path in files:
+            counts.update(re.findall(r"[a-z']+", path.read_text(encoding="utf-8").lower()))
+    else:
+        from evsel.paths import sample_story_path
+
+        counts.update(re.findall(r"[a-z']+", sample_story_path().read_text(encoding="utf-8").lower()))
+    words, freq = zip(*counts.most_common())
+    p = np.array(freq, dtype=np.float64)
+    return list(words), p / p.sum()
+
+
+def synthetic_chunks(n: int, words: list[str], p: np.ndarray, rng: np.random.Generator, length: int = 100):
+    from evsel.store import ChunkRecord
+
+    picks = rng.choice(len(words), size=(n, length), p=p)
+    chunks = []
+    for i, row in enumerate(picks):
+        text = " ".join(words[j] for j in row)
+        chunks.append(ChunkRecord(id=i + 1, doc_id=1, seq=i, text=text, content_hash=str(i), n_tokens=length,
+                                  char_start=0, char_end=len(text)))
+    return chunks
+
+
+QUESTIONS = ["what did the king give to the youngest son", "where did the old woman hide the golden key",
+             "why was the fox afraid of the wolf", "who found the ring in the river"]
+
+
+def bm25_latency(sizes: list[int], per_ask_max: int, quick: bool) -> list[dict]:
+    from rank_bm25 import BM25Okapi
+
+    from evsel.models.selectors.bm25 import BM25Selector, tokenize
+
+    words, p = word_distribution()
+    rng = np.random.default_rng(0)
+    out = []
+    for n in sizes:
+        chunks = synthetic_chunks(n, words, p, rng)
+        row: dict = {"chunks": n}
+        if n <= per_ask_max:  # as `evsel ask --select bm25` does it: tokenize and index per ask
+            selector = BM25Selector()
+            t = time.perf_counter()
+            selector.rank(QUESTIONS[0], chunks, 5)
+            row["per_ask_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        index = BM25Okapi([tokenize(c.text) for c in chunks])
+        row["index_build_s"] = time.perf_counter() - t
+        times = []
+        for q in QUESTIONS[: 2 if quick else 4]:
+            t = time.perf_counter()
+            scores = index.get_scores(tokenize(q))
+            np.argpartition(-scores, 5)[:5]
+            times.append(time.perf_counter() - t)
+        row["query_s_median"] = statistics.median(times)
+        row["peak_rss_mib"] = peak_rss_mib()
+        out.append(row)
+        print(f"bm25 {n:>8} chunks: query {row['query_s_median'] * 1000:.1f} ms, build {row['index_build_s']:.2f} s"
+              + (f", per ask {row['per_ask_s']:.2f} s" if "per_ask_s" in row else ""), file=sys.stderr)
+        del chunks, index
+        gc.collect()
+    return out
+
+
+def maxsim_scores(keys: torch.Tensor, query: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
+    """MaxSim(q, k_i) = sum_a max_b <q_a, k_i,b>. keys (N, L_p, d), query (G, d) -> (N,)."""
+    n = keys.shape[0]
+    out = torch.empty(n, dtype=torch.float32)
+    for start in range(0, n, block):
+        part = keys[start:start + block]  # (B, L_p, d)
+        sims = part.reshape(-1, part.shape[-1]) @ query.T  # (B*L_p, G)
+        out[start:start + block] = sims.view(part.shape[0], part.shape[1], -1).amax(1).float().sum(-1)
+    return out
+
+
+def maxsim_latency(sizes: list[int], max_gib: float, quick: bool) -> list[dict]:
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for n in sizes:
+        need = n * L_P * DIM * 2 / 2**30
+        if need > max_gib:
+            out.append({"chunks": n, "skipped": f"needs {need:.1f} GiB of chunk states, over --max-gib {max_gib}"})
+            print(f"maxsim {n:>8} chunks: skipped ({need:.1f} GiB)", file=sys.stderr)
+            continue
+        keys = torch.empty(n, L_P, DIM, dtype=torch.bfloat16)
+        for start in range(0, n, 1 << 16):  # fill in blocks: no fp32 copy of the whole array
+            block = keys[start:start + (1 << 16)]
+            block.copy_(torch.randn(block.shape, generator=gen))
+        query = torch.randn(QUERY_VECTORS, DIM, generator=gen).to(torch.bfloat16)
+        maxsim_scores(keys[: min(n, 1024)], query)  # warm-up
+        times = []
+        for _ in range(3 if quick else 7):
+            t = time.perf_counter()
+            scores = maxsim_scores(keys, query)
+            torch.topk(scores, 5)
+            times.append(time.perf_counter() - t)
+        row = {"chunks": n, "states_gib": need, "query_s_median": statistics.median(times),
+               "query_s_best": min(times), "peak_rss_mib": peak_rss_mib()}
+        out.append(row)
+        print(f"maxsim {n:>8} chunks: {row['query_s_median'] * 1000:.1f} ms", file=sys.stderr)
+        del keys
+        gc.collect()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (smoke run)")
+    parser.add_argument("--max-gib", type=float, default=4.0,
+                        help="largest MaxSim state array to allocate (default 4 GiB: 10^6 chunks need 7.5)")
+    parser.add_argument("--bm25-max", type=int, default=100_000,
+                        help="largest BM25 corpus (rank-bm25 keeps a Python dict per chunk: 10^6 needs ~6 GB)")
+    parser.add_argument("--bm25-per-ask-max", type=int, default=100_000,
+                        help="largest corpus for the per-ask BM25 timing (tokenizes every chunk each ask)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "throughput.json")
+    args = parser.parse_args(argv)
+
+    from evsel.models.backbone import Backbone
+
+    info = run_info(["python", "bench/throughput.py", *(argv if argv is not None else sys.argv[1:])])
+    sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5, 10**6]
+    started = time.perf_counter()
+    roof = roofline(args.quick)
+    print(f"roofline: bf16 {roof['bf16']['flops'] / 1e9:.1f} GFLOP/s, fp32 {roof['fp32']['flops'] / 1e9:.1f} GFLOP/s",
+          file=sys.stderr)
+    backbone = Backbone()
+    enc = encoding(backbone, roof, args.quick)
+    for layer, row in enc["layers"].items():
+        print(f"encode to layer {layer}: {row['tokens_per_s_median']:.0f} tok/s, "
+              f"{row['share_of_bf16_roofline']:.1%} of bf16 roofline, {row['share_of_fp32_roofline']:.1%} of fp32",
+              file=sys.stderr)
+    enc["peak_rss_mib"] = peak_rss_mib()
+    del backbone
+    gc.collect()
+    bm25 = bm25_latency([n for n in sizes if n <= args.bm25_max], args.bm25_per_ask_max, args.quick)
+    maxsim = maxsim_latency(sizes, args.max_gib, args.quick)
+    result = {
+        "benchmark": "throughput",
+        "run": info,
+        "roofline": roof,
+        "encoding": enc,
+        "bm25": bm25,
+        "bm25_skipped_sizes": [n for n in sizes if n > args.bm25_max],
+        "maxsim": maxsim,
+        "maxsim_layout": {"vectors_per_chunk": L_P, "dim": DIM, "query_vectors": QUERY_VECTORS, "dtype": "bfloat16"},
+        "peak_rss_mib": peak_rss_mib(),
+        "seconds": time.perf_counter() - started,
+    }
+    write_result(args.out, result)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
