@@ -14,6 +14,7 @@ from .commands.docs import docs
 from .commands.eval import eval_command
 from .commands.ingest import ingest
 from .commands.models import models, sample
+from .commands.train import train
 from .errors import EvselError, user_message
 from .output import error
 
@@ -45,6 +46,7 @@ cli.add_command(docs)
 cli.add_command(eval_command)
 cli.add_command(models)
 cli.add_command(sample)
+cli.add_command(train)
 cli.add_command(daemon)
 cli.add_command(watch)
 

@@ -79,8 +79,14 @@ class Engine:
         kind: str = "auto",
         chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
         on_event: EventSink = _ignore,
+        encode: bool | None = None,
     ) -> list[dict]:
-        """Ingest files and directories. A failing file is reported and skipped; others go on."""
+        """Ingest files and directories. A failing file is reported and skipped; others go on.
+
+        With `encode` (default: $EVSEL_ENCODE, else on) the chunks' UNREAL states are computed
+        right after each file is stored, so the first `ask --select unreal` needs no encoding."""
+        if encode is None:
+            encode = os.environ.get("EVSEL_ENCODE", "1").strip().lower() not in ("0", "false", "no", "off")
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
         results: list[FileResult] = []
@@ -96,10 +102,25 @@ class Engine:
         for index, path in enumerate(unique):
             on_event({"type": "progress", "task": "files", "label": path.name, "done": index, "total": len(unique)})
             result = self._ingest_file(path.resolve(), collection, kind, chunk_tokens, on_event)
+            if encode and result.status == "ingested":
+                self._encode_states(result, on_event)
             results.append(result)
             on_event({"type": "file", **result.to_dict()})
         on_event({"type": "progress", "task": "files", "label": "", "done": len(unique), "total": len(unique)})
         return [r.to_dict() for r in results]
+
+    def _encode_states(self, result: FileResult, on_event: EventSink) -> None:
+        """Per-chunk model states for a stored file. A failure here leaves the file ingested:
+        the states are computed later, when a selector first needs them."""
+        from evsel.models import unreal
+
+        started = time.perf_counter()
+        try:
+            unreal.encode_at_ingest(self, self.store.chunks(doc_ids=result.doc_ids), on_event)
+        except EvselError as exc:
+            result.warnings.append(f"chunk states not computed now ({exc.message}); they will be at the first ask")
+            on_event({"type": "warning", "message": f"{result.path}: {result.warnings[-1]}"})
+        result.seconds += time.perf_counter() - started
 
     def _chunker_config(self, chunk_tokens: int) -> dict:
         return {"tokens": chunk_tokens, "tokenizer": self.backbone.fingerprint[:16]}

@@ -19,9 +19,12 @@ from .common import engine_from, json_option
               help="How to read the files: auto picks by extension and content.")
 @click.option("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, show_default=True,
               help="Target chunk size in backbone tokens.")
+@click.option("--encode/--no-encode", default=None,
+              help="Compute the chunks' UNREAL states now, so the first ask needs no encoding "
+                   "(default: on; env EVSEL_ENCODE=0 turns it off).")
 @json_option
 @click.pass_context
-def ingest(ctx, paths, collection, kind, chunk_tokens, as_json):
+def ingest(ctx, paths, collection, kind, chunk_tokens, encode, as_json):
     """Add books, PDFs and dialogues to the store.
 
     PATHS are files or directories (searched recursively for .txt, .md, .epub, .pdf, .json and
@@ -30,8 +33,12 @@ def ingest(ctx, paths, collection, kind, chunk_tokens, as_json):
     """
     engine = engine_from(ctx)
     with ProgressView() as view:
+        if encode is None:  # decided here, where the user's environment is, not in the daemon
+            import os
+
+            encode = os.environ.get("EVSEL_ENCODE", "1").strip().lower() not in ("0", "false", "no", "off")
         results = engine.ingest(list(paths), collection=collection, kind=kind, chunk_tokens=chunk_tokens,
-                                on_event=view)
+                                on_event=view, encode=encode)
     failed = [r for r in results if r["status"] == "failed"]
     if as_json:
         print_json({"files": results, "failed": len(failed)})

@@ -38,6 +38,7 @@ def get_selector(name: str, **kwargs) -> Selector:
 def _load_builtins() -> None:
     from . import bm25  # noqa: F401  (registers itself)
     from . import dense, random_order, rrf  # noqa: F401  (baselines for evsel eval)
+    from . import intrinsic, unreal  # noqa: F401  (model-internal selection, seed 000)
 
 
 __all__ = ["Scored", "Selector", "register", "available", "get_selector"]

@@ -1,0 +1,47 @@
+"""The untrained floor of model-internal selection (UNREAL paper, A.2.1): per attention layer,
+the mean-pooled question queries against each chunk's mean-pooled keys, averaged over heads."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from evsel.store import ChunkRecord
+
+from . import register
+from .base import Selector
+
+
+@register("intrinsic")
+class IntrinsicSelector(Selector):
+    """The paper's untrained floor (A.2.1): per attention layer, the mean-pooled question queries
+    against each chunk's mean-pooled keys, averaged over heads. The per-layer scores are
+    standardized over the scope and averaged over `layers` (chosen on FairytaleQA val)."""
+
+    name = "intrinsic"
+    needs_model = True
+    LAYERS = (1, 2, 3, 4, 5, 6)
+
+    def __init__(self, engine=None, layers: tuple[int, ...] | None = None, **_):
+        from evsel.engine import Engine
+        from evsel.models import unreal
+
+        self.engine = engine or Engine()
+        self.layers = sorted(layers or self.LAYERS)
+        self.encoder = unreal.IntrinsicEncoder(self.engine.backbone, self.layers)
+        self._scope: tuple[tuple, np.ndarray] | None = None
+
+    def prepare(self, chunks: list[ChunkRecord], on_event=None) -> np.ndarray:
+        from evsel.models import unreal
+
+        key = tuple(c.content_hash for c in chunks)
+        if self._scope is None or self._scope[0] != key:
+            self._scope = (key, unreal.intrinsic_states(self.engine, chunks, self.layers, on_event))
+        return self._scope[1]
+
+    def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
+        keys = self.prepare(chunks)
+        query = self.encoder.queries([question])[0]
+        per_layer = self.encoder.layer_scores(query, keys)  # (N, |layers|)
+        spread = per_layer.std(axis=0, keepdims=True)
+        z = (per_layer - per_layer.mean(axis=0, keepdims=True)) / np.where(spread > 0, spread, 1.0)
+        return z.mean(axis=1).tolist()

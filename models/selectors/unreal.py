@@ -1,0 +1,53 @@
+"""UNREAL selection (seed 000) with the trained adapter shipped for the backbone: cached chunk
+states at layer l_c against retrieval-token queries read from the frozen LLM, scored by MaxSim.
+C0, the passages the query pass reads before the question, are the top BM25 chunks of the scope."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from evsel.store import ChunkRecord
+
+from . import get_selector, register
+from .base import Selector
+
+
+@register("unreal")
+class UnrealSelector(Selector):
+    name = "unreal"
+    needs_model = True
+
+    def __init__(self, engine=None, adapter: str | None = None, **_):
+        from evsel.engine import Engine
+        from evsel.models import unreal
+
+        self.engine = engine or Engine()
+        self.adapter = unreal.default_adapter(self.engine.backbone, adapter)
+        self.query = unreal.UnrealQuery(self.engine.backbone, self.adapter)
+        self.bm25 = get_selector("bm25", engine=self.engine)
+        self._scope: tuple[tuple, np.ndarray] | None = None  # last scope's stacked states
+
+    def prepare(self, chunks: list[ChunkRecord], on_event=None) -> np.ndarray:
+        """Chunk states of the scope, encoded now if not cached (index time)."""
+        from evsel.models import unreal
+
+        key = tuple(c.content_hash for c in chunks)
+        if self._scope is None or self._scope[0] != key:
+            cfg = self.adapter.config
+
+            def build() -> np.ndarray:
+                return unreal.chunk_states(self.engine, chunks, cfg.layer, cfg.pool, on_event)
+
+            cached = getattr(self.engine, "cached", None)
+            states = cached("unreal", chunks, build, cfg.cache_key()) if cached else build()
+            self._scope = (key, states)
+        return self._scope[1]
+
+    def context(self, question: str, chunks: list[ChunkRecord]) -> list[str]:
+        """C0: the top BM25 chunks, best first."""
+        return [s.chunk.text for s in self.bm25.rank(question, chunks, self.adapter.config.c0)]
+
+    def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
+        states = self.prepare(chunks)
+        queries = self.query.encode_question(question, self.context(question, chunks))
+        return self.query.score(queries, states).tolist()

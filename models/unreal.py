@@ -1,0 +1,645 @@
+"""UNREAL (seed 000): evidence selection from the frozen backbone's own states.
+
+Index side: every chunk is encoded on its own ([BOS sink] + chunk tokens), the forward pass stops
+after layer l_c, and the residual stream of the chunk's tokens (the sink left out) is mean-pooled
+over L_p contiguous segments: (L_p, d) per chunk, stored fp16 in the state cache.
+
+Query side: x_ret = [BOS sink, soft prompt, C0 = top-BM25 chunks, question, rho_1..rho_R]. The
+retrieval tokens' residual states are read at the readout layers, standardized per layer,
+mixed with learned alpha and mean-pooled into G groups: (G, d). A chunk's score is
+MaxSim(q, k) = sum_g max_b <q_g, k_b> against its (standardized) pooled states.
+
+Trainable: the soft prompt, rho and alpha, (R + 1) * d + |alpha| numbers; the backbone is frozen.
+Standardizing (a fixed per-dimension mean and std of chunk-token states at each layer, measured
+once on calibration text and stored with the adapter) is our addition to the paper: SmolLM2's
+residual stream has a few dimensions with a large shared offset (dims 247 and 507 carry most of
+the mean vector from layer 10 on) that would otherwise dominate every inner product.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from evsel.errors import ModelError
+
+ADAPTER_FILE = "adapter.safetensors"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.json"
+COMMAND_FILE = "command.txt"
+METHOD = "unreal"
+INTRINSIC = "intrinsic"
+
+
+@dataclass
+class UnrealConfig:
+    layer: int = 20  # l_c: chunk states are read after this many decoder layers
+    pool: int = 7  # L_p: pooled vectors per chunk
+    retrieval_tokens: int = 64  # R: learned tokens appended to the query
+    groups: int = 4  # G: the R read-out states are mean-pooled into this many query vectors
+    c0: int = 5  # BM25 chunks placed before the question
+    c0_tokens: int = 160  # each C0 chunk is cut to this many tokens (chunks are ~140)
+    readout: list[int] = field(default_factory=lambda: list(range(13, 21)))  # layers mixed by alpha
+    standardize: bool = True  # per-dimension mean/std of chunk-token states (see module doc)
+    tau: float = 1.0  # InfoNCE temperature
+    soft_prompt_init: str = "Search"  # word whose embedding starts the soft prompt
+
+    def __post_init__(self) -> None:
+        self.readout = sorted(set(int(x) for x in self.readout))
+        if self.retrieval_tokens % self.groups:
+            raise ValueError(f"R={self.retrieval_tokens} is not divisible into G={self.groups} groups")
+        if self.pool < 1 or self.layer < 1 or not self.readout or min(self.readout) < 1:
+            raise ValueError("layer, pool and readout layers must be positive")
+
+    @property
+    def depth(self) -> int:
+        """The deepest layer the query pass runs."""
+        return max(self.readout)
+
+    @property
+    def stat_layers(self) -> list[int]:
+        return sorted(set(self.readout) | {self.layer})
+
+    def cache_key(self) -> str:
+        """The chunk-state cache key: what the stored states depend on."""
+        return state_key(self.layer, self.pool)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "UnrealConfig":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def state_key(layer: int, pool: int) -> str:
+    return f"layer={layer};pool={pool}"
+
+
+# ---------------------------------------------------------------------------------------------
+# forward passes that stop early and read chosen layers
+
+
+class _StopForward(Exception):
+    """Raised from a hook once the deepest needed layer has run."""
+
+
+def run_layers(model, layers: list[int], *, input_ids=None, inputs_embeds=None, cache=None,
+               position_ids=None, attention_mask=None) -> dict:
+    """Residual stream after each of `layers` (1-based decoder layers), stopping the forward pass
+    after the deepest. Returns {layer: (B, T, d)}. Gradients flow when enabled by the caller."""
+    inner = model.model
+    n_layers = len(inner.layers)
+    wanted = sorted(set(layers))
+    if not wanted or wanted[0] < 1 or wanted[-1] > n_layers:
+        raise ValueError(f"layers {layers} outside 1..{n_layers}")
+    deepest = wanted[-1]
+    got: dict = {}
+    hooks = []
+    for layer in wanted:
+        def grab(_module, _inputs, output, layer=layer):
+            got[layer] = output[0] if isinstance(output, tuple) else output
+            if layer == deepest:
+                raise _StopForward
+
+        hooks.append(inner.layers[layer - 1].register_forward_hook(grab))
+    kwargs = {"cache": cache} if cache is not None else {}  # transformers 5.x: `cache=`, not past_key_values
+    try:
+        inner(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+              use_cache=cache is not None, position_ids=position_ids, **kwargs)
+    except _StopForward:
+        pass
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return got
+
+
+def pooling_weights(lengths: list[int], width: int, n_pool: int, offset: int = 1):
+    """(B, n_pool, width) averaging weights: segment j of sequence i averages its tokens
+    offset + [j*T_i // n_pool, (j+1)*T_i // n_pool) (T_i = lengths[i] tokens after the sink);
+    a segment left empty by a chunk shorter than n_pool takes its nearest token alone."""
+    import torch
+
+    w = torch.zeros(len(lengths), n_pool, width)
+    for i, n in enumerate(lengths):
+        if n < 1:
+            raise ValueError("a chunk with no tokens cannot be pooled")
+        for j in range(n_pool):
+            lo, hi = (j * n) // n_pool, ((j + 1) * n) // n_pool
+            if hi <= lo:
+                lo, hi = min(lo, n - 1), min(lo, n - 1) + 1
+            w[i, j, offset + lo:offset + hi] = 1.0 / (hi - lo)
+    return w
+
+
+def pool_states(states, lengths: list[int], n_pool: int, offset: int = 1):
+    """(B, T, d) states -> (B, n_pool, d) segment means (float32), sink token(s) left out."""
+    w = pooling_weights(lengths, states.shape[1], n_pool, offset).to(states.device)
+    return w @ states.float()
+
+
+def maxsim(queries, keys, block: int = 8192):
+    """MaxSim(q, k_i) = sum_g max_b <q_g, k_i,b> for every chunk i.
+
+    queries: (G, d); keys: (N, P, d) (numpy fp16/fp32 or torch). Returns float32 numpy (N,).
+    Blocked so that 10^5 chunks never materialise more than `block` chunks in fp32 at once."""
+    import torch
+
+    q = torch.as_tensor(np.asarray(queries, dtype=np.float32))  # (G, d)
+    k_all = torch.as_tensor(keys) if isinstance(keys, np.ndarray) else keys
+    out = torch.empty(k_all.shape[0], dtype=torch.float32)
+    with torch.inference_mode():
+        for at in range(0, k_all.shape[0], block):
+            k = k_all[at:at + block].float()  # (n, P, d)
+            sims = torch.matmul(k, q.T)  # (n, P, G)
+            out[at:at + block] = sims.amax(dim=1).sum(dim=1)
+    return out.numpy()
+
+
+def maxsim_torch(queries, keys):
+    """Differentiable MaxSim: queries (B, G, d), keys (M, P, d) -> (B, M)."""
+    import torch
+
+    sims = torch.einsum("bgd,mpd->bmgp", queries, keys)
+    return sims.amax(dim=-1).sum(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# index side
+
+
+class ChunkEncoder:
+    """Encodes chunk texts independently with the frozen backbone, several layers in one pass."""
+
+    def __init__(self, backbone, layers: list[int], pool: int, batch_tokens: int = 2560):
+        self.backbone = backbone
+        self.layers = sorted(set(layers))
+        self.pool = pool
+        self.batch_tokens = batch_tokens  # ~16 chunks of 160 tokens
+        self.encoded_tokens = 0
+        self.seconds = 0.0
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        ids = self.backbone.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [x if x else [self.backbone.tokenizer.eos_token_id or 0] for x in ids]
+
+    def encode(self, texts: list[str]) -> dict[int, np.ndarray]:
+        """{layer: (N, pool, d) float16} in the order of `texts`."""
+        import torch
+
+        if not texts:
+            return {layer: np.zeros((0, self.pool, 0), np.float16) for layer in self.layers}
+        started = time.perf_counter()
+        model = self.backbone.model
+        device = self.backbone.plan.device
+        bos = self.backbone.bos_id()
+        pad = self.backbone.tokenizer.pad_token_id or 0
+        ids = self.token_ids(texts)
+        d = model.config.hidden_size
+        out = {layer: np.zeros((len(texts), self.pool, d), np.float16) for layer in self.layers}
+        order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+        batches, current, longest = [], [], 0
+        for i in order:  # similar lengths together: little padding
+            longest_next = max(longest, len(ids[i]) + 1)
+            if current and longest_next * (len(current) + 1) > self.batch_tokens:
+                batches.append(current)
+                current, longest_next = [], len(ids[i]) + 1
+            current.append(i)
+            longest = longest_next
+        if current:
+            batches.append(current)
+        with torch.inference_mode():
+            for batch in batches:
+                lengths = [len(ids[i]) for i in batch]
+                width = max(lengths) + 1
+                x = torch.full((len(batch), width), pad, dtype=torch.long)
+                for row, i in enumerate(batch):
+                    x[row, 0] = bos
+                    x[row, 1:1 + lengths[row]] = torch.tensor(ids[i])
+                # right padding needs no mask: under the causal mask no real token sees a pad
+                states = run_layers(model, self.layers, input_ids=x.to(device))
+                for layer in self.layers:
+                    pooled = pool_states(states[layer], lengths, self.pool).cpu().numpy()
+                    out[layer][batch] = pooled.astype(np.float16)
+                self.encoded_tokens += sum(lengths) + len(batch)
+        self.seconds += time.perf_counter() - started
+        return out
+
+
+def chunk_states(engine, chunks, layer: int, pool: int, on_event=None, extra_layers: list[int] = ()) -> np.ndarray:
+    """(N, pool, d) float16 states of `chunks` at `layer`, from the cache or encoded now.
+    `extra_layers` are encoded in the same pass and cached too (for layer sweeps)."""
+    from .statecache import ensure_states
+
+    backbone = engine.backbone
+    layers = sorted({layer, *extra_layers})
+    encoder = ChunkEncoder(backbone, layers, pool)
+
+    def encode(texts):
+        produced = encoder.encode(texts)
+        return {state_key(lay, pool): produced[lay] for lay in layers}
+
+    got = ensure_states(engine.store, backbone.fingerprint, METHOD, [state_key(lay, pool) for lay in layers],
+                        chunks, encode, on_event, label=f"UNREAL chunk states (layer {layer})")
+    return got[state_key(layer, pool)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the adapter: the only trained part
+
+
+def _torch_module():
+    import torch
+
+    class UnrealAdapter(torch.nn.Module):
+        """Soft prompt (1, d), retrieval tokens rho (R, d), layer weights alpha (|readout|,),
+        and fixed standardization statistics (|stat layers|, 2, d) (mean, std)."""
+
+        def __init__(self, config: UnrealConfig, hidden: int):
+            super().__init__()
+            self.config = config
+            self.hidden = hidden
+            self.soft_prompt = torch.nn.Parameter(torch.zeros(1, hidden))
+            self.rho = torch.nn.Parameter(torch.zeros(config.retrieval_tokens, hidden))
+            alpha = torch.zeros(len(config.readout))
+            if config.layer in config.readout:  # start from same-layer matching
+                alpha[config.readout.index(config.layer)] = 1.0
+            else:
+                alpha[:] = 1.0 / len(config.readout)
+            self.alpha = torch.nn.Parameter(alpha)
+            stats = torch.zeros(len(config.stat_layers), 2, hidden)
+            stats[:, 1] = 1.0
+            self.register_buffer("stats", stats)
+
+        def trainable(self):
+            return [self.soft_prompt, self.rho, self.alpha]
+
+        def n_trainable(self) -> int:
+            return sum(p.numel() for p in self.trainable())
+
+        def layer_stats(self, layer: int):
+            index = self.config.stat_layers.index(layer)
+            return self.stats[index, 0], self.stats[index, 1]
+
+        def init_from_backbone(self, backbone, seed: int = 0) -> None:
+            """Soft prompt = the embedding of a word; rho = the mean token embedding plus small
+            noise, so each retrieval token starts as an 'average word'."""
+            emb = backbone.model.model.embed_tokens.weight.detach().float()
+            word = backbone.tokenizer(self.config.soft_prompt_init, add_special_tokens=False)["input_ids"]
+            gen = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                self.soft_prompt.copy_(emb[word].mean(0, keepdim=True))
+                noise = torch.randn(self.rho.shape, generator=gen) * emb.std(0)
+                self.rho.copy_(emb.mean(0, keepdim=True) + 0.1 * noise)
+
+        def save(self, directory: Path, metrics: dict | None = None, command: str | None = None,
+                 extra: dict | None = None) -> Path:
+            from safetensors.torch import save_file
+
+            directory = Path(directory)
+            directory.mkdir(parents=True, exist_ok=True)
+            tensors = {
+                "soft_prompt": self.soft_prompt.detach().float().contiguous(),
+                "rho": self.rho.detach().float().contiguous(),
+                "alpha": self.alpha.detach().float().contiguous(),
+                "stats": self.stats.detach().float().contiguous(),
+            }
+            save_file(tensors, str(directory / ADAPTER_FILE))
+            meta = {"method": METHOD, "hidden": self.hidden, "config": self.config.to_dict(),
+                    "trainable_parameters": self.n_trainable(), **(extra or {})}
+            (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+            if metrics is not None:
+                (directory / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+            if command is not None:
+                (directory / COMMAND_FILE).write_text(command.rstrip() + "\n")
+            return directory
+
+    return UnrealAdapter
+
+
+def new_adapter(config: UnrealConfig, hidden: int):
+    return _torch_module()(config, hidden)
+
+
+def load_adapter(directory: Path):
+    """An adapter saved by `save` (config.json + adapter.safetensors)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    if not (directory / CONFIG_FILE).is_file() or not (directory / ADAPTER_FILE).is_file():
+        raise ModelError(f"{directory} holds no UNREAL adapter ({CONFIG_FILE} + {ADAPTER_FILE})",
+                         "train one with: evsel train unreal, or give the right folder")
+    meta = json.loads((directory / CONFIG_FILE).read_text())
+    config = UnrealConfig.from_dict(meta["config"])
+    adapter = new_adapter(config, int(meta["hidden"]))
+    tensors = load_file(str(directory / ADAPTER_FILE))
+    adapter.load_state_dict({k: tensors[k] for k in ("soft_prompt", "rho", "alpha", "stats")})
+    adapter.meta = meta
+    return adapter
+
+
+def shipped_adapter_dir(fingerprint: str) -> Path:
+    """Where the package keeps the trained adapter for a backbone (by fingerprint prefix)."""
+    return Path(__file__).parent / "adapters" / fingerprint[:16] / METHOD
+
+
+def default_adapter(backbone, path: str | Path | None = None):
+    """The adapter to use: `path`, else $EVSEL_UNREAL_ADAPTER, else the one shipped for this
+    backbone. Raises a ModelError saying how to get one when there is none."""
+    import os
+
+    chosen = path or os.environ.get("EVSEL_UNREAL_ADAPTER")
+    directory = Path(chosen).expanduser() if chosen else shipped_adapter_dir(backbone.fingerprint)
+    if not (directory / CONFIG_FILE).is_file():
+        if chosen:
+            raise ModelError(f"no UNREAL adapter in {directory}", "give a folder written by evsel train unreal")
+        raise ModelError(
+            f"no UNREAL adapter ships for this backbone (fingerprint {backbone.fingerprint[:16]})",
+            "train one with: evsel train unreal --out DIR, then set EVSEL_UNREAL_ADAPTER=DIR/best",
+        )
+    return load_adapter(directory)
+
+
+def calibrate(adapter, backbone, texts: list[str], batch_tokens: int = 2560) -> None:
+    """Fill the adapter's standardization statistics from chunk-token states of `texts`
+    (the sink left out): per layer, per dimension mean and std."""
+    import torch
+
+    layers = adapter.config.stat_layers
+    encoder = ChunkEncoder(backbone, layers, pool=1, batch_tokens=batch_tokens)
+    ids = encoder.token_ids(texts)
+    bos = backbone.bos_id()
+    sums = {lay: torch.zeros(adapter.hidden, dtype=torch.float64) for lay in layers}
+    squares = {lay: torch.zeros(adapter.hidden, dtype=torch.float64) for lay in layers}
+    count = 0
+    with torch.inference_mode():
+        for at in range(0, len(ids), 16):
+            part = ids[at:at + 16]
+            width = max(len(x) for x in part) + 1
+            x = torch.full((len(part), width), backbone.tokenizer.pad_token_id or 0, dtype=torch.long)
+            mask = torch.zeros(len(part), width, dtype=torch.bool)
+            for row, seq in enumerate(part):
+                x[row, 0] = bos
+                x[row, 1:1 + len(seq)] = torch.tensor(seq)
+                mask[row, 1:1 + len(seq)] = True
+            states = run_layers(backbone.model, layers, input_ids=x.to(backbone.plan.device))
+            for lay in layers:
+                tokens = states[lay].float().cpu()[mask].double()  # (n, d)
+                sums[lay] += tokens.sum(0)
+                squares[lay] += (tokens ** 2).sum(0)
+            count += int(mask.sum())
+    with torch.no_grad():
+        for index, lay in enumerate(layers):
+            mean = sums[lay] / count
+            var = (squares[lay] / count - mean ** 2).clamp(min=1e-6)
+            adapter.stats[index, 0] = mean.float()
+            adapter.stats[index, 1] = var.sqrt().float()
+
+
+# ---------------------------------------------------------------------------------------------
+# query side
+
+
+class UnrealQuery:
+    """Builds x_ret, runs the frozen backbone, and turns retrieval-token states into (G, d)
+    query vectors; scores chunk states by MaxSim."""
+
+    def __init__(self, backbone, adapter):
+        self.backbone = backbone
+        self.adapter = adapter
+        self.config = adapter.config
+
+    # inputs
+    def prefix_ids(self, question: str, c0_texts: list[str]) -> list[int]:
+        """Token ids of the part before the retrieval tokens, soft prompt excluded:
+        C0 passages (each cut to c0_tokens), then the question."""
+        tok = self.backbone.tokenizer
+        ids: list[int] = []
+        for text in c0_texts[: self.config.c0]:
+            ids += tok(text.strip() + "\n\n", add_special_tokens=False)["input_ids"][: self.config.c0_tokens]
+        ids += tok(f"Question: {question.strip()}\n", add_special_tokens=False)["input_ids"]
+        return ids
+
+    def _embed_prefix(self, ids: list[int]):
+        """(1, 2 + len(ids), d): [BOS sink, soft prompt, prefix tokens] as input embeddings."""
+        import torch
+
+        model = self.backbone.model
+        device = self.backbone.plan.device
+        dtype = model.model.embed_tokens.weight.dtype
+        tokens = torch.tensor([[self.backbone.bos_id()] + ids], device=device)
+        emb = model.model.embed_tokens(tokens)
+        soft = self.adapter.soft_prompt.to(device=device, dtype=dtype)[None]
+        return torch.cat([emb[:, :1], soft, emb[:, 1:]], dim=1)
+
+    def _rho(self):
+        model = self.backbone.model
+        return self.adapter.rho.to(device=self.backbone.plan.device, dtype=model.model.embed_tokens.weight.dtype)[None]
+
+    # read-out
+    def readout(self, ids: list[int], grad: bool = False, split: bool = True):
+        """Retrieval-token states at the readout layers: (|readout|, R, d) float32.
+
+        With `split` the prefix runs once without gradients into a KV cache and only the R
+        retrieval tokens run with gradients (the soft prompt then gets none); without it the
+        whole of x_ret runs with gradients (soft prompt trained, ~3x slower on CPU)."""
+        import torch
+
+        cfg = self.config
+        model = self.backbone.model
+        r = cfg.retrieval_tokens
+        if not grad:
+            with torch.inference_mode():
+                x = torch.cat([self._embed_prefix(ids), self._rho()], dim=1)
+                states = run_layers(model, cfg.readout, inputs_embeds=x)
+                return torch.stack([states[lay][0, -r:].float() for lay in cfg.readout]).clone()
+        if not split:
+            x = torch.cat([self._embed_prefix(ids), self._rho()], dim=1)
+            states = run_layers(model, cfg.readout, inputs_embeds=x)
+            return torch.stack([states[lay][0, -r:].float() for lay in cfg.readout])
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            prefix = self._embed_prefix(ids).detach()
+            run_layers(model, [cfg.depth], inputs_embeds=prefix, cache=cache)
+        n = prefix.shape[1]
+        positions = torch.arange(n, n + r, device=prefix.device)[None]
+        states = run_layers(model, cfg.readout, inputs_embeds=self._rho(), cache=cache, position_ids=positions)
+        return torch.stack([states[lay][0].float() for lay in cfg.readout])
+
+    def query_vectors(self, readout_states):
+        """(|readout|, R, d) -> (G, d): standardize per layer, mix with alpha, pool in groups."""
+        import torch
+
+        cfg = self.config
+        parts = []
+        for index, layer in enumerate(cfg.readout):
+            states = readout_states[index]
+            if cfg.standardize:
+                mean, std = self.adapter.layer_stats(layer)
+                states = (states - mean) / std
+            parts.append(states)
+        mixed = torch.einsum("l,lrd->rd", self.adapter.alpha, torch.stack(parts))  # (R, d)
+        return mixed.reshape(cfg.groups, cfg.retrieval_tokens // cfg.groups, -1).mean(dim=1)  # (G, d)
+
+    def chunk_keys(self, states):
+        """Chunk states (.., P, d) as scored: standardized with layer l_c's statistics."""
+        import torch
+
+        keys = torch.as_tensor(states).float()
+        if self.config.standardize:
+            mean, std = self.adapter.layer_stats(self.config.layer)
+            keys = (keys - mean) / std
+        return keys
+
+    def encode_question(self, question: str, c0_texts: list[str]) -> np.ndarray:
+        """(G, d) float32 query vectors, no gradients."""
+        import torch
+
+        with torch.no_grad():
+            return self.query_vectors(self.readout(self.prefix_ids(question, c0_texts))).numpy()
+
+    def score(self, queries: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """MaxSim of (G, d) query vectors against (N, P, d) cached raw chunk states.
+
+        Standardizing k = (k - mu) / sigma is folded into the query: <q, (k - mu) / sigma> =
+        <q / sigma, k> - <q / sigma, mu>, so the cached states are used as stored."""
+        q = np.asarray(queries, dtype=np.float32)
+        if not self.config.standardize:
+            return maxsim(q, states)
+        mean, std = (t.detach().numpy() for t in self.adapter.layer_stats(self.config.layer))
+        folded = q / std
+        return maxsim(folded, states) - float((folded @ mean).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# the untrained floor: intrinsic retrieval (paper A.2.1)
+
+
+class IntrinsicEncoder:
+    """Mean-pooled attention keys per chunk and mean-pooled queries per question, per layer.
+
+    Keys and queries are taken before RoPE (the k_proj / q_proj outputs): chunk and question are
+    encoded separately at unrelated positions, so rotated vectors would mostly add noise."""
+
+    def __init__(self, backbone, layers: list[int]):
+        self.backbone = backbone
+        self.layers = sorted(set(layers))
+
+    def _capture(self, texts: list[str], which: str) -> np.ndarray:
+        """(N, |layers|, width) means over each text's tokens (the sink left out)."""
+        import torch
+
+        model = self.backbone.model
+        inner = model.model
+        tok = self.backbone.tokenizer
+        ids = [x or [tok.eos_token_id or 0] for x in tok(texts, add_special_tokens=False)["input_ids"]]
+        attr = "k_proj" if which == "k" else "q_proj"
+        width = getattr(inner.layers[0].self_attn, attr).out_features
+        out = np.zeros((len(texts), len(self.layers), width), np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+        for at in range(0, len(order), 16):
+            batch = order[at:at + 16]
+            lengths = [len(ids[i]) for i in batch]
+            x = torch.full((len(batch), max(lengths) + 1), tok.pad_token_id or 0, dtype=torch.long)
+            for row, i in enumerate(batch):
+                x[row, 0] = self.backbone.bos_id()
+                x[row, 1:1 + lengths[row]] = torch.tensor(ids[i])
+            got: dict = {}
+            hooks = [
+                getattr(inner.layers[lay - 1].self_attn, attr).register_forward_hook(
+                    lambda _m, _i, output, lay=lay: got.__setitem__(lay, output))
+                for lay in self.layers
+            ]
+            try:
+                with torch.inference_mode():
+                    run_layers(model, [self.layers[-1]], input_ids=x.to(self.backbone.plan.device))
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            weights = pooling_weights(lengths, x.shape[1], 1)[:, 0]  # (B, T): mean over real tokens
+            for index, lay in enumerate(self.layers):
+                out[batch, index] = torch.einsum("bt,btw->bw", weights, got[lay].float().cpu()).numpy()
+        return out
+
+    def keys(self, texts: list[str]) -> np.ndarray:
+        return self._capture(texts, "k").astype(np.float16)
+
+    def queries(self, texts: list[str]) -> np.ndarray:
+        return self._capture(texts, "q")
+
+    def layer_scores(self, query: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Per layer, per chunk: mean over query heads h of <q_h, k_(h // group)>.
+        query: (|layers|, H * hd); keys: (N, |layers|, KV * hd). Returns (N, |layers|)."""
+        cfg = self.backbone.model.config
+        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        hd = query.shape[-1] // heads
+        q = query.reshape(len(self.layers), kv, heads // kv, hd).sum(axis=2)  # heads sharing a KV head
+        k = keys.astype(np.float32).reshape(keys.shape[0], len(self.layers), kv, hd)
+        return np.einsum("lkd,nlkd->nl", q, k) / heads
+
+
+def intrinsic_key(layers: list[int]) -> str:
+    return "keys;layers=" + ",".join(str(x) for x in sorted(set(layers)))
+
+
+def intrinsic_states(engine, chunks, layers: list[int], on_event=None) -> np.ndarray:
+    from .statecache import ensure_states
+
+    encoder = IntrinsicEncoder(engine.backbone, layers)
+    key = intrinsic_key(layers)
+    got = ensure_states(engine.store, engine.backbone.fingerprint, INTRINSIC, [key], chunks,
+                        lambda texts: {key: encoder.keys(texts)}, on_event, label="intrinsic chunk keys")
+    return got[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# at ingest
+
+
+def encode_at_ingest(engine, chunks, on_event: Callable[[dict], None] | None = None) -> int:
+    """Fill the UNREAL state cache for newly stored chunks with the config of the adapter that
+    `evsel ask --select unreal` will use. Returns how many chunks were in scope."""
+    try:
+        layer, pool = default_state_config(engine.backbone)
+    except ModelError:
+        return 0
+    chunk_states(engine, chunks, layer, pool, on_event)
+    return len(chunks)
+
+
+def default_state_config(backbone) -> tuple[int, int]:
+    """(l_c, L_p) of the adapter in use; without one, the defaults."""
+    import os
+
+    chosen = os.environ.get("EVSEL_UNREAL_ADAPTER")
+    directory = Path(chosen).expanduser() if chosen else shipped_adapter_dir(backbone.fingerprint)
+    if (directory / CONFIG_FILE).is_file():
+        config = UnrealConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())["config"])
+    else:
+        config = UnrealConfig()
+    return config.layer, config.pool
+
+
+def param_count(config: UnrealConfig, hidden: int) -> int:
+    """(R + 1) * d + |alpha|, as in the paper."""
+    return (config.retrieval_tokens + 1) * hidden + len(config.readout)
+
+
+def flops_break_even(theta: float, n_layers: int, layer_c: int, attn_layers: int, d_attn: int, n: int,
+                     chunk_tokens: int, x_ret: int) -> float:
+    """Break-even context length N* (paper eq. 10) above which UNREAL needs fewer FLOPs than
+    reading the whole context: N* = (-lk + sqrt(l^2 k^2 + 4 k (nT + |x_ret|))) / 2, with
+    k = Theta / (L_a d_a) and l = 1 - l_c / L."""
+    kappa = theta / (attn_layers * d_attn)
+    lam = 1.0 - layer_c / n_layers
+    return 0.5 * (-lam * kappa + math.sqrt((lam * kappa) ** 2 + 4 * kappa * (n * chunk_tokens + x_ret)))

@@ -1,0 +1,1 @@
+"""Training recipes for the model-internal selectors (one module per method)."""

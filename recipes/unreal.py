@@ -1,0 +1,548 @@
+"""Training recipe for UNREAL's adapter (soft prompt, retrieval tokens rho, layer weights alpha).
+
+Data: one common format, a folder with
+  chunks.jsonl   {"id": int, "doc": str, "seq": int, "text": str, "hash": str, "n_tokens": int}
+  train.jsonl    {"id", "source", "doc", "question", "units": [[chunk ids], ...], "answers",
+                  "c0": [chunk ids, BM25 best first], "negatives": [chunk ids]}
+  dev.jsonl      same fields (held-out documents of the training sources, for the recall log)
+  meta.json      sources, counts, mining settings
+Converters build it from FairytaleQA train and the HippoRAG MuSiQue / HotpotQA train samples with
+evsel's own parsers, chunker and gold mapping (those of `evsel eval`), so training gold means
+exactly what evaluation gold means. LoCoMo and FairytaleQA val are refused: they report results.
+
+Loss and optimiser as in the paper (B.3): multi-positive InfoNCE over the oracle chunks and the
+candidates of the whole microbatch (oracle and hard negatives of every query, deduplicated by
+text), where a query's own oracle chunks are never its negatives; AdamW (0.9, 0.95), weight decay
+0.1, gradient clipping 1.0, warmup then linear decay to zero. Only the adapter trains; chunk
+states come from the state cache, without gradients.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from evsel.errors import EvselError, InputError
+
+SOURCES = ("fairytaleqa-train", "musique", "hotpotqa")
+FORBIDDEN = {
+    "locomo": "LoCoMo is an evaluation set: never train on it",
+    "fairytaleqa-val": "FairytaleQA val reports results and chooses l_c: never train on it",
+    "fairytaleqa": "say fairytaleqa-train (FairytaleQA val reports results and is never trained on)",
+}
+
+
+def _ignore(_event: dict) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# BM25 for mining (an inverted index: ~10k chunks x thousands of seed queries in seconds)
+
+
+class InvertedBM25:
+    """Okapi BM25 over a fixed corpus with evsel's BM25 tokenizer; scores all documents per query
+    with one numpy scatter per query term."""
+
+    def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75):
+        from evsel.models.selectors.bm25 import tokenize
+
+        self.tokenize = tokenize
+        postings: dict[str, dict[int, int]] = defaultdict(dict)
+        lengths = np.zeros(len(texts), dtype=np.float32)
+        for i, text in enumerate(texts):
+            words = tokenize(text)
+            lengths[i] = len(words)
+            for w in words:
+                postings[w][i] = postings[w].get(i, 0) + 1
+        n = len(texts)
+        avg = float(lengths.mean()) if n else 1.0
+        norm = k1 * (1 - b + b * lengths / max(avg, 1e-9))
+        self.n = n
+        self.index = {}
+        for w, docs in postings.items():
+            ids = np.fromiter(docs.keys(), dtype=np.int64)
+            tf = np.fromiter(docs.values(), dtype=np.float32)
+            idf = math.log((n - len(ids) + 0.5) / (len(ids) + 0.5) + 1.0)
+            self.index[w] = (ids, idf * tf * (k1 + 1) / (tf + norm[ids]))
+
+    def scores(self, text: str) -> np.ndarray:
+        out = np.zeros(self.n, dtype=np.float32)
+        for w in self.tokenize(text):  # repeated query words count again, as in rank-bm25
+            hit = self.index.get(w)
+            if hit is not None:
+                out[hit[0]] += hit[1]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion into the common format
+
+
+@dataclass
+class DataConfig:
+    sources: list[str] = field(default_factory=lambda: ["fairytaleqa-train"])
+    stories: int | None = None  # FairytaleQA train stories used for training (None: all but dev)
+    dev_stories: int = 10  # FairytaleQA train stories held out for the dev recall log
+    c0: int = 5  # BM25 chunks stored per query as its initial context
+    negatives: int = 500  # hard negatives per query (BM25 seeded with the oracle texts)
+    skip: int = 10  # top BM25 ranks skipped per seed: near-duplicates of the oracle
+    chunk_tokens: int = 140
+    seed: int = 0
+
+
+def _check_sources(sources: list[str]) -> None:
+    for source in sources:
+        if source in FORBIDDEN:
+            raise InputError(f"refusing to train on {source!r}: {FORBIDDEN[source]}",
+                             f"use one of: {', '.join(SOURCES)}, or a folder in the common format")
+        if source not in SOURCES and not Path(source).is_dir():
+            raise InputError(f"unknown training source {source!r}",
+                             f"use one of: {', '.join(SOURCES)}, or a folder in the common format")
+
+
+def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = None,
+            on_event: Callable[[dict], None] = _ignore) -> dict:
+    """Write the common-format folder `out` from the built-in sources. Returns meta.json's dict."""
+    from evsel.evaluation.datasets import load_dataset
+    from evsel.evaluation.runner import build_corpus, gold_units
+
+    _check_sources(config.sources)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(config.seed)
+    chunks: list[dict] = []
+    queries: dict[str, list[dict]] = {"train": [], "dev": []}
+    counts: dict[str, dict] = {}
+    for source in config.sources:
+        if Path(source).is_dir():
+            raise InputError(f"{source} is already in the common format", "pass it to --data instead")
+        name = {"fairytaleqa-train": "fairytaleqa"}.get(source, source)
+        dataset = load_dataset(name, data_dir=data_dir, split="train" if name == "fairytaleqa" else None)
+        keys = sorted(dataset.loaders)
+        split_of = {k: "train" for k in keys}
+        if name == "fairytaleqa":
+            rng.shuffle(keys)
+            dev, rest = keys[: config.dev_stories], keys[config.dev_stories:]
+            if config.stories is not None:
+                rest = rest[: config.stories]
+            split_of = {**{k: "dev" for k in dev}, **{k: "train" for k in rest}}
+            keys = dev + rest
+        corpus = build_corpus(dataset, keys, backbone, config.chunk_tokens, on_event)
+        offset = len(chunks)
+        local: dict[int, int] = {}  # corpus chunk id -> our id
+        for key in keys:
+            for record in corpus.chunks[key]:
+                local[record.id] = len(chunks)
+                chunks.append({"id": len(chunks), "doc": f"{source}/{key}", "seq": record.seq, "text": record.text,
+                               "hash": record.content_hash, "n_tokens": record.n_tokens})
+        tally: dict[str, int] = {}
+        kept = defaultdict(int)
+        for q in dataset.questions:
+            if not q.docs or q.docs[0] not in split_of:
+                continue
+            units = gold_units(q, corpus, tally)
+            if not units:
+                continue
+            split = split_of[q.docs[0]]
+            queries[split].append({
+                "id": f"{source}/{q.qid}", "source": source, "doc": f"{source}/{q.docs[0]}",
+                "question": q.question, "units": [sorted(local[c] for c in u) for u in units],
+                "answers": q.answers,
+            })
+            kept[split] += 1
+        counts[source] = {"documents": len(keys), "chunks": len(chunks) - offset, **kept, "gold": tally}
+    _mine(chunks, [q for split in queries.values() for q in split], config, on_event)
+    for split, items in queries.items():
+        with open(out / f"{split}.jsonl", "w", encoding="utf-8") as handle:
+            for item in items:
+                handle.write(json.dumps(item, ensure_ascii=False) + "\n")
+    with open(out / "chunks.jsonl", "w", encoding="utf-8") as handle:
+        for chunk in chunks:
+            handle.write(json.dumps(chunk, ensure_ascii=False) + "\n")
+    meta = {"format": "evsel-unreal-train/1", "config": asdict(config), "counts": counts,
+            "chunks": len(chunks), "train": len(queries["train"]), "dev": len(queries["dev"]),
+            "backbone": backbone.fingerprint}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _mine(chunks: list[dict], queries: list[dict], config: DataConfig, on_event) -> None:
+    """C0 (top BM25 chunks of the query's own document) and hard negatives (BM25 over all
+    training chunks seeded with each oracle text, top `skip` dropped, pooled across seeds,
+    never a chunk with an oracle's text), written into each query."""
+    by_doc: dict[str, list[int]] = defaultdict(list)
+    for c in chunks:
+        by_doc[c["doc"]].append(c["id"])
+    texts = [c["text"] for c in chunks]
+    everything = InvertedBM25(texts)
+    doc_index: dict[str, InvertedBM25] = {}
+    for n, q in enumerate(queries):
+        if n % 200 == 0:
+            on_event({"type": "progress", "task": "mine", "label": "mining C0 and hard negatives", "done": n,
+                      "total": len(queries)})
+        ids = by_doc[q["doc"]]
+        if q["doc"] not in doc_index:
+            doc_index[q["doc"]] = InvertedBM25([texts[i] for i in ids])
+        local = doc_index[q["doc"]].scores(q["question"])
+        q["c0"] = [ids[i] for i in np.argsort(-local, kind="stable")[: config.c0]]
+        oracle = sorted({c for unit in q["units"] for c in unit})
+        oracle_hashes = {chunks[c]["hash"] for c in oracle}
+        pools = []
+        for seed in oracle:
+            order = np.argsort(-everything.scores(texts[seed]), kind="stable")
+            pools.append([int(i) for i in order[config.skip: config.skip + config.negatives + len(oracle)]])
+        negatives: list[int] = []
+        seen = set(oracle_hashes)
+        for rank in range(max((len(p) for p in pools), default=0)):  # round-robin over seeds
+            for pool in pools:
+                if rank < len(pool) and chunks[pool[rank]]["hash"] not in seen:
+                    seen.add(chunks[pool[rank]]["hash"])
+                    negatives.append(pool[rank])
+            if len(negatives) >= config.negatives:
+                break
+        q["negatives"] = negatives[: config.negatives]
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+
+@dataclass
+class TrainConfig:
+    data: str = ""  # folder in the common format
+    out: str = ""  # run folder: checkpoint/, best/, log.jsonl, config.json
+    layer: int = 20  # l_c
+    pool: int = 7  # L_p
+    retrieval_tokens: int = 64  # R
+    groups: int = 4  # G
+    c0: int = 5  # BM25 chunks in the query context
+    readout: list[int] = field(default_factory=lambda: list(range(13, 21)))  # layers mixed by alpha
+    tau: float = 1.0  # InfoNCE temperature
+    train_soft_prompt: bool = False  # backprop through the whole x_ret (~3x slower on CPU)
+    doc_negatives: int = 300  # also contrast every other chunk of the query's document when it has at most this many
+    batch: int = 8  # queries per optimizer step (their candidates pooled)
+    steps: int = 200  # optimizer steps (--minutes may lower it after measuring)
+    minutes: float | None = None  # wall-clock budget for the whole run, dev checks included
+    lr: float = 1e-2
+    warmup: int = 100  # steps; capped at a tenth of the run
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    max_train: int | None = None  # use at most this many training queries
+    dev_every: int = 50  # steps between dev recall checks (0: only at the end)
+    dev_queries: int = 60  # dev questions per check
+    k: int = 5  # recall@k logged and used to pick best/
+    calibrate_chunks: int = 128  # chunks whose token states give the standardization statistics
+    checkpoint_every: int = 20  # steps
+    device: str = "auto"
+    threads: int | None = None
+    seed: int = 0
+
+    def unreal_config(self):
+        from evsel.models.unreal import UnrealConfig
+
+        return UnrealConfig(layer=self.layer, pool=self.pool, retrieval_tokens=self.retrieval_tokens,
+                            groups=self.groups, c0=self.c0, readout=self.readout, tau=self.tau)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def load_data(folder: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    folder = Path(folder)
+    if not (folder / "chunks.jsonl").is_file() or not (folder / "train.jsonl").is_file():
+        raise InputError(f"{folder} is not a training folder (chunks.jsonl + train.jsonl)",
+                         "make one with: evsel train convert --out DIR")
+    chunks = read_jsonl(folder / "chunks.jsonl")
+    for i, c in enumerate(chunks):
+        if c["id"] != i:
+            raise InputError(f"chunks.jsonl: line {i + 1} has id {c['id']}, expected {i}", "ids must be 0..N-1 in order")
+    return chunks, read_jsonl(folder / "train.jsonl"), read_jsonl(folder / "dev.jsonl")
+
+
+class _Chunk:
+    """What the state cache needs of a chunk."""
+
+    def __init__(self, c: dict):
+        self.content_hash = c["hash"]
+        self.text = c["text"]
+
+
+class Trainer:
+    """One training run; `run()` trains, checkpoints and logs. Resumes from out/checkpoint."""
+
+    def __init__(self, config: TrainConfig, engine, command: str = "", on_event: Callable[[dict], None] = _ignore,
+                 log: Callable[[str], None] = lambda line: None):
+        self.config = config
+        self.engine = engine
+        self.command = command
+        self.on_event = on_event
+        self.log = log
+        self.out = Path(config.out)
+
+    # setup
+    def setup(self, chunks: list[dict], train: list[dict], dev: list[dict]) -> None:
+        import torch
+
+        from evsel.models import unreal
+
+        cfg = self.config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.chunks, self.dev = chunks, dev
+        self.train = train[: cfg.max_train] if cfg.max_train else train
+        if not self.train:
+            raise InputError("no training queries", "check the data folder")
+        backbone = self.engine.backbone
+        self.backbone = backbone
+        hidden = backbone.model.config.hidden_size
+        resume = self.out / "checkpoint"
+        if (resume / unreal.CONFIG_FILE).is_file():
+            self.adapter = unreal.load_adapter(resume)
+            state = json.loads((resume / "trainer.json").read_text())
+            self.step, self.total_steps = state["step"], state["total_steps"]
+            self.best = state.get("best", -1.0)
+            self.log(f"resuming at step {self.step} of {self.total_steps}")
+        else:
+            self.adapter = unreal.new_adapter(cfg.unreal_config(), hidden)
+            self.adapter.init_from_backbone(backbone, cfg.seed)
+            sample = random.Random(cfg.seed).sample(range(len(chunks)), min(cfg.calibrate_chunks, len(chunks)))
+            unreal.calibrate(self.adapter, backbone, [chunks[i]["text"] for i in sample])
+            self.step, self.total_steps, self.best = 0, cfg.steps, -1.0
+        self.query = unreal.UnrealQuery(backbone, self.adapter)
+        self.doc_chunks: dict[str, list[int]] = defaultdict(list)
+        for c in chunks:
+            self.doc_chunks[c["doc"]].append(c["id"])
+        # every chunk the run touches: training candidates and dev documents
+        needed = sorted({c for q in self.train for c in self._candidates_of(q)} |
+                        {c for q in self.dev[: cfg.dev_queries] for c in self.doc_chunks[q["doc"]]})
+        states = unreal.chunk_states(self.engine, [_Chunk(chunks[i]) for i in needed], cfg.layer, cfg.pool,
+                                     self.on_event)
+        self.row = {c: i for i, c in enumerate(needed)}
+        self.keys = self.query.chunk_keys(states)  # (M, P, d) standardized, fixed
+        self.optimizer = torch.optim.AdamW(self.adapter.trainable(), lr=cfg.lr, betas=(0.9, 0.95),
+                                           weight_decay=cfg.weight_decay)
+        if (resume / "optimizer.pt").is_file():
+            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt"))
+
+    def _candidates_of(self, q: dict) -> list[int]:
+        oracle = [c for unit in q["units"] for c in unit]
+        extra = []
+        doc = self.doc_chunks.get(q["doc"], [])
+        if len(doc) <= self.config.doc_negatives:
+            extra = doc
+        return list(dict.fromkeys(oracle + q.get("negatives", []) + extra))
+
+    def lr_at(self, step: int) -> float:
+        warmup = min(self.config.warmup, max(1, self.total_steps // 10))
+        if step < warmup:
+            return self.config.lr * (step + 1) / warmup
+        return self.config.lr * max(0.0, (self.total_steps - step) / max(1, self.total_steps - warmup))
+
+    # one step
+    def batch_loss(self, batch: list[dict], backward: bool = True) -> float:
+        """Mean InfoNCE over `batch`; gradients accumulate query by query (one graph at a time)."""
+        import torch
+
+        from evsel.models.unreal import maxsim_torch
+
+        cfg = self.config
+        pool = list(dict.fromkeys(c for q in batch for c in self._candidates_of(q)))
+        hashes = [self.chunks[c]["hash"] for c in pool]
+        first = {}  # one candidate per distinct text
+        for c, h in zip(pool, hashes):
+            first.setdefault(h, c)
+        cand = list(first.values())
+        keys = self.keys[[self.row[c] for c in cand]]  # (M, P, d)
+        total = 0.0
+        for q in batch:
+            oracle_hashes = {self.chunks[c]["hash"] for unit in q["units"] for c in unit}
+            positive = torch.tensor([self.chunks[c]["hash"] in oracle_hashes for c in cand])
+            ids = self.query.prefix_ids(q["question"], [self.chunks[c]["text"] for c in q["c0"][: cfg.c0]])
+            states = self.query.readout(ids, grad=True, split=not cfg.train_soft_prompt)
+            queries = self.query.query_vectors(states)  # (G, d)
+            logits = maxsim_torch(queries[None], keys)[0] / cfg.tau  # (M,)
+            loss = -(torch.log_softmax(logits, dim=0)[positive]).mean()
+            if backward:
+                (loss / len(batch)).backward()
+            total += float(loss) / len(batch)
+        return total
+
+    def dev_recall(self, queries: list[dict]) -> dict:
+        """recall@k and MRR of the adapter on dev queries, ranking each query's document."""
+        from evsel.evaluation.metrics import ranking_metrics
+
+        cfg = self.config
+        results = []
+        for q in queries:
+            doc = self.doc_chunks[q["doc"]]
+            Q = self.query.encode_question(q["question"], [self.chunks[c]["text"] for c in q["c0"][: cfg.c0]])
+            keys = self.keys[[self.row[c] for c in doc]].numpy()
+            scores = np.einsum("npd,gd->ngp", keys, Q).max(-1).sum(-1)
+            ranked = [doc[i] for i in np.argsort(-scores, kind="stable")]
+            results.append(ranking_metrics(ranked, [set(u) for u in q["units"]], [1, cfg.k]))
+        return {key: float(np.mean([r[key] for r in results])) for key in results[0]} if results else {}
+
+    # checkpoints
+    def save(self, folder: Path, metrics: dict | None = None) -> None:
+        import torch
+
+        extra = {"backbone": self.backbone.name, "fingerprint": self.backbone.fingerprint,
+                 "train_config": asdict(self.config), "step": self.step}
+        tmp = folder.with_name(folder.name + ".tmp")
+        self.adapter.save(tmp, metrics=metrics, command=self.command, extra=extra)
+        if folder.name == "checkpoint":
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            (tmp / "trainer.json").write_text(json.dumps(
+                {"step": self.step, "total_steps": self.total_steps, "best": self.best}) + "\n")
+        if folder.exists():
+            import shutil
+
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+
+    def run(self) -> dict:
+        import torch
+
+        cfg = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+        started = time.perf_counter()
+        log_file = open(self.out / "log.jsonl", "a", encoding="utf-8")
+        dev = self.dev[: cfg.dev_queries]
+        order_rng = random.Random(cfg.seed)
+        order: list[int] = []
+        for _ in range(cfg.steps * cfg.batch // max(1, len(self.train)) + 2):
+            epoch = list(range(len(self.train)))
+            order_rng.shuffle(epoch)
+            order += epoch
+        last = {}
+        self.dev_seconds = 0.0
+        if self.step == 0 and dev:
+            t = time.perf_counter()
+            last = self.dev_recall(dev)
+            self.dev_seconds = time.perf_counter() - t
+            self.best = last.get(f"recall@{cfg.k}", -1.0)
+            self._write(log_file, {"step": 0, **{f"dev_{k}": v for k, v in last.items()},
+                                   "elapsed_s": time.perf_counter() - started})
+            self.save(self.out / "best", {"step": 0, "dev": last})
+        step_times: list[float] = []
+        while self.step < self.total_steps:
+            t = time.perf_counter()
+            at = self.step * cfg.batch
+            batch = [self.train[i] for i in order[at:at + cfg.batch]]
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr_at(self.step)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.batch_loss(batch)
+            norm = float(torch.nn.utils.clip_grad_norm_(self.adapter.trainable(), cfg.clip))
+            self.optimizer.step()
+            self.step += 1
+            step_times.append(time.perf_counter() - t)
+            if cfg.minutes and len(step_times) == 3 and self.step == 3:
+                self._fit_budget(step_times, started)
+            record = {"step": self.step, "loss": round(loss, 5), "lr": self.lr_at(self.step - 1),
+                      "grad_norm": round(norm, 4), "alpha_norm": float(self.adapter.alpha.norm()),
+                      "step_s": round(step_times[-1], 2), "elapsed_s": round(time.perf_counter() - started, 1)}
+            final = self.step >= self.total_steps
+            if dev and ((cfg.dev_every and self.step % cfg.dev_every == 0) or final):
+                last = self.dev_recall(dev)
+                record.update({f"dev_{k}": v for k, v in last.items()})
+                if last[f"recall@{cfg.k}"] > self.best:
+                    self.best = last[f"recall@{cfg.k}"]
+                    self.save(self.out / "best", {"step": self.step, "dev": last})
+            self._write(log_file, record)
+            if self.step % cfg.checkpoint_every == 0 or final:
+                self.save(self.out / "checkpoint", {"step": self.step, "dev": last})
+        log_file.close()
+        summary = {"steps": self.step, "best_dev": self.best, "last_dev": last,
+                   "seconds": time.perf_counter() - started}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def _fit_budget(self, step_times: list[float], started: float) -> None:
+        """After 3 measured steps, lower the step count so that the loop, dev checks included,
+        ends within --minutes (a dev check costs what the one at step 0 cost)."""
+        cfg = self.config
+        per_step = float(np.median(step_times))
+        left = cfg.minutes * 60 - (time.perf_counter() - started)
+        planned = 4
+        for steps in range(self.total_steps, 3, -1):
+            checks = (steps // cfg.dev_every if cfg.dev_every else 0) + 1
+            if (steps - 3) * per_step + checks * self.dev_seconds <= left:
+                planned = steps
+                break
+        if planned != self.total_steps:
+            self.log(f"measured {per_step:.1f} s per step and {self.dev_seconds:.0f} s per dev check: "
+                     f"{planned} steps fit in {cfg.minutes:g} min (asked for {self.total_steps})")
+            self.total_steps = planned
+
+    def _write(self, handle, record: dict) -> None:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()]
+        self.log(" ".join(parts))
+
+
+def train(config: TrainConfig, engine=None, on_event: Callable[[dict], None] = _ignore,
+          log: Callable[[str], None] = lambda line: None, command: str | None = None) -> dict:
+    """Train (or resume) a run; returns its summary."""
+    from evsel.engine import Engine
+
+    if not config.data or not config.out:
+        raise EvselError("training needs --data and --out")
+    engine = engine or Engine(device=config.device)
+    chunks, train_queries, dev = load_data(Path(config.data))
+    trainer = Trainer(config, engine, command or current_command(), on_event, log)
+    trainer.setup(chunks, train_queries, dev)
+    return trainer.run()
+
+
+def current_command() -> str:
+    return " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def data_checksum(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for name in ("chunks.jsonl", "train.jsonl", "dev.jsonl"):
+        path = Path(folder) / name
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# recipes: a CPU smoke run (minutes) and the full run that produced the shipped adapter
+
+SMOKE = dict(stories=3, dev_stories=2, steps=6, batch=2, c0=2, readout=[4, 5, 6], layer=6, dev_every=3,
+             dev_queries=8, calibrate_chunks=16, checkpoint_every=3, warmup=2)
+FULL = dict(stories=None, dev_stories=10, steps=400, batch=8, c0=5, dev_every=50, dev_queries=60)
+
+
+def recipe(name: str) -> dict:
+    if name not in ("smoke", "full"):
+        raise EvselError(f"unknown recipe {name!r}", "use smoke or full")
+    return dict(SMOKE if name == "smoke" else FULL)
+
+
+if __name__ == "__main__":  # python -m evsel.recipes.unreal ... is `evsel train unreal ...`
+    from evsel.cli import main
+
+    sys.exit(main(["train", "unreal", *sys.argv[1:]]))
