@@ -317,7 +317,9 @@ class Trainer:
         if (resume / unreal.CONFIG_FILE).is_file():
             self.adapter = unreal.load_adapter(resume)
             state = json.loads((resume / "trainer.json").read_text())
-            self.step, self.total_steps = state["step"], state["total_steps"]
+            # the same command resumes its (possibly budget-fitted) plan; a new --steps replaces it
+            same = state.get("asked_steps") == cfg.steps
+            self.step, self.total_steps = state["step"], state["total_steps"] if same else cfg.steps
             self.best = state.get("best", -1.0)
             self.log(f"resuming at step {self.step} of {self.total_steps}")
         else:
@@ -382,7 +384,7 @@ class Trainer:
             loss = -(torch.log_softmax(logits, dim=0)[positive]).mean()
             if backward:
                 (loss / len(batch)).backward()
-            total += float(loss) / len(batch)
+            total += float(loss.detach()) / len(batch)
         return total
 
     def dev_recall(self, queries: list[dict]) -> dict:
@@ -411,7 +413,8 @@ class Trainer:
         if folder.name == "checkpoint":
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             (tmp / "trainer.json").write_text(json.dumps(
-                {"step": self.step, "total_steps": self.total_steps, "best": self.best}) + "\n")
+                {"step": self.step, "total_steps": self.total_steps, "asked_steps": self.config.steps,
+                 "best": self.best}) + "\n")
         if folder.exists():
             import shutil
 

@@ -1,0 +1,294 @@
+"""UNREAL on a tiny random Llama (2 layers, hidden 32, vocab 99) saved as a real HF folder and
+loaded through the real Backbone: pooling and MaxSim against hand computations, the adapter's
+round trip, the state cache, intrinsic scores, and training steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from evsel.models import unreal
+
+WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
+         "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random-weight Llama (2 layers, hidden 32, vocab 99) with a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
+    for word in WORDS + [w.capitalize() for w in WORDS] + [f"w{i}" for i in range(99)]:
+        if len(vocab) < 99 and word not in vocab:
+            vocab[word] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", unk_token="<unk>")
+    tok.save_pretrained(folder)
+    config = LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def tiny_engine(tiny_model_dir):
+    from evsel.engine import Engine
+
+    engine = Engine(model=str(tiny_model_dir), device="cpu")
+    engine.backbone.model.float()  # fp32: hand computations compare to 1e-5
+    return engine
+
+
+def _text(seed: int, n: int) -> str:
+    rng = np.random.default_rng(seed)
+    return " ".join(rng.choice(WORDS, size=n))
+
+
+def test_pooling_segments_by_hand():
+    # 10 tokens in 7 segments: boundaries j*10//7 = 0,1,2,4,5,7,8,10 -> sizes 1,1,2,1,2,1,2
+    w = unreal.pooling_weights([10], 11, 7, offset=1)[0]
+    assert w[:, 0].sum() == 0  # the sink never pooled
+    sizes = [(row > 0).sum().item() for row in w]
+    assert sizes == [1, 1, 2, 1, 2, 1, 2]
+    assert torch.nonzero(w[2]).flatten().tolist() == [3, 4]  # tokens 2..3 after the sink
+    assert torch.allclose(w.sum(dim=1), torch.ones(7))
+    # 3 tokens, 7 segments: empty segments take their nearest token alone
+    short = unreal.pooling_weights([3], 4, 7)[0]
+    assert [int(torch.nonzero(row).flatten()[0]) for row in short] == [1, 1, 1, 2, 2, 3, 3]
+    states = torch.arange(4 * 2, dtype=torch.float32).reshape(1, 4, 2)  # token t = (2t, 2t+1)
+    pooled = unreal.pool_states(states, [3], 2)
+    # segments: tokens [1] and [2, 3] after the sink -> (2, 3) and mean((4, 5), (6, 7)) = (5, 6)
+    assert pooled[0].tolist() == [[2.0, 3.0], [5.0, 6.0]]
+
+
+def test_maxsim_by_hand():
+    q = np.array([[1.0, 0.0], [0.0, 2.0]], dtype=np.float32)  # G=2
+    k = np.array([
+        [[3.0, 1.0], [0.0, 1.0]],  # q0: max(3, 0) = 3; q1: max(2, 2) = 2 -> 5
+        [[-1.0, 4.0], [2.0, -1.0]],  # q0: max(-1, 2) = 2; q1: max(8, -2) = 8 -> 10
+    ], dtype=np.float16)
+    assert unreal.maxsim(q, k).tolist() == [5.0, 10.0]
+    assert unreal.maxsim(q, k, block=1).tolist() == [5.0, 10.0]
+    assert unreal.maxsim_torch(torch.tensor(q)[None], torch.tensor(k).float()).tolist() == [[5.0, 10.0]]
+
+
+def test_chunk_states_match_hidden_states(tiny_engine):
+    backbone = tiny_engine.backbone
+    texts = [_text(1, 12), _text(2, 5), _text(3, 3)]
+    got = unreal.ChunkEncoder(backbone, [1], pool=3).encode(texts)[1]
+    assert got.shape == (3, 3, 32) and got.dtype == np.float16
+    for i, text in enumerate(texts):
+        ids = [backbone.bos_id()] + backbone.tokenizer(text, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            hidden = backbone.model(torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0, 1:]
+        n = hidden.shape[0]
+        bounds = [(j * n // 3, (j + 1) * n // 3) for j in range(3)]
+        expected = torch.stack([hidden[lo:hi].mean(0) for lo, hi in bounds]).numpy()
+        np.testing.assert_allclose(got[i].astype(np.float32), expected, rtol=2e-3, atol=2e-3)
+
+
+def _adapter(backbone, **overrides):
+    config = unreal.UnrealConfig(**{"layer": 2, "pool": 3, "retrieval_tokens": 8, "groups": 2, "c0": 2,
+                                    "readout": [1, 2], **overrides})
+    adapter = unreal.new_adapter(config, backbone.model.config.hidden_size)
+    adapter.init_from_backbone(backbone)
+    unreal.calibrate(adapter, backbone, [_text(i, 9) for i in range(6)])
+    return adapter
+
+
+def test_query_vectors_and_score_by_hand(tiny_engine):
+    backbone = tiny_engine.backbone
+    adapter = _adapter(backbone)
+    with torch.no_grad():
+        adapter.alpha.copy_(torch.tensor([0.25, 2.0]))
+    query = unreal.UnrealQuery(backbone, adapter)
+    ids = query.prefix_ids("who lit the lamp", [_text(5, 8), _text(6, 8)])
+    states = query.readout(ids)  # (2 layers, R=8, 32)
+    # the same states from one plain forward pass over the whole of x_ret
+    emb = backbone.model.model.embed_tokens(torch.tensor([[backbone.bos_id()] + ids]))
+    x = torch.cat([emb[:, :1], adapter.soft_prompt[None], emb[:, 1:], adapter.rho[None]], dim=1)
+    with torch.no_grad():
+        hidden = backbone.model(inputs_embeds=x, output_hidden_states=True).hidden_states
+    np.testing.assert_allclose(states[0].numpy(), hidden[1][0, -8:].numpy(), rtol=1e-4, atol=1e-4)
+    # q = sum_l alpha_l (q_l - mu_l) / sigma_l, then 2 groups of 4 retrieval tokens
+    mixed = sum(a * (states[i] - adapter.layer_stats(lay)[0]) / adapter.layer_stats(lay)[1]
+                for i, (a, lay) in enumerate(zip([0.25, 2.0], [1, 2])))
+    expected_q = torch.stack([mixed[:4].mean(0), mixed[4:].mean(0)])
+    with torch.no_grad():
+        q = query.query_vectors(states)
+    np.testing.assert_allclose(q.numpy(), expected_q.numpy(), rtol=1e-4, atol=1e-4)
+    # the fast score (standardization folded into the query) equals MaxSim on standardized keys
+    k = np.random.default_rng(0).normal(size=(5, 3, 32)).astype(np.float16)
+    mean, std = adapter.layer_stats(2)
+    keys = (torch.tensor(k).float() - mean) / std
+    by_hand = [sum(max(float(q[g] @ keys[i, b]) for b in range(3)) for g in range(2)) for i in range(5)]
+    np.testing.assert_allclose(query.score(q.numpy(), k), by_hand, rtol=1e-4, atol=1e-3)
+
+
+def test_split_readout_equals_full_pass(tiny_engine):
+    """Training runs the prefix once into a KV cache and only the retrieval tokens with grad."""
+    backbone = tiny_engine.backbone
+    query = unreal.UnrealQuery(backbone, _adapter(backbone))
+    ids = query.prefix_ids("where is the key", [_text(7, 10)])
+    full = query.readout(ids)
+    split = query.readout(ids, grad=True, split=True)
+    np.testing.assert_allclose(split.detach().numpy(), full.numpy(), rtol=1e-4, atol=1e-4)
+    assert split.requires_grad
+
+
+def test_adapter_round_trip(tiny_engine, tmp_path):
+    adapter = _adapter(tiny_engine.backbone, tau=0.5)
+    with torch.no_grad():
+        adapter.alpha.copy_(torch.tensor([0.3, 0.7]))
+    adapter.save(tmp_path / "a", metrics={"dev": {"recall@5": 0.5}}, command="evsel train unreal --out x")
+    loaded = unreal.load_adapter(tmp_path / "a")
+    assert loaded.config == adapter.config
+    for name in ("soft_prompt", "rho", "alpha", "stats"):
+        assert torch.equal(getattr(loaded, name), getattr(adapter, name).float())
+    assert json.loads((tmp_path / "a" / "metrics.json").read_text())["dev"]["recall@5"] == 0.5
+    assert (tmp_path / "a" / "command.txt").read_text().startswith("evsel train unreal")
+    assert loaded.n_trainable() == unreal.param_count(adapter.config, 32) == 9 * 32 + 2
+
+
+def test_missing_adapter_says_how_to_get_one(tiny_engine, tmp_path):
+    from evsel.errors import ModelError
+
+    with pytest.raises(ModelError) as err:
+        unreal.default_adapter(tiny_engine.backbone)
+    assert "evsel train unreal" in err.value.hint
+    with pytest.raises(ModelError):
+        unreal.load_adapter(tmp_path)
+
+
+def test_cache_hits_skip_encoding(tiny_engine, monkeypatch):
+    from evsel.store import ChunkRecord
+
+    calls = []
+    original = unreal.ChunkEncoder.encode
+
+    def counting(self, texts):
+        calls.append(list(texts))
+        return original(self, texts)
+
+    monkeypatch.setattr(unreal.ChunkEncoder, "encode", counting)
+    texts = [_text(i, 6 + i) for i in range(5)] + [_text(0, 6)]  # the last repeats the first
+    chunks = [ChunkRecord(id=i, doc_id=1, seq=i, text=t, content_hash=f"h{t}", n_tokens=0, char_start=0,
+                          char_end=0) for i, t in enumerate(texts)]
+    first = unreal.chunk_states(tiny_engine, chunks, 2, 3)
+    assert sum(len(c) for c in calls) == 5  # the duplicate text encoded once
+    assert np.array_equal(first[0], first[5])
+    second = unreal.chunk_states(tiny_engine, chunks, 2, 3)
+    assert sum(len(c) for c in calls) == 5  # all cached: nothing encoded
+    assert np.array_equal(first, second)
+    assert tiny_engine.store.count_states(tiny_engine.backbone.fingerprint, "unreal") == 5
+    unreal.chunk_states(tiny_engine, chunks, 1, 3)  # another layer is another key
+    assert sum(len(c) for c in calls) == 10
+
+
+def test_intrinsic_scores_by_hand(tiny_engine):
+    backbone = tiny_engine.backbone
+    encoder = unreal.IntrinsicEncoder(backbone, [1, 2])
+    texts = [_text(10, 7), _text(11, 4)]
+    keys = encoder.keys(texts).astype(np.float32)  # (2, 2 layers, 2 kv heads * 8)
+    query = encoder.queries(["the storm at night"])[0]  # (2 layers, 4 heads * 8)
+    scores = encoder.layer_scores(query, keys)
+    for n in range(2):
+        for layer in range(2):
+            q = query[layer].reshape(4, 8)
+            k = keys[n, layer].reshape(2, 8)
+            by_hand = np.mean([q[h] @ k[h // 2] for h in range(4)])  # query head h reads KV head h // 2
+            assert scores[n, layer] == pytest.approx(by_hand, rel=1e-3, abs=1e-4)
+    # mean of k_proj over the chunk's tokens (sink left out)
+    ids = [backbone.bos_id()] + backbone.tokenizer(texts[1], add_special_tokens=False)["input_ids"]
+    seen = {}
+    hook = backbone.model.model.layers[0].self_attn.k_proj.register_forward_hook(
+        lambda _m, _i, out: seen.setdefault("k", out))
+    with torch.no_grad():
+        backbone.model(torch.tensor([ids]))
+    hook.remove()
+    np.testing.assert_allclose(keys[1, 0], seen["k"][0, 1:].mean(0).numpy(), rtol=2e-3, atol=2e-3)
+
+
+def _training_folder(folder: Path) -> Path:
+    """8 chunks in 2 documents, 4 questions (the common format, written by hand)."""
+    import hashlib
+
+    folder.mkdir(parents=True, exist_ok=True)
+    chunks = []
+    for i in range(8):
+        text = _text(100 + i, 10)
+        chunks.append({"id": i, "doc": f"d{i // 4}", "seq": i % 4, "text": text,
+                       "hash": hashlib.sha256(text.encode()).hexdigest(), "n_tokens": 10})
+    queries = [
+        {"id": f"q{n}", "source": "hand", "doc": f"d{n // 2}", "question": chunks[2 * n]["text"][:30],
+         "units": [[2 * n]], "answers": [], "c0": [2 * n, 2 * n + 1], "negatives": [(2 * n + 3) % 8]}
+        for n in range(4)
+    ]
+    (folder / "chunks.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chunks))
+    (folder / "train.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (folder / "dev.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries[:2]))
+    return folder
+
+
+def test_three_training_steps_lower_the_loss_on_a_fixed_batch(tiny_engine, tmp_path):
+    from evsel.recipes.unreal import TrainConfig, Trainer, load_data
+
+    data = _training_folder(tmp_path / "data")
+    config = TrainConfig(data=str(data), out=str(tmp_path / "run"), layer=2, pool=3, retrieval_tokens=8, groups=2,
+                         c0=2, readout=[1, 2], batch=4, steps=3, lr=2e-3, warmup=1, dev_every=0, dev_queries=2,
+                         calibrate_chunks=8, device="cpu")
+    trainer = Trainer(config, tiny_engine)
+    trainer.setup(*load_data(data))
+    batch = trainer.train[:4]
+    before = trainer.batch_loss(batch, backward=False)
+    frozen = [p.clone() for p in tiny_engine.backbone.model.parameters()]
+    rho = trainer.adapter.rho.detach().clone()
+    summary = trainer.run()
+    after = trainer.batch_loss(batch, backward=False)
+    assert summary["steps"] == 3
+    assert after < before
+    assert not torch.equal(trainer.adapter.rho, rho)  # rho trained
+    assert all(torch.equal(a, b) for a, b in zip(frozen, tiny_engine.backbone.model.parameters()))  # backbone frozen
+    run = tmp_path / "run"
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
+    assert "dev_recall@5" in log[0] and "dev_recall@5" in log[-1]
+    assert json.loads((run / "config.json").read_text())["steps"] == 3
+    assert (run / "checkpoint" / "optimizer.pt").is_file() and (run / "best" / "adapter.safetensors").is_file()
+    assert unreal.load_adapter(run / "best").config.layer == 2
+
+
+def test_train_cli_resumes_from_its_checkpoint(tiny_model_dir, tmp_path):
+    from evsel.cli import main
+
+    data = _training_folder(tmp_path / "data")
+    run = tmp_path / "run"
+    args = ["--model", str(tiny_model_dir), "--device", "cpu", "train", "unreal", "--data", str(data),
+            "--out", str(run), "--layer", "2", "--pool", "3", "--retrieval-tokens", "8", "--groups", "2",
+            "--c0", "2", "--readout", "1-2", "--batch", "2", "--dev-every", "0", "--dev-queries", "2", "--json"]
+    assert main(args + ["--steps", "2"]) == 0
+    assert json.loads((run / "checkpoint" / "trainer.json").read_text())["step"] == 2
+    assert main(args + ["--steps", "4"]) == 0  # the same run, longer: continues at step 3
+    steps = [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_evaluation_sets_are_refused_for_training(capsys):
+    from evsel.cli import main
+
+    for source in ("locomo", "fairytaleqa-val"):
+        assert main(["train", "convert", "--out", "x", "--source", source]) == 1
+        err = capsys.readouterr().err
+        assert "refusing to train" in err and len(err.strip().splitlines()) == 1
