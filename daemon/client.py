@@ -257,8 +257,16 @@ class DaemonClient:
 
     def connect(self, on_event=_ignore) -> Connection:
         if self._connection is None:
+            def relay(event: dict) -> None:
+                if event.get("type") == "warning" and on_event is _ignore:
+                    from evsel.output import warning
+
+                    warning(event["message"])  # a restart is worth a line even without a progress view
+                else:
+                    on_event(event)
+
             self._connection, self.info = ensure_daemon(self.model, self.device, self.idle_timeout,
-                                                        on_event=on_event)
+                                                        on_event=relay)
         return self._connection
 
     def close(self) -> None:

@@ -64,9 +64,13 @@ def build_id() -> str:
     """The evsel version plus a digest of the installed source files' sizes and mtimes.
 
     A client and a daemon with different build ids do not talk: the client restarts the daemon,
-    so an upgrade (or an edited checkout) never answers with old code.
+    so an upgrade (or an edited checkout) never answers with old code. EVSEL_DAEMON_BUILD pins it
+    (tests use it so that edits made while they run do not restart their daemons).
     """
     import evsel
+
+    if os.environ.get("EVSEL_DAEMON_BUILD"):
+        return f"{__version__}+{os.environ['EVSEL_DAEMON_BUILD']}"
 
     roots = [Path(evsel.__file__).parent, Path(__file__).parent, Path(__file__).parent.parent / "models"]
     digest = hashlib.sha1()

@@ -1,0 +1,105 @@
+"""Helpers for the daemon tests: run the real CLI, wait for conditions, and always stop daemons."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Pinned so that a source file edited while the tests run does not make a client restart the
+# daemon under a test (the build id otherwise includes the sources' mtimes).
+TEST_BUILD = "tests"
+
+
+def use_daemon(monkeypatch, home: Path | None = None, debounce: float = 0.5) -> None:
+    """Turn on the daemon for this test (conftest turns it off for every test)."""
+    monkeypatch.delenv("EVSEL_NO_DAEMON", raising=False)
+    monkeypatch.setenv("EVSEL_DAEMON_BUILD", TEST_BUILD)
+    monkeypatch.setenv("EVSEL_WATCH_DEBOUNCE", str(debounce))
+    if home is not None:
+        monkeypatch.setenv("EVSEL_HOME", str(home))
+
+
+def evsel(*args: str, check: bool = True, timeout: float = 300, cwd: str | None = None,
+          env: dict | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "evsel", *args], capture_output=True, text=True,
+                            env=env or os.environ.copy(), timeout=timeout, cwd=cwd)
+    if check and result.returncode != 0:
+        raise AssertionError(f"evsel {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+    return result
+
+
+def evsel_json(*args: str, **kwargs):
+    return json.loads(evsel(*args, "--json", **kwargs).stdout)
+
+
+def pid_of(home: Path) -> int | None:
+    try:
+        return json.loads((home / "daemon.pid").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def alive(home: Path) -> bool:
+    from evsel.daemon import runtime
+
+    return runtime.daemon_alive(runtime.DaemonFiles(home))
+
+
+def wait_for(predicate, timeout: float = 120, what: str = "a condition", interval: float = 0.05):
+    """Poll until predicate() is truthy and return it. The timeout only keeps a broken run from hanging."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def status(home: Path) -> dict | None:
+    from evsel.daemon import client, runtime
+
+    return client.status(runtime.DaemonFiles(home))
+
+
+def kill_daemon(home: Path) -> None:
+    """Stop the home's daemon whatever state it is in: SIGTERM, then SIGKILL. Never raises."""
+    if not home.exists():
+        return
+    pid = pid_of(home)
+    if pid is None or not alive(home):
+        return
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while alive(home) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not alive(home):
+            return
+
+
+def kill_process(process: subprocess.Popen | None) -> None:
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def daemon_home(evsel_home, monkeypatch):
+    """This test's EVSEL_HOME with the daemon on; its daemon is killed afterwards, pass or fail."""
+    use_daemon(monkeypatch)
+    try:
+        yield evsel_home
+    finally:
+        kill_daemon(evsel_home)

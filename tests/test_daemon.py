@@ -1,0 +1,240 @@
+"""The daemon's life: start, status, stop, auto-start, stale files, versions, idle exit, permissions,
+kill -9 in the middle of an ingest, Ctrl-C in a client. Real daemons, real sockets, real SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from conftest import shared_data
+from daemon_helpers import (  # noqa: F401  (daemon_home is a fixture)
+    alive, daemon_home, evsel, evsel_json, kill_daemon, kill_process, pid_of, status, use_daemon, wait_for,
+)
+
+
+def test_protocol_lines_round_trip():
+    from evsel.daemon.protocol import LineReader, ProtocolError, encode
+
+    a, b = socket.socketpair()
+    try:
+        message = {"v": 1, "id": "x", "params": {"path": "caf\u00e9 \u2014 \u201cq\u201d", "n": [1, 2]}}
+        a.sendall(encode(message) + encode({"v": 1, "type": "cancel"}) + b"[1, 2]\n")
+        reader = LineReader(b)
+        assert reader.read() == message
+        assert reader.read()["type"] == "cancel"
+        with pytest.raises(ProtocolError):
+            reader.read()  # a JSON value that is not an object
+        a.close()
+        assert reader.read() is None
+    finally:
+        a.close()
+        b.close()
+
+
+def test_lifecycle_start_status_stop(daemon_home):
+    started = evsel("daemon", "start", "--no-preload")
+    assert "started the evsel daemon" in started.stderr
+    info = evsel_json("daemon", "status")
+    assert info["running"] and info["pid"] == pid_of(daemon_home)
+    assert info["home"] == str(daemon_home) and info["documents"] == 0
+    assert info["queue"] == {"running": None, "waiting": []}
+    assert "already running" in evsel("daemon", "start", "--no-preload").stderr
+    assert evsel_json("daemon", "status")["pid"] == info["pid"]  # not restarted
+
+    sock = daemon_home / "daemon.sock"
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_IMODE((daemon_home / "daemon.log").stat().st_mode) == 0o600
+    human = evsel("daemon", "status").stdout
+    assert f"running (pid {info['pid']}" in human and "documents: 0" in human
+
+    assert f"stopped the evsel daemon (pid {info['pid']})" in evsel("daemon", "stop").stderr
+    assert not alive(daemon_home)
+    assert not sock.exists() and not (daemon_home / "daemon.pid").exists()
+    stopped = evsel("daemon", "status", check=False)
+    assert stopped.returncode == 3 and "not running" in stopped.stderr
+    assert json.loads(evsel("daemon", "status", "--json", check=False).stdout) == {"running": False}
+    assert "not running" in evsel("daemon", "stop").stderr
+    log = (daemon_home / "daemon.log").read_text()
+    assert "daemon started" in log and "stopped" in log
+
+
+def test_refuses_a_home_other_users_can_write(daemon_home):
+    daemon_home.mkdir(parents=True, exist_ok=True)
+    os.chmod(daemon_home, 0o777)
+    try:
+        for args in (("daemon", "start"), ("docs", "list")):  # explicit start and auto-start
+            result = evsel(*args, check=False)
+            assert result.returncode == 1
+            assert result.stderr.startswith("evsel: error: EVSEL_HOME")
+            assert "writable by other users" in result.stderr and "chmod go-w" in result.stderr
+            assert len(result.stderr.strip().splitlines()) == 1
+        assert not (daemon_home / "daemon.sock").exists() and not alive(daemon_home)
+        run = evsel("daemon", "run", check=False)
+        assert run.returncode == 1 and "writable by other users" in run.stderr
+        # in-process still works there
+        assert evsel("--no-daemon", "docs", "list").returncode == 0
+    finally:
+        os.chmod(daemon_home, 0o755)
+
+
+def test_auto_start_cleans_a_stale_socket_and_pid_file(daemon_home):
+    daemon_home.mkdir(parents=True, exist_ok=True)
+    # what kill -9 leaves: a socket file nobody listens on, a pid file naming a dead process
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(daemon_home / "daemon.sock"))
+    stale.close()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (daemon_home / "daemon.pid").write_text(json.dumps({"pid": dead.pid}))
+
+    listing = evsel("docs", "list")  # any engine command starts the daemon
+    assert listing.returncode == 0 and "no documents yet" in listing.stderr
+    assert alive(daemon_home)
+    pid = pid_of(daemon_home)
+    assert pid not in (None, dead.pid)
+    assert evsel_json("daemon", "status")["pid"] == pid
+    # the next command reuses it
+    evsel("docs", "list")
+    assert pid_of(daemon_home) == pid
+
+
+def test_a_daemon_of_another_version_is_restarted(daemon_home, monkeypatch):
+    monkeypatch.setenv("EVSEL_DAEMON_BUILD", "old-release")
+    evsel("daemon", "start", "--no-preload")
+    old = evsel_json("daemon", "status")
+    assert old["build"].endswith("+old-release")
+    monkeypatch.setenv("EVSEL_DAEMON_BUILD", "new-release")
+    result = evsel("docs", "list")
+    assert "restarting the evsel daemon" in result.stderr
+    new = evsel_json("daemon", "status")
+    assert new["build"].endswith("+new-release") and new["pid"] != old["pid"]
+
+
+def test_idle_daemon_exits_and_removes_its_files(daemon_home):
+    evsel("daemon", "start", "--no-preload", "--idle-timeout", "1")
+    assert alive(daemon_home)
+    wait_for(lambda: not alive(daemon_home), 60, "the idle daemon to exit")
+    assert not (daemon_home / "daemon.sock").exists() and not (daemon_home / "daemon.pid").exists()
+    assert "idle for 1s: shutting down" in (daemon_home / "daemon.log").read_text()
+
+
+def test_long_socket_paths_work(tmp_path):
+    from evsel.daemon import runtime
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = deep / "daemon.sock"
+    assert len(str(path)) > 108  # beyond what AF_UNIX can bind directly
+    server = runtime.bind_unix(path)
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        client = runtime.connect_unix(path, timeout=5)
+        conn, _ = server.accept()
+        client.sendall(b"ping")
+        assert conn.recv(4) == b"ping"
+        client.close()
+        conn.close()
+    finally:
+        server.close()
+
+
+def _documents(home):
+    with sqlite3.connect(home / "evsel.db") as db:
+        return db.execute("select id, path, n_chunks, (select count(*) from chunks c where c.doc_id = d.id) "
+                          "from documents d order by id").fetchall()
+
+
+def _pending(home):
+    with sqlite3.connect(home / "evsel.db") as db:
+        return [row[0] for row in db.execute("select path from pending_ingests order by id")]
+
+
+def _pdf_folder(tmp_path, count: int):
+    names = ["BOEING_2022_10K.pdf", "3M_2018_10K.pdf", "PFIZER_2021_10K.pdf", "AMCOR_2023_10K.pdf"]
+    folder = tmp_path / "pdfs"
+    folder.mkdir()
+    for name in names[:count]:
+        shutil.copy(shared_data("financebench", "pdfs", name), folder / name)
+    return folder
+
+
+def test_kill_9_during_a_pdf_ingest_loses_nothing_and_resumes(daemon_home, tmp_path):
+    folder = _pdf_folder(tmp_path, 3)  # ~130 pages each
+    evsel("daemon", "start", "--no-preload")
+    sample = evsel("sample").stdout.strip()
+    evsel("ingest", sample)
+    before = _documents(daemon_home)
+    client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        # kill it once the first PDF is stored and the next one is being read
+        wait_for(lambda: len(_documents(daemon_home)) >= 2, 240, "the first PDF to be stored")
+        os.kill(pid_of(daemon_home), signal.SIGKILL)
+        out, err = client.communicate(timeout=60)
+    finally:
+        kill_process(client)
+    assert client.returncode == 1
+    assert "lost the connection to the evsel daemon" in err
+    wait_for(lambda: not alive(daemon_home), 30, "the killed daemon to be gone")
+
+    with sqlite3.connect(daemon_home / "evsel.db") as db:
+        assert db.execute("pragma integrity_check").fetchone()[0] == "ok"
+    after = _documents(daemon_home)
+    assert after[: len(before)] == before  # nothing stored before is lost
+    assert all(n_chunks == rows for _, _, n_chunks, rows in after)  # no half-stored document
+    stored = {path for _, path, _, _ in after}
+    pending = _pending(daemon_home)
+    assert pending, "the interrupted files should be recorded for the next start"
+    assert not stored & set(pending)
+    assert (daemon_home / "daemon.sock").exists()  # stale, as a crash leaves it
+
+    # the next command starts a fresh daemon, which re-ingests what was interrupted
+    evsel("docs", "list")
+    wait_for(lambda: not _pending(daemon_home) and len(_documents(daemon_home)) == len(before) + 3, 240,
+             "the interrupted PDFs to be re-ingested")
+    info = evsel_json("daemon", "status")
+    assert sorted(info["resumed"]) == sorted(pending)
+    final = _documents(daemon_home)
+    assert all(n_chunks == rows and rows > 100 for _, path, n_chunks, rows in final if path.endswith(".pdf"))
+    assert {p.name for p in folder.iterdir()} == {os.path.basename(path) for _, path, _, _ in final[1:]}
+
+
+def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path):
+    folder = _pdf_folder(tmp_path, 2)
+    evsel("daemon", "start", "--no-preload")
+    pid = pid_of(daemon_home)
+    client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        def reading():
+            running = (status(daemon_home) or {}).get("queue", {}).get("running")
+            return running and running["method"] == "ingest" and running["progress"]
+
+        wait_for(reading, 120, "the ingest to start", interval=0.01)
+        client.send_signal(signal.SIGINT)
+        out, err = client.communicate(timeout=60)
+    finally:
+        kill_process(client)
+    assert client.returncode == 130 and err.strip().endswith("evsel: error: interrupted")
+    wait_for(lambda: status(daemon_home)["queue"]["running"] is None, 60, "the cancelled ingest to stop")
+    info = status(daemon_home)
+    assert info["pid"] == pid  # the daemon carried on
+    assert info["recent"][-1]["status"] == "cancelled"
+    assert not _pending(daemon_home)  # a cancelled ingest is not resumed later
+    assert len(_documents(daemon_home)) < 2  # it stopped before the end
+    assert all(n_chunks == rows for _, _, n_chunks, rows in _documents(daemon_home))
+    # and serves the next request
+    evsel("ingest", evsel("sample").stdout.strip())
+    assert evsel_json("docs", "list")[-1]["title"] == "The Gull Point Light"
+    assert pid_of(daemon_home) == pid
