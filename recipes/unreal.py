@@ -230,7 +230,7 @@ class TrainConfig:
     groups: int = 4  # G
     c0: int = 5  # BM25 chunks in the query context
     readout: list[int] = field(default_factory=lambda: list(range(13, 21)))  # layers mixed by alpha
-    tau: float = 1.0  # InfoNCE temperature
+    tau: float = 0.0  # InfoNCE temperature; 0: half the spread of the untrained scores (measured at the start)
     train_soft_prompt: bool = False  # backprop through the whole x_ret (~3x slower on CPU)
     doc_negatives: int = 300  # also contrast every other chunk of the query's document when it has at most this many
     batch: int = 8  # queries per optimizer step (their candidates pooled)
@@ -339,6 +339,12 @@ class Trainer:
                                      self.on_event)
         self.row = {c: i for i, c in enumerate(needed)}
         self.keys = self.query.chunk_keys(states)  # (M, P, d) standardized, fixed
+        if cfg.tau <= 0 and self.step > 0:  # resumed: the temperature measured at the start
+            cfg.tau = self.adapter.config.tau
+        elif cfg.tau <= 0:
+            self.adapter.config.tau = cfg.tau = self._auto_tau()
+            self.log(f"temperature set from the untrained scores: tau = {cfg.tau:.3g}")
+        self.adapter.config.tau = cfg.tau
         self.optimizer = torch.optim.AdamW(self.adapter.trainable(), lr=cfg.lr, betas=(0.9, 0.95),
                                            weight_decay=cfg.weight_decay)
         if (resume / "optimizer.pt").is_file():
@@ -351,6 +357,20 @@ class Trainer:
         if len(doc) <= self.config.doc_negatives:
             extra = doc
         return list(dict.fromkeys(oracle + q.get("negatives", []) + extra))
+
+    def _auto_tau(self, n: int = 4) -> float:
+        """Half the standard deviation of the untrained scores over a query's candidates, so the
+        first softmax is neither flat nor a hard max (the scale of residual states is arbitrary)."""
+        from evsel.models.unreal import maxsim_torch
+
+        spreads = []
+        for q in self.train[:n]:
+            cand = self._candidates_of(q)
+            ids = self.query.prefix_ids(q["question"], [self.chunks[c]["text"] for c in q["c0"][: self.config.c0]])
+            queries = self.query.query_vectors(self.query.readout(ids))
+            scores = maxsim_torch(queries[None].detach(), self.keys[[self.row[c] for c in cand]])[0]
+            spreads.append(float(scores.std()))
+        return max(float(np.mean(spreads)) / 2, 1e-3)
 
     def lr_at(self, step: int) -> float:
         warmup = min(self.config.warmup, max(1, self.total_steps // 10))

@@ -78,7 +78,7 @@ def convert_cmd(ctx, out, sources, stories, dev_stories, negatives, skip, data_d
 @click.option("--groups", type=int, default=None, help="G (default 4).")
 @click.option("--c0", type=int, default=None, help="BM25 chunks before the question (default 5).")
 @click.option("--readout", default=None, help="Layers mixed by alpha, e.g. 13-20 (default 13-20).")
-@click.option("--tau", type=float, default=None, help="InfoNCE temperature (default 1).")
+@click.option("--tau", type=float, default=None, help="InfoNCE temperature (default: half the spread of the untrained scores).")
 @click.option("--train-soft-prompt/--no-train-soft-prompt", default=None,
               help="Backpropagate through the whole query pass so the soft prompt trains (~3x slower).")
 @click.option("--batch", type=int, default=None, help="Questions per step.")
