@@ -482,7 +482,7 @@ class Trainer:
             if cfg.minutes and len(step_times) == 3 and self.step == 3:
                 self._fit_budget(step_times, started)
             record = {"step": self.step, "loss": round(loss, 5), "lr": self.lr_at(self.step - 1),
-                      "grad_norm": round(norm, 4), "alpha_norm": float(self.adapter.alpha.norm()),
+                      "grad_norm": round(norm, 4), "alpha_norm": float(self.adapter.alpha.detach().norm()),
                       "step_s": round(step_times[-1], 2), "elapsed_s": round(time.perf_counter() - started, 1)}
             final = self.step >= self.total_steps
             if dev and ((cfg.dev_every and self.step % cfg.dev_every == 0) or final):
