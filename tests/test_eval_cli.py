@@ -95,3 +95,26 @@ def test_jsonl_problems_say_what_to_fix(tmp_path, capsys):
     bad.write_text('{"question": "where?", "document": "missing.txt"}\n', encoding="utf-8")
     assert main(["eval", str(bad)]) == 1
     assert "document 'missing.txt' does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.model
+def test_eval_generate_with_the_real_model(tmp_path, capsys):
+    """--generate answers with SmolLM2 from the selected passages and from the whole document."""
+    path = _dataset(tmp_path)
+    code = main(["eval", str(path), "--methods", "bm25,full", "--k", "1", "--generate", "--max-new-tokens", "12",
+                 "--json", "--per-question"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert result["config"]["backbone"].startswith("SmolLM2")
+    for spec in ("bm25", "full"):
+        m = result["methods"][spec]
+        assert m["answered"] == 3
+        assert 0.0 <= m["em"] <= m["f1"] <= 1.0
+        assert m["prompt_tokens"] > 0
+        assert set(m["latency"]) >= {"generate_s"}
+        for record in result["per_question"][spec]:
+            assert isinstance(record["answer"], str)
+    # full reads the whole document: no ranking, more prompt tokens than five passages of it would be
+    assert "recall@1" not in result["methods"]["full"]
+    assert result["methods"]["full"]["prompt_tokens"] >= result["methods"]["bm25"]["prompt_tokens"]

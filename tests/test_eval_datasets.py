@@ -138,11 +138,16 @@ def test_mmlongbench_pages(backbone_tokenizer):
     assert q.gold == [] and q.answers == [] and q.group == "not-answerable"
 
 
-def test_limit_spreads_questions_evenly():
-    items = list(range(10))
-    assert select_questions(items, 5) == [0, 2, 4, 6, 8]
+def test_limit_spreads_questions_evenly_and_keeps_claim_pairs():
+    from evsel.evaluation import EvalQuestion
+
+    items = [EvalQuestion(qid=str(i), question="q", docs=["d"]) for i in range(10)]
+    assert [q.qid for q in select_questions(items, 5)] == ["0", "2", "4", "6", "8"]
     assert select_questions(items, None) == items
     assert select_questions(items, 50) == items
+    claims = [EvalQuestion(qid=f"{i}", question="c", docs=["d"], meta={"pair": str(i // 2)}) for i in range(10)]
+    # 5 pairs, 4 questions asked for: 2 whole pairs, evenly spaced (pairs 0 and 2)
+    assert [q.qid for q in select_questions(claims, 4)] == ["0", "1", "4", "5"]
 
 
 def test_unknown_dataset_says_what_exists(tmp_path):

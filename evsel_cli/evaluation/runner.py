@@ -51,6 +51,14 @@ def select_questions(questions: list[EvalQuestion], limit: int | None) -> list[E
         return list(questions)
     if limit < 1:
         raise EvselError(f"--limit {limit} must be at least 1")
+    pairs: dict[str, list[EvalQuestion]] = {}
+    for q in questions:
+        if "pair" in q.meta:
+            pairs.setdefault(q.meta["pair"], []).append(q)
+    if pairs and len(pairs) * 2 == len(questions):  # claims are scored in pairs: keep pairs whole
+        groups = list(pairs.values())
+        n = max(1, limit // 2)
+        return [q for i in range(n) for q in groups[(i * len(groups)) // n]]
     return [questions[(i * len(questions)) // limit] for i in range(limit)]
 
 
