@@ -151,6 +151,7 @@ class Daemon:
         self.status_store = Store()  # status only, so it never waits behind a slow docs request
         self.fast_engine = Engine(store=self.fast_store)
         self.sock = runtime.bind_unix(self.files.socket)
+        self.socket_inode = os.stat(self.files.socket).st_ino
         runtime.write_pid_file(self.files, {
             "pid": os.getpid(), "version": __version__, "build": self.build, "protocol": PROTOCOL_VERSION,
             "socket": str(self.files.socket), "started_at": self.started_at,
@@ -214,6 +215,10 @@ class Daemon:
                 if self._idle_expired():
                     log.info("idle for %.0fs: shutting down", self.idle_timeout)
                     break
+                if not self._socket_is_ours():
+                    log.info("the socket %s was removed or replaced: nobody can reach this daemon, stopping",
+                             self.files.socket)
+                    break
                 continue
             except OSError as exc:
                 log.error("accept failed: %s", exc)
@@ -223,6 +228,12 @@ class Daemon:
                 self.clients += 1
                 self.last_activity = time.monotonic()
             threading.Thread(target=self._serve, args=(conn,), name="evsel-client", daemon=True).start()
+
+    def _socket_is_ours(self) -> bool:
+        try:
+            return os.stat(self.files.socket).st_ino == self.socket_inode
+        except OSError:
+            return False
 
     def _idle_expired(self) -> bool:
         if self.idle_timeout <= 0:
@@ -242,7 +253,8 @@ class Daemon:
             self.sock.close()
         except OSError:
             pass
-        self.files.socket.unlink(missing_ok=True)
+        if self._socket_is_ours():
+            self.files.socket.unlink(missing_ok=True)
         with self.waiting_lock:
             waiting, self.waiting = self.waiting, []
             running = self.running
@@ -260,7 +272,8 @@ class Daemon:
         deadline = time.monotonic() + 2  # let connection threads deliver their last messages
         while self.clients and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.files.pid.unlink(missing_ok=True)
+        if (runtime.read_pid_file(self.files) or {}).get("pid") == os.getpid():
+            self.files.pid.unlink(missing_ok=True)
         log.info("stopped")
 
     # connections

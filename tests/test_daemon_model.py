@@ -1,0 +1,162 @@
+"""The daemon with the real SmolLM2 backbone: the same answers as in-process, the same errors, many
+clients at once, and scope data served from memory. One daemon is shared by the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from daemon_helpers import evsel, kill_daemon, kill_process, pid_of, status, use_daemon, wait_for
+
+pytestmark = pytest.mark.model
+
+QUESTION = "Who killed Ambrose Tenterden?"
+
+
+@pytest.fixture(scope="module")
+def shared_home(tmp_path_factory, model_cache):
+    home = tmp_path_factory.mktemp("daemon-model") / "evsel-home"
+    yield home
+    kill_daemon(home)
+
+
+@pytest.fixture
+def home(shared_home, monkeypatch):
+    use_daemon(monkeypatch, shared_home)
+    return shared_home
+
+
+@pytest.fixture(scope="module")
+def sample_ingested(shared_home, model_cache):
+    """The sample story ingested through an auto-started daemon (model loaded in the background)."""
+    env = dict(os.environ, EVSEL_HOME=str(shared_home), EVSEL_MODEL_CACHE=str(model_cache),
+               EVSEL_DAEMON_BUILD="tests")
+    env.pop("EVSEL_NO_DAEMON", None)
+    sample = evsel("sample", env=env).stdout.strip()
+    result = evsel("ingest", sample, env=env)
+    assert "ingested" in result.stderr
+    return sample
+
+
+def _without_timings(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k != "timings"}
+
+
+def test_daemon_and_in_process_give_the_same_results(home, sample_ingested):
+    assert pid_of(home) is not None  # ingest started the daemon
+    ask = ("ask", QUESTION, "--max-new-tokens", "12", "--json")
+    through_daemon = json.loads(evsel(*ask).stdout)
+    in_process = json.loads(evsel("--no-daemon", *ask).stdout)
+    assert through_daemon["answer"], "the model wrote no answer"
+    assert _without_timings(through_daemon) == _without_timings(in_process)
+    assert any("Pryce killed Ambrose Tenterden" in e["text"] for e in through_daemon["evidence"])
+
+    for args in (("ask", QUESTION, "--evidence-only", "--top-n", "3", "--json"), ("docs", "list", "--json"),
+                 ("docs", "show", "1", "--chunks", "--json")):
+        daemon_out = json.loads(evsel(*args).stdout)
+        local_out = json.loads(evsel("--no-daemon", *args).stdout)
+        if isinstance(daemon_out, dict):
+            daemon_out, local_out = _without_timings(daemon_out), _without_timings(local_out)
+        assert daemon_out == local_out, args
+    # human output too
+    assert evsel("ask", QUESTION, "--evidence-only").stdout == evsel("--no-daemon", "ask", QUESTION,
+                                                                       "--evidence-only").stdout
+
+
+def test_bad_requests_fail_alone_with_the_in_process_messages(home, sample_ingested, tmp_path):
+    pid = pid_of(home)
+    bad = [
+        ("ask", ""),
+        ("ask", QUESTION, "--doc", "999"),
+        ("ask", QUESTION, "--collection", "nope"),
+        ("ask", QUESTION, "--select", "no-such-selector"),
+        ("ask", QUESTION, "--top-n", "0"),
+        ("docs", "show", "999"),
+        ("docs", "rm", "1", "999"),
+        ("ingest", "missing-book.txt"),  # relative: resolved in the client's directory, named as typed
+        ("ingest", str(tmp_path / "empty.txt")),
+        ("ingest", "--chunk-tokens", "3", "x.txt"),
+        ("--model", "no-such-model.gguf", "ask", QUESTION),
+    ]
+    (tmp_path / "empty.txt").write_text("")
+    for args in bad:
+        through_daemon = evsel(*args, check=False, cwd=str(tmp_path))
+        in_process = evsel("--no-daemon", *args, check=False, cwd=str(tmp_path))
+        assert through_daemon.returncode == in_process.returncode == 1, args
+        assert through_daemon.stderr == in_process.stderr, args
+        assert through_daemon.stderr.startswith("evsel: error: "), args
+    info = status(home)
+    assert info["pid"] == pid  # still the same daemon
+    assert evsel("docs", "show", "1").returncode == 0  # nothing was removed by the failed rm
+
+
+def test_concurrent_clients_are_all_served(home, sample_ingested, tmp_path):
+    story = tmp_path / "harbour.md"
+    story.write_text("# The Harbour\n\nThe harbour master, Edith Crane, rang the fog bell at dawn. "
+                     "Nobody else in Saltmere was allowed to touch the bell rope.\n")
+    procs = []
+    try:
+        procs.append(subprocess.Popen([sys.executable, "-m", "evsel", "ask", QUESTION, "--max-new-tokens", "12",
+                                       "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, "-m", "evsel", "ask", "Who rang the fog bell?",
+                                       "--evidence-only", "--json"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(story), "--json"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        seen_busy = []
+
+        def all_done():
+            info = status(home)  # answered while model work runs: status never queues
+            if info["queue"]["running"] is not None:
+                seen_busy.append(info["queue"])
+            return all(p.poll() is not None for p in procs)
+
+        wait_for(all_done, 300, "the three clients")
+        outputs = [p.communicate() for p in procs]
+    finally:
+        for p in procs:
+            kill_process(p)
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err
+    answer, evidence, ingest = (json.loads(out) for out, _ in outputs)
+    assert answer["answer"] and any("Pryce" in e["text"] for e in answer["evidence"])
+    assert ingest["files"][0]["status"] == "ingested"
+    assert seen_busy, "status was never asked while a model request ran"
+    # the evidence-only ask ran before or after the ingest: either way its evidence is real
+    assert evidence["evidence"] and evidence["method"]["select"] == "bm25"
+    # after the ingest the new story is found
+    after = json.loads(evsel("ask", "Who rang the fog bell?", "--evidence-only", "--top-n", "1", "--json").stdout)
+    assert "Edith Crane" in after["evidence"][0]["text"]
+
+
+def test_scope_data_is_served_from_memory_and_invalidated(home, sample_ingested, tmp_path):
+    def counts():
+        cache = status(home)["cache"]
+        return cache.get("bm25", {"hits": 0, "misses": 0}), cache.get("chunks", {"hits": 0, "misses": 0})
+
+    ask = ("ask", "What did the keeper write in the log?", "--evidence-only", "--doc", "1", "--json")
+    first = json.loads(evsel(*ask).stdout)
+    bm25_before, chunks_before = counts()
+    second = json.loads(evsel(*ask).stdout)
+    bm25_after, chunks_after = counts()
+    assert bm25_after["hits"] == bm25_before["hits"] + 1 and bm25_after["misses"] == bm25_before["misses"]
+    assert chunks_after["hits"] == chunks_before["hits"] + 1
+    assert _without_timings(first) == _without_timings(second)
+
+    # a changed document is never answered from the old entries
+    story = tmp_path / "story.md"
+    story.write_text("# Notes\n\nThe lamp was lit by Agnes Moor.\n")
+    doc_id = json.loads(evsel("ingest", str(story), "--json").stdout)["files"][0]["doc_ids"][0]
+    ask_new = ("ask", "Who lit the lamp?", "--evidence-only", "--doc", str(doc_id), "--json")
+    assert "Agnes Moor" in json.loads(evsel(*ask_new).stdout)["evidence"][0]["text"]
+    story.write_text("# Notes\n\nThe lamp was lit by Wilfred Tarn.\n")
+    evsel("ingest", str(story))
+    assert "Wilfred Tarn" in json.loads(evsel(*ask_new).stdout)["evidence"][0]["text"]
+    evsel("docs", "rm", str(doc_id))
+    gone = evsel(*ask_new, check=False)
+    assert gone.returncode == 1 and f"no document with id {doc_id}" in gone.stderr
