@@ -18,7 +18,8 @@ RESULTS = HERE / "results"
 OUT = HERE.parent / "docs" / "RESULTS.md"
 
 # the order datasets appear in; others follow alphabetically
-ORDER = ["locomo", "fairytaleqa", "fairytaleqa-concat23", "musique", "hotpotqa", "mmlongbench", "financebench", "nocha"]
+ORDER = ["locomo", "fairytaleqa", "fairytaleqa-concat23", "musique", "hotpotqa", "mmlongbench", "financebench", "nocha",
+         "locomo-generate", "fairytaleqa-generate"]
 
 
 def f3(value) -> str:
@@ -44,7 +45,7 @@ def eval_section(path: Path, result: dict) -> list[str]:
     data, config, methods = result["dataset"], result["config"], result["methods"]
     ks = config["k"]
     hk = 5 if 5 in ks else ks[len(ks) // 2]
-    title = data["name"]
+    title = path.stem[len("eval-"):]
     out = [f"### {title}", ""]
     out += provenance(result.get("run", {}))
     out.append(f"- data: {data['questions']} questions ({data['questions_with_gold']} with gold evidence) of "
@@ -199,7 +200,7 @@ def main() -> int:
     evals: dict[str, tuple[Path, dict]] = {}
     for path in sorted(RESULTS.glob("eval-*.json")):
         result = json.loads(path.read_text())
-        evals[result["dataset"]["name"]] = (path, result)
+        evals[path.stem[len("eval-"):]] = (path, result)  # e.g. locomo, locomo-generate
     order = [n for n in ORDER if n in evals] + sorted(n for n in evals if n not in ORDER)
     scaling = json.loads((RESULTS / "scaling.json").read_text()) if (RESULTS / "scaling.json").exists() else None
     throughput = json.loads((RESULTS / "throughput.json").read_text()) if (RESULTS / "throughput.json").exists() else None

@@ -266,8 +266,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest BM25 corpus (rank-bm25 keeps a Python dict per chunk: 10^6 needs ~6 GB)")
     parser.add_argument("--bm25-per-ask-max", type=int, default=100_000,
                         help="largest corpus for the per-ask BM25 timing (tokenizes every chunk each ask)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for every part (default 1: on a CPU shared with other jobs, spin-waiting "
+                             "OpenMP threads make multi-threaded timings meaningless; the roofline uses the same)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "throughput.json")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     from evsel.models.backbone import Backbone
 

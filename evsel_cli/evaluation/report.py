@@ -105,7 +105,9 @@ def plot(result: dict, path: Path) -> None:
         if all(v is not None for v in values):
             ax.plot(ks, values, marker="o", label=spec)
     data = result["dataset"]
-    ax.set_title(f"{data['name']}: evidence recall@k ({data['questions_with_gold']} questions)")
+    counted = max((m.get("with_gold", 0) for m in result["methods"].values()), default=0)
+    apart = f", {'/'.join(data['separate_groups'])} apart" if data.get("separate_groups") else ""
+    ax.set_title(f"{data['name']}: evidence recall@k ({counted} questions{apart})")
     ax.set_xlabel("k (chunks selected)")
     ax.set_ylabel("recall@k")
     ax.set_xticks(ks)
