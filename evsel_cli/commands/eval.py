@@ -52,10 +52,11 @@ def eval_command(ctx, dataset, methods, ks, generate, limit, split, concat, data
                  max_new_tokens, per_question, plot_path, as_json):
     """Measure evidence selection (and answers) on a benchmark, every method on the same chunks.
 
-    DATASET is one of: locomo, fairytaleqa, musique, hotpotqa, mmlongbench, financebench, nocha,
-    or a .jsonl file of your own (one object a line: question, answer, document path(s), and
-    evidence strings or spans; see docs). Documents are chunked in memory exactly as ingest does;
-    the store is not touched. Reports recall@k (share of gold evidence found in the top k),
+    DATASET is one of: locomo, fairytaleqa, musique, hotpotqa, mmlongbench, financebench, nocha
+    (read from --data-dir), or a .jsonl file of your own, one object a line: {"question": ...,
+    "answer": ... or [...], "document": PATH or "documents": [PATH, ...] (relative to the file),
+    "evidence": [TEXT, ...] and/or "evidence_spans": [{"document": PATH, "start": N, "end": N}]}.
+    Documents are chunked in memory exactly as ingest does; the store is not touched. Reports recall@k (share of gold evidence found in the top k),
     all@k (every piece found), MRR and per-stage latency; with --generate, answer EM/F1 (SQuAD
     normalisation), LoCoMo's F1 and NoCha's pair accuracy.
     """
