@@ -184,7 +184,8 @@ def headline(evals: dict[str, dict], throughput: dict | None) -> list[str]:
         m = r["methods"]
         parts = [f"{spec} {m[spec]['recall@5']:.3f}" for spec in ("bm25", "dense", "random") if spec in m
                  and m[spec].get("recall@5") is not None]
-        out.append(f"- {name}: recall@5 " + ", ".join(parts) + f" ({r['dataset']['questions_with_gold']} questions"
+        counted = max(x.get("with_gold", 0) for x in m.values())
+        out.append(f"- {name}: recall@5 " + ", ".join(parts) + f" ({counted} questions"
                    + (f"; {', '.join(r['dataset']['separate_groups'])} apart" if r["dataset"]["separate_groups"] else "")
                    + ")")
     if throughput:
