@@ -46,6 +46,7 @@ log = logging.getLogger("evsel.daemon")
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before the daemon exits
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
 LOCAL_ONLY = frozenset({"cached", "scope_chunks"})  # engine helpers that take or return live objects
+RECONCILE_S = 2.0  # how often the watch list is re-read from the store
 LOG_BYTES = 2 << 20
 LOG_BACKUPS = 3
 
@@ -118,6 +119,7 @@ class Daemon:
         self.resumed: list[str] = []
         self.sock: socket.socket | None = None
         self.watcher: watcher.Watcher | None = None
+        self.reconciled = time.monotonic()
 
     # start-up
     def run(self) -> int:
@@ -194,6 +196,7 @@ class Daemon:
         try:
             engine = self._engine_for(self.preload_model, self.preload_device, "/")
             started = time.perf_counter()
+            _ = engine.backbone.tokenizer  # first: an ingest needs only this, and need not wait for the model
             _ = engine.backbone.model
             self.preload_state = "done"
             log.info("backbone loaded: %s on %s in %.1fs", engine.backbone.name, engine.backbone.plan.device,
@@ -215,6 +218,8 @@ class Daemon:
                 if self._idle_expired():
                     log.info("idle for %.0fs: shutting down", self.idle_timeout)
                     break
+                if time.monotonic() - self.reconciled > RECONCILE_S:
+                    self._reconcile_watches()
                 if not self._socket_is_ours():
                     log.info("the socket %s was removed or replaced: nobody can reach this daemon, stopping",
                              self.files.socket)
@@ -228,6 +233,24 @@ class Daemon:
                 self.clients += 1
                 self.last_activity = time.monotonic()
             threading.Thread(target=self._serve, args=(conn,), name="evsel-client", daemon=True).start()
+
+    def _reconcile_watches(self) -> None:
+        """Follow the store's watch list, which another process (evsel --no-daemon watch) may change."""
+        self.reconciled = time.monotonic()
+        try:
+            with self.status_lock:
+                rows = {r["path"]: r["collection"] for r in watcher.watch_rows(self.status_store.db)}
+        except Exception as exc:  # noqa: BLE001  a locked store now is fine next time
+            log.warning("reading the watch list failed: %s", exc)
+            return
+        current = {root: entry["collection"] for root, entry in list(self.watcher.roots.items())}
+        for root, collection in rows.items():
+            if current.get(root) != collection:
+                log.info("watch %s (collection %s): found in the store", root, collection)
+                self.watcher.watch(root, collection)
+        for root in set(current) - set(rows):
+            log.info("watch %s: no longer in the store", root)
+            self.watcher.unwatch(root)
 
     def _socket_is_ours(self) -> bool:
         try:

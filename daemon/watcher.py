@@ -144,6 +144,8 @@ class Watcher:
         with self.lock:
             current = self.roots.get(root)
             if current is not None:
+                if current["collection"] == collection:
+                    return  # already watched as asked
                 current["collection"] = collection
             else:
                 entry = {"collection": collection, "watch": None, "error": None}

@@ -103,3 +103,28 @@ def daemon_home(evsel_home, monkeypatch):
         yield evsel_home
     finally:
         kill_daemon(evsel_home)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """The CLI's main() in this process (no interpreter start-up): exit code, stdout, stderr."""
+    from evsel.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def docs_by_name(collection: str | None = None) -> dict[str, dict]:
+    """Documents by file name, read through the daemon's fast path (the real client, no new process)."""
+    from evsel.daemon.client import DaemonClient
+
+    client = DaemonClient()
+    try:
+        return {d["path"].rsplit("/", 1)[-1]: d for d in client.docs_list(collection)}
+    except Exception as exc:  # noqa: BLE001
+        if "no collection named" in str(exc):
+            return {}
+        raise
+    finally:
+        client.close()

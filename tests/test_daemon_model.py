@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from daemon_helpers import evsel, kill_daemon, kill_process, pid_of, status, use_daemon, wait_for
+from daemon_helpers import evsel, kill_daemon, kill_process, pid_of, run_cli, status, use_daemon, wait_for
+from evsel.errors import NotFoundError
 
 pytestmark = pytest.mark.model
 
@@ -47,8 +48,9 @@ def _without_timings(result: dict) -> dict:
     return {k: v for k, v in result.items() if k != "timings"}
 
 
-def test_daemon_and_in_process_give_the_same_results(home, sample_ingested):
+def test_daemon_and_in_process_give_the_same_results(home, sample_ingested, capsys):
     assert pid_of(home) is not None  # ingest started the daemon
+    # whole processes, as a user runs them: the in-process one loads the model itself
     ask = ("ask", QUESTION, "--max-new-tokens", "12", "--json")
     through_daemon = json.loads(evsel(*ask).stdout)
     in_process = json.loads(evsel("--no-daemon", *ask).stdout)
@@ -56,20 +58,24 @@ def test_daemon_and_in_process_give_the_same_results(home, sample_ingested):
     assert _without_timings(through_daemon) == _without_timings(in_process)
     assert any("Pryce killed Ambrose Tenterden" in e["text"] for e in through_daemon["evidence"])
 
+    # the rest through main() in this process (a DaemonClient, or an Engine with --no-daemon)
     for args in (("ask", QUESTION, "--evidence-only", "--top-n", "3", "--json"), ("docs", "list", "--json"),
-                 ("docs", "show", "1", "--chunks", "--json")):
-        daemon_out = json.loads(evsel(*args).stdout)
-        local_out = json.loads(evsel("--no-daemon", *args).stdout)
-        if isinstance(daemon_out, dict):
-            daemon_out, local_out = _without_timings(daemon_out), _without_timings(local_out)
+                 ("docs", "show", "1", "--chunks", "--json"), ("ask", QUESTION, "--evidence-only")):
+        daemon_code, daemon_out, daemon_err = run_cli(capsys, *args)
+        local_code, local_out, local_err = run_cli(capsys, "--no-daemon", *args)
+        assert daemon_code == local_code == 0 and daemon_err == local_err, args
+        if "--json" in args:
+            daemon_out, local_out = json.loads(daemon_out), json.loads(local_out)
+            if isinstance(daemon_out, dict):
+                daemon_out, local_out = _without_timings(daemon_out), _without_timings(local_out)
         assert daemon_out == local_out, args
-    # human output too
-    assert evsel("ask", QUESTION, "--evidence-only").stdout == evsel("--no-daemon", "ask", QUESTION,
-                                                                       "--evidence-only").stdout
 
 
-def test_bad_requests_fail_alone_with_the_in_process_messages(home, sample_ingested, tmp_path):
+def test_bad_requests_fail_alone_with_the_in_process_messages(home, sample_ingested, tmp_path, capsys,
+                                                              monkeypatch):
     pid = pid_of(home)
+    (tmp_path / "empty.txt").write_text("")
+    monkeypatch.chdir(tmp_path)  # relative paths are the client's, whatever the daemon's directory
     bad = [
         ("ask", ""),
         ("ask", QUESTION, "--doc", "999"),
@@ -78,21 +84,23 @@ def test_bad_requests_fail_alone_with_the_in_process_messages(home, sample_inges
         ("ask", QUESTION, "--top-n", "0"),
         ("docs", "show", "999"),
         ("docs", "rm", "1", "999"),
-        ("ingest", "missing-book.txt"),  # relative: resolved in the client's directory, named as typed
-        ("ingest", str(tmp_path / "empty.txt")),
+        ("ingest", "missing-book.txt"),  # named as typed, in both modes
+        ("ingest", "empty.txt"),
         ("ingest", "--chunk-tokens", "3", "x.txt"),
         ("--model", "no-such-model.gguf", "ask", QUESTION),
     ]
-    (tmp_path / "empty.txt").write_text("")
     for args in bad:
-        through_daemon = evsel(*args, check=False, cwd=str(tmp_path))
-        in_process = evsel("--no-daemon", *args, check=False, cwd=str(tmp_path))
-        assert through_daemon.returncode == in_process.returncode == 1, args
-        assert through_daemon.stderr == in_process.stderr, args
-        assert through_daemon.stderr.startswith("evsel: error: "), args
+        through_daemon = run_cli(capsys, *args)
+        in_process = run_cli(capsys, "--no-daemon", *args)
+        assert through_daemon == in_process, args
+        code, _, err = through_daemon
+        assert code == 1 and err.startswith("evsel: error: "), (args, err)
+    # one as a whole process too
+    result = evsel("ask", QUESTION, "--doc", "999", check=False)
+    assert result.returncode == 1 and result.stderr.startswith("evsel: error: no document with id 999")
     info = status(home)
     assert info["pid"] == pid  # still the same daemon
-    assert evsel("docs", "show", "1").returncode == 0  # nothing was removed by the failed rm
+    assert run_cli(capsys, "docs", "show", "1")[0] == 0  # nothing was removed by the failed rm
 
 
 def test_concurrent_clients_are_all_served(home, sample_ingested, tmp_path):
@@ -135,28 +143,34 @@ def test_concurrent_clients_are_all_served(home, sample_ingested, tmp_path):
 
 
 def test_scope_data_is_served_from_memory_and_invalidated(home, sample_ingested, tmp_path):
+    from evsel.daemon.client import DaemonClient
+
     def counts():
         cache = status(home)["cache"]
         return cache.get("bm25", {"hits": 0, "misses": 0}), cache.get("chunks", {"hits": 0, "misses": 0})
 
-    ask = ("ask", "What did the keeper write in the log?", "--evidence-only", "--doc", "1", "--json")
-    first = json.loads(evsel(*ask).stdout)
-    bm25_before, chunks_before = counts()
-    second = json.loads(evsel(*ask).stdout)
-    bm25_after, chunks_after = counts()
-    assert bm25_after["hits"] == bm25_before["hits"] + 1 and bm25_after["misses"] == bm25_before["misses"]
-    assert chunks_after["hits"] == chunks_before["hits"] + 1
-    assert _without_timings(first) == _without_timings(second)
+    client = DaemonClient()
+    try:
+        ask = dict(question="What did the keeper write in the log?", doc_ids=[1], evidence_only=True)
+        first = client.ask(**ask)
+        bm25_before, chunks_before = counts()
+        second = client.ask(**ask)
+        bm25_after, chunks_after = counts()
+        assert bm25_after["hits"] == bm25_before["hits"] + 1 and bm25_after["misses"] == bm25_before["misses"]
+        assert chunks_after["hits"] == chunks_before["hits"] + 1
+        assert _without_timings(first) == _without_timings(second)
 
-    # a changed document is never answered from the old entries
-    story = tmp_path / "story.md"
-    story.write_text("# Notes\n\nThe lamp was lit by Agnes Moor.\n")
-    doc_id = json.loads(evsel("ingest", str(story), "--json").stdout)["files"][0]["doc_ids"][0]
-    ask_new = ("ask", "Who lit the lamp?", "--evidence-only", "--doc", str(doc_id), "--json")
-    assert "Agnes Moor" in json.loads(evsel(*ask_new).stdout)["evidence"][0]["text"]
-    story.write_text("# Notes\n\nThe lamp was lit by Wilfred Tarn.\n")
-    evsel("ingest", str(story))
-    assert "Wilfred Tarn" in json.loads(evsel(*ask_new).stdout)["evidence"][0]["text"]
-    evsel("docs", "rm", str(doc_id))
-    gone = evsel(*ask_new, check=False)
-    assert gone.returncode == 1 and f"no document with id {doc_id}" in gone.stderr
+        # a changed document is never answered from the old entries
+        story = tmp_path / "story.md"
+        story.write_text("# Notes\n\nThe lamp was lit by Agnes Moor.\n")
+        doc_id = client.ingest([str(story)])[0]["doc_ids"][0]
+        ask_new = dict(question="Who lit the lamp?", doc_ids=[doc_id], evidence_only=True)
+        assert "Agnes Moor" in client.ask(**ask_new)["evidence"][0]["text"]
+        story.write_text("# Notes\n\nThe lamp was lit by Wilfred Tarn.\n")
+        client.ingest([str(story)])
+        assert "Wilfred Tarn" in client.ask(**ask_new)["evidence"][0]["text"]
+        client.docs_rm([doc_id])
+        with pytest.raises(NotFoundError, match=f"no document with id {doc_id}"):
+            client.ask(**ask_new)
+    finally:
+        client.close()
