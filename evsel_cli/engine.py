@@ -143,6 +143,7 @@ class Engine:
                                   sum(d["n_chunks"] for d in existing), time.perf_counter() - started)
             on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": 0, "total": 1})
             parsed = parse_file(path, kind, warnings)
+            on_event({"type": "progress", "task": "parse", "label": f"read {path.name}", "done": 1, "total": 1})
             for message in warnings:
                 on_event({"type": "warning", "message": message})
             docs = []
