@@ -21,7 +21,7 @@ from evsel import __version__
 from evsel.errors import EvselError, from_dict
 
 from . import runtime
-from .protocol import PROTOCOL_VERSION, LineReader, ProtocolError, encode
+from .protocol import PROTOCOL_VERSION, LineReader, ProtocolError, encode, forwarded_env
 from .runtime import DaemonError, DaemonFiles
 
 START_TIMEOUT = float(os.environ.get("EVSEL_DAEMON_START_TIMEOUT", "120"))
@@ -53,7 +53,8 @@ class Connection:
         """Send one request and wait for its result, relaying events. Ctrl-C cancels it."""
         request_id = uuid.uuid4().hex[:12]
         message = {"v": PROTOCOL_VERSION, "id": request_id, "type": "request", "method": method,
-                   "params": params or {}, "cwd": _cwd(), "client": {"pid": os.getpid(), "version": __version__}}
+                   "params": params or {}, "cwd": _cwd(), "client": {"pid": os.getpid(), "version": __version__},
+                   "env": {k: v for k, v in os.environ.items() if forwarded_env(k)}}
         if engine is not None:
             message["engine"] = engine
         try:

@@ -15,6 +15,17 @@ FAST_METHODS = frozenset(
 )
 
 
+# EVSEL_* variables that describe the daemon itself, or that travel as explicit request fields;
+# every other EVSEL_* variable of the client is sent with a model request and set while it runs,
+# so engine code that reads one (EVSEL_ENCODE, ...) sees the client's value, as in-process.
+DAEMON_OWN_ENV = frozenset({"EVSEL_HOME", "EVSEL_MODEL_CACHE", "EVSEL_MODEL", "EVSEL_DEVICE", "EVSEL_NO_DAEMON"})
+
+
+def forwarded_env(name: str) -> bool:
+    return (name.startswith("EVSEL_") and name not in DAEMON_OWN_ENV
+            and not name.startswith(("EVSEL_DAEMON_", "EVSEL_WATCH_")))
+
+
 class ProtocolError(Exception):
     """The other side sent something that is not this protocol."""
 

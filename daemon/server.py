@@ -39,7 +39,7 @@ from evsel.store import DEFAULT_COLLECTION, Store
 
 from . import runtime, watcher
 from .cache import CachingStore, DaemonEngine, MemoCache
-from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
+from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode, forwarded_env
 
 log = logging.getLogger("evsel.daemon")
 
@@ -73,6 +73,7 @@ class Job:
         self.client_pid = client_pid
         self.task = task  # internal jobs: a callable(engine, emit) instead of an engine method
         self.label = label or method
+        self.env: dict[str, str] | None = None  # the client's EVSEL_* variables; None: the daemon's own
         self.outbox: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.cancel_reason = "cancelled"
@@ -358,6 +359,9 @@ class Daemon:
         engine_args = message.get("engine") or {}
         job = Job(method, params, cwd=message.get("cwd") or "/", model=engine_args.get("model"),
                   device=engine_args.get("device") or "auto", client_pid=(message.get("client") or {}).get("pid"))
+        env = message.get("env")
+        if isinstance(env, dict):
+            job.env = {str(k): str(v) for k, v in env.items() if forwarded_env(str(k))}
         job.id = request_id
         position = self._enqueue(job)
         _send(conn, {"v": PROTOCOL_VERSION, "id": request_id, "type": "accepted", "queue_position": position})
@@ -558,7 +562,7 @@ class Daemon:
             self.last_activity = time.monotonic()
             status = "ok"
             try:
-                with _cwd(job.cwd):
+                with _cwd(job.cwd), _env(job.env):
                     result = self._run(job)
                 job.outbox.put({"type": "result", "result": result, "meta": self._meta(job)})
             except RequestCancelled:
@@ -760,6 +764,24 @@ def _cwd(path: str):
         yield
     finally:
         os.chdir("/")
+
+
+@contextmanager
+def _env(env: dict[str, str] | None):
+    """Run a job with its client's EVSEL_* variables in place of the daemon's (the model thread only)."""
+    if env is None:
+        yield
+        return
+    saved = {k: v for k, v in os.environ.items() if forwarded_env(k)}
+    for key in saved:
+        del os.environ[key]
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if forwarded_env(k)]:
+            del os.environ[key]
+        os.environ.update(saved)
 
 
 def _rss_mb() -> float | None:

@@ -238,3 +238,45 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path):
     evsel("ingest", evsel("sample").stdout.strip())
     assert evsel_json("docs", "list")[-1]["title"] == "The Gull Point Light"
     assert pid_of(daemon_home) == pid
+
+
+def test_jobs_run_with_the_clients_evsel_variables(monkeypatch):
+    from evsel.daemon.protocol import forwarded_env
+    from evsel.daemon.server import _env
+
+    assert forwarded_env("EVSEL_ENCODE") and forwarded_env("EVSEL_DEBUG")
+    for own in ("EVSEL_HOME", "EVSEL_MODEL_CACHE", "EVSEL_NO_DAEMON", "EVSEL_DAEMON_IDLE", "EVSEL_WATCH_DEBOUNCE",
+                "EVSEL_MODEL", "HOME"):
+        assert not forwarded_env(own)
+    monkeypatch.setenv("EVSEL_ENCODE", "1")
+    monkeypatch.setenv("EVSEL_DEBUG", "1")
+    home = os.environ["EVSEL_HOME"]
+    with _env({"EVSEL_ENCODE": "0"}):
+        assert os.environ["EVSEL_ENCODE"] == "0"
+        assert "EVSEL_DEBUG" not in os.environ  # the client did not set it
+        assert os.environ["EVSEL_HOME"] == home  # the daemon's own stay
+    assert os.environ["EVSEL_ENCODE"] == "1" and os.environ["EVSEL_DEBUG"] == "1"
+    with _env(None):  # the daemon's own jobs
+        assert os.environ["EVSEL_ENCODE"] == "1"
+
+
+def test_memo_cache_drops_the_entries_of_changed_documents():
+    from evsel.daemon.cache import MemoCache
+
+    memo = MemoCache(max_entries=3)
+    builds = []
+
+    def build(value):
+        return lambda: builds.append(value) or value
+
+    assert memo.get_or_build("bm25", ("a",), lambda _v: {1, 2}, build("A")) == "A"
+    assert memo.get_or_build("bm25", ("a",), lambda _v: {1, 2}, build("A2")) == "A"  # a hit
+    memo.get_or_build("bm25", ("b",), lambda _v: {3}, build("B"))
+    assert memo.invalidate({2}) == 1
+    assert memo.get_or_build("bm25", ("a",), lambda _v: {1, 2}, build("A3")) == "A3"  # rebuilt
+    assert memo.get_or_build("bm25", ("b",), lambda _v: {3}, build("B2")) == "B"  # untouched
+    for key in "cde":  # the least recently used go first
+        memo.get_or_build("chunks", (key,), lambda _v: set(), build(key))
+    assert memo.stats()["entries"] == 3
+    assert builds == ["A", "B", "A3", "c", "d", "e"]
+    assert memo.stats()["bm25"] == {"hits": 2, "misses": 3, "hit_rate": 0.4}

@@ -1,0 +1,158 @@
+"""Whole-process `evsel ask` with a warm daemon vs `--no-daemon`, on a book, in the same run.
+
+    python bench/daemon.py                       # Sherlock Holmes from ../shared/data/nocha
+    python bench/daemon.py --questions 5 --out bench/results/daemon.json
+
+Each question is asked twice as a user would, timed from process start to exit: once with
+`--no-daemon` (the process imports torch, loads the model, reads the chunks, ranks, generates) and
+once through a warm daemon (already started, model loaded, one warm-up question asked before the
+timed ones). Cold and warm runs alternate so they see the same machine load. The warm ask's time
+is broken down into client start (process start until the daemon has the request: interpreter,
+imports, connect, version check), queue, the engine's own scope/select/generate, and client finish
+(reply to exit: printing). Both answers must be identical. The same is repeated with
+--evidence-only (no generation). Runs in a temporary EVSEL_HOME; the model cache is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = ROOT.parent / "shared" / "data" / "nocha" / "books" / "the_adventures_of_sherlock_holmes_arthur_conan_doyle.txt"
+QUESTIONS = [
+    "Where did the King of Bohemia meet Irene Adler?",
+    "What work did Jabez Wilson do for the Red-Headed League?",
+    "What was the speckled band?",
+    "Where was the blue carbuncle found?",
+    "Who was the man with the twisted lip?",
+]
+WARM_UP = "Who is Sherlock Holmes's friend?"
+
+
+def evsel(args: list[str], env: dict, check: bool = True) -> tuple[float, float, subprocess.CompletedProcess]:
+    started_wall = time.time()
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "evsel", *args], capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - started
+    if check and result.returncode != 0:
+        raise SystemExit(f"evsel {' '.join(args)} failed: {result.stderr}")
+    return started_wall, elapsed, result
+
+
+def daemon_status(env: dict) -> dict:
+    return json.loads(evsel(["daemon", "status", "--json"], env)[2].stdout)
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--book", type=Path, default=BOOK, help="the book to ask about")
+    parser.add_argument("--questions", type=int, default=3, help="timed questions (each cold and warm)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="answer length limit (the CLI default)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "daemon.json")
+    args = parser.parse_args()
+    if not args.book.is_file():
+        raise SystemExit(f"{args.book} is absent: the shared benchmark data is not checked out beside the project")
+
+    home = Path(tempfile.mkdtemp(prefix="evsel-bench-daemon-"))
+    os.chmod(home, 0o700)
+    env = dict(os.environ, EVSEL_HOME=str(home))
+    env.pop("EVSEL_NO_DAEMON", None)
+    env.pop("EVSEL_DAEMON_BUILD", None)
+    if "EVSEL_MODEL_CACHE" not in env:  # share the dense model copy with the user's default home
+        import platformdirs
+
+        env["EVSEL_MODEL_CACHE"] = str(Path(platformdirs.user_data_dir("evsel")) / "models")
+    record: dict = {"book": str(args.book), "home": str(home), "max_new_tokens": args.max_new_tokens,
+                    "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                                "cpus": os.cpu_count(), "load_average_before": load_average()}}
+    try:
+        _, ingest_s, _ = evsel(["--no-daemon", "ingest", str(args.book)], env)
+        record["ingest_s"] = round(ingest_s, 2)
+        # a cold ask first, so the dense model copy and the OS file cache are warm for every timed run
+        evsel(["--no-daemon", "ask", WARM_UP, "--max-new-tokens", "1"], env)
+
+        _, start_s, _ = evsel(["daemon", "start"], env)
+        record["daemon_start_s"] = round(start_s, 2)
+        deadline = time.monotonic() + 600
+        while daemon_status(env)["preload"] != "done":
+            if time.monotonic() > deadline:
+                raise SystemExit("the daemon did not load the model within 10 minutes")
+            time.sleep(0.5)
+        evsel(["ask", WARM_UP, "--max-new-tokens", str(args.max_new_tokens)], env)  # warm-up, not timed
+
+        modes = {"answer": ["--max-new-tokens", str(args.max_new_tokens)], "evidence_only": ["--evidence-only"]}
+        for mode, extra in modes.items():
+            runs = []
+            for question in QUESTIONS[: args.questions]:
+                ask = ["ask", question, "--json", *extra]
+                _, cold_s, cold = evsel(["--no-daemon", *ask], env)
+                started_wall, warm_s, warm = evsel(ask, env)
+                cold_result, warm_result = json.loads(cold.stdout), json.loads(warm.stdout)
+                request = daemon_status(env)["recent"][-1]
+                assert request["method"] == "ask" and request["status"] == "ok", request
+                timings = warm_result["timings"]
+                daemon_done = request["received_at"] + request["queue_s"] + request["run_s"]
+                runs.append({
+                    "question": question,
+                    "cold_s": round(cold_s, 3),
+                    "warm_s": round(warm_s, 3),
+                    "ratio": round(warm_s / cold_s, 4),
+                    "identical": {k: v for k, v in cold_result.items() if k != "timings"}
+                    == {k: v for k, v in warm_result.items() if k != "timings"},
+                    "cold_timings": cold_result["timings"],
+                    "warm_breakdown": {
+                        "client_start_s": round(request["received_at"] - started_wall, 3),
+                        "queue_s": request["queue_s"],
+                        "scope_s": timings.get("scope_s"),
+                        "select_s": timings.get("select_s"),
+                        "generate_s": timings.get("generate_s", 0.0),
+                        "daemon_run_s": request["run_s"],
+                        "client_finish_s": round(started_wall + warm_s - daemon_done, 3),
+                    },
+                    "answer": warm_result["answer"],
+                })
+                print(f"{mode:13s} cold {cold_s:6.2f}s  warm {warm_s:6.2f}s  ratio {warm_s / cold_s:.3f}  "
+                      f"{question}", flush=True)
+            cold = statistics.median(r["cold_s"] for r in runs)
+            warm = statistics.median(r["warm_s"] for r in runs)
+            breakdown = {key: round(statistics.median(r["warm_breakdown"][key] or 0.0 for r in runs), 3)
+                         for key in runs[0]["warm_breakdown"]}
+            record[mode] = {"cold_median_s": round(cold, 3), "warm_median_s": round(warm, 3),
+                            "ratio_of_medians": round(warm / cold, 4), "target_ratio": 0.1,
+                            "all_identical": all(r["identical"] for r in runs),
+                            "warm_breakdown_median": breakdown, "runs": runs}
+        info = daemon_status(env)
+        record["daemon"] = {k: info[k] for k in ("build", "memory_mb", "cache", "backbones")}
+    finally:
+        subprocess.run([sys.executable, "-m", "evsel", "daemon", "stop"], env=env, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+    record["machine"]["load_average_after"] = load_average()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    for mode in ("answer", "evidence_only"):
+        r = record[mode]
+        print(f"{mode}: cold {r['cold_median_s']}s, warm {r['warm_median_s']}s, ratio {r['ratio_of_medians']} "
+              f"(target <= 0.1), identical: {r['all_identical']}; warm breakdown {r['warm_breakdown_median']}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
