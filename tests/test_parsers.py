@@ -316,7 +316,9 @@ def test_transcript_speakers_sessions_and_times(tmp_path, backbone_tokenizer):
     # a line without a speaker continues the turn before it
     assert doc.text[turns[1].start:turns[1].end] == "Bob: Yes, the lamp was out. It had been out since Tuesday.\n"
     headers = [s for s in doc.segments if not s.atomic]
-    assert [(s.session, s.time, s.break_before) for s in headers] == [("1", "2023-05-08", False), ("2", "9 May 2023", True)]
+    assert [(s.session, s.time, s.break_before) for s in headers] == [
+        ("1", "2023-05-08", False), ("2", "9 May 2023", True),
+    ]
     chunks = chunk_document(doc, backbone_tokenizer)
     assert [c.record()["session"] for c in chunks] == ["1", "2"]
     assert chunks[1].record()["speakers"] == ["Alice", "Bob"]
