@@ -26,8 +26,8 @@ def daemon():
 
     Every command that needs the engine talks to the daemon over a Unix socket in EVSEL_HOME and
     starts it when it is not running; --no-daemon (env EVSEL_NO_DAEMON=1) runs in-process
-    instead, with the same results. Model work (ingest, ask, eval, train) queues; status and
-    document listings never wait. Log: EVSEL_HOME/daemon.log.
+    instead, with the same results. Requests that use the model (ingest, ask, ...) queue;
+    status and document listings never wait. Log: EVSEL_HOME/daemon.log.
     """
 
 
