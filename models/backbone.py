@@ -244,6 +244,12 @@ class Backbone:
         import torch
         from transformers import AutoModelForCausalLM, GgufConfig
 
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+        # The GGUF converter draws a bare tqdm bar that no transformers switch silences.
+        bar = getattr(gguf_utils, "tqdm", None)
+        if bar is not None:
+            gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 str(self.path.parent),
@@ -254,6 +260,9 @@ class Backbone:
             )
         except Exception as exc:
             raise ModelError(f"cannot read the GGUF file {self.path}: {exc}", "check the file") from exc
+        finally:
+            if bar is not None:
+                gguf_utils.tqdm = bar
         _save_atomically(target, model.save_pretrained)
 
     @property
