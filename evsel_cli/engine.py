@@ -242,6 +242,8 @@ class Engine:
         timings["scope_s"] = time.perf_counter() - started
 
         selector = get_selector(select, engine=self)
+        if hasattr(selector, "on_event"):  # selectors that may encode chunks show a progress bar
+            selector.on_event = on_event
         if selector.needs_model or not evidence_only:
             on_event({"type": "progress", "task": "load", "label": "loading the model", "done": 0, "total": 1})
             t = time.perf_counter()

@@ -19,6 +19,7 @@ class IntrinsicSelector(Selector):
 
     name = "intrinsic"
     needs_model = True
+    on_event = None  # progress callback for chunks encoded at ask time (set by the engine)
     LAYERS = (1, 2, 3, 4, 5, 6)
 
     def __init__(self, engine=None, layers: tuple[int, ...] | None = None, **_):
@@ -33,6 +34,7 @@ class IntrinsicSelector(Selector):
     def prepare(self, chunks: list[ChunkRecord], on_event=None) -> np.ndarray:
         from evsel.models import unreal
 
+        on_event = on_event or self.on_event
         key = tuple(c.content_hash for c in chunks)
         if self._scope is None or self._scope[0] != key:
             self._scope = (key, unreal.intrinsic_states(self.engine, chunks, self.layers, on_event))

@@ -4,6 +4,9 @@ C0, the passages the query pass reads before the question, are the top BM25 chun
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+
 import numpy as np
 
 from evsel.store import ChunkRecord
@@ -12,10 +15,17 @@ from . import get_selector, register
 from .base import Selector
 
 
+# Query vectors by (adapter, question, C0): `rrf:unreal` or a second method over the same
+# questions in one `evsel eval` run reuses the query pass instead of repeating it.
+_QUERIES: OrderedDict = OrderedDict()
+_MAX_QUERIES = 4096  # ~9 KB each
+
+
 @register("unreal")
 class UnrealSelector(Selector):
     name = "unreal"
     needs_model = True
+    on_event = None  # progress callback for chunks encoded at ask time (set by the engine)
 
     def __init__(self, engine=None, adapter: str | None = None, **_):
         from evsel.engine import Engine
@@ -25,12 +35,15 @@ class UnrealSelector(Selector):
         self.adapter = unreal.default_adapter(self.engine.backbone, adapter)
         self.query = unreal.UnrealQuery(self.engine.backbone, self.adapter)
         self.bm25 = get_selector("bm25", engine=self.engine)
+        tensors = b"".join(t.detach().numpy().tobytes() for t in self.adapter.trainable())
+        self._adapter_id = hashlib.sha256(tensors).hexdigest()
         self._scope: tuple[tuple, np.ndarray] | None = None  # last scope's stacked states
 
     def prepare(self, chunks: list[ChunkRecord], on_event=None) -> np.ndarray:
         """Chunk states of the scope, encoded now if not cached (index time)."""
         from evsel.models import unreal
 
+        on_event = on_event or self.on_event
         key = tuple(c.content_hash for c in chunks)
         if self._scope is None or self._scope[0] != key:
             cfg = self.adapter.config
@@ -49,5 +62,12 @@ class UnrealSelector(Selector):
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
         states = self.prepare(chunks)
-        queries = self.query.encode_question(question, self.context(question, chunks))
+        context = self.context(question, chunks)
+        key = (self.engine.backbone.fingerprint, self._adapter_id, question, tuple(context))
+        queries = _QUERIES.get(key)
+        if queries is None:
+            queries = self.query.encode_question(question, context)
+            _QUERIES[key] = queries
+            while len(_QUERIES) > _MAX_QUERIES:
+                _QUERIES.popitem(last=False)
         return self.query.score(queries, states).tolist()

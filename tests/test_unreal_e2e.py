@@ -1,0 +1,58 @@
+"""End to end with the real SmolLM2 and the shipped UNREAL adapter, through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evsel.paths import sample_story_path
+
+pytestmark = pytest.mark.model
+
+
+def test_ingest_encodes_then_ask_select_unreal_cites_evidence(capsys, monkeypatch):
+    from evsel.cli import main
+    from evsel.models import unreal
+    from evsel.store import Store
+
+    assert main(["ingest", "--encode", "--json", str(sample_story_path())]) == 0
+    ingested = json.loads(capsys.readouterr().out)
+    assert ingested["failed"] == 0
+    store = Store()
+    n_chunks = len(store.chunks())
+    assert store.count_states(method="unreal") == len({c.content_hash for c in store.chunks()})
+
+    def no_encoding(self, texts):  # states were computed at ingest: asking must not encode again
+        raise AssertionError(f"encoded {len(texts)} chunks at ask time")
+
+    monkeypatch.setattr(unreal.ChunkEncoder, "encode", no_encoding)
+    assert main(["ask", "--select", "unreal", "--evidence-only", "--top-n", "5", "--json",
+                 "Who killed Ambrose Tenterden?"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["method"]["select"] == "unreal"
+    assert result["method"]["candidates"] == n_chunks
+    assert result["answer"] is None
+    evidence = result["evidence"]
+    assert len(evidence) == 5
+    assert sorted(e["rank"] for e in evidence) == [1, 2, 3, 4, 5]
+    for item in evidence:
+        assert item["title"] and item["path"].endswith("the_gull_point_light.md")
+        assert 0 <= item["char_start"] < item["char_end"]
+        text = sample_story_path().read_text(encoding="utf-8")
+        assert " ".join(item["text"].split()) == " ".join(text[item["char_start"]:item["char_end"]].split())
+    assert any("Tenterden" in e["text"] for e in evidence)
+
+
+def test_ask_select_unreal_without_states_encodes_lazily(capsys, tmp_path):
+    from evsel.cli import main
+    from evsel.store import Store
+
+    short = tmp_path / "opening.txt"  # the story's first pages: a few chunks keep this quick
+    short.write_text(sample_story_path().read_text(encoding="utf-8")[:4000], encoding="utf-8")
+    assert main(["ingest", "--no-encode", str(short)]) == 0
+    capsys.readouterr()
+    assert Store().count_states(method="unreal") == 0
+    assert main(["ask", "--select", "unreal", "--evidence-only", "--json", "What did the keeper see from the gallery?"]) == 0
+    assert json.loads(capsys.readouterr().out)["evidence"]
+    assert Store().count_states(method="unreal") > 0
