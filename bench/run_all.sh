@@ -22,6 +22,7 @@ step() {
         locomo) eval_run locomo locomo --methods $BASE,rrf:dense ;;
         fairytaleqa) eval_run fairytaleqa fairytaleqa --split val --methods $BASE,rrf:dense ;;
         throughput) nice python bench/throughput.py ;;
+        daemon) python bench/daemon.py ;;  # not nice: it times whole processes as a user sees them
         scaling) nice python bench/scaling.py --questions 20 --methods $BASE ;;
         musique) eval_run musique musique --methods $BASE ;;
         hotpotqa) eval_run hotpotqa hotpotqa --methods $BASE ;;
@@ -35,7 +36,7 @@ step() {
     esac
 }
 
-STEPS=(locomo fairytaleqa throughput scaling musique hotpotqa mmlongbench financebench fairytaleqa-concat23 nocha
+STEPS=(locomo fairytaleqa throughput daemon scaling musique hotpotqa mmlongbench financebench fairytaleqa-concat23 nocha
        locomo-generate fairytaleqa-generate)
 for s in "${@:-${STEPS[@]}}"; do
     echo "== $s ($(date -u +%H:%M:%S))" >&2

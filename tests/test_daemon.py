@@ -280,3 +280,21 @@ def test_memo_cache_drops_the_entries_of_changed_documents():
     assert memo.stats()["entries"] == 3
     assert builds == ["A", "B", "A3", "c", "d", "e"]
     assert memo.stats()["bm25"] == {"hits": 2, "misses": 3, "hit_rate": 0.4}
+
+
+def test_daemon_run_stays_in_the_foreground_until_sigterm(daemon_home):
+    process = subprocess.Popen([sys.executable, "-m", "evsel", "daemon", "run", "--no-preload", "--idle-timeout", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (daemon_home / "daemon.sock").exists() and status(daemon_home), 60, "the daemon to listen")
+        info = status(daemon_home)
+        assert info["pid"] == process.pid and info["idle_timeout_s"] == 0
+        second = evsel("daemon", "run", check=False)  # one daemon per home
+        assert second.returncode == 1 and f"already running for {daemon_home} (pid {process.pid})" in second.stderr
+        process.send_signal(signal.SIGTERM)  # what systemctl stop sends
+        _, err = process.communicate(timeout=60)
+    finally:
+        kill_process(process)
+    assert process.returncode == 0
+    assert "evsel daemon: daemon started" in err and "evsel daemon: stopped" in err  # the log, on stderr too
+    assert not (daemon_home / "daemon.sock").exists() and not alive(daemon_home)
