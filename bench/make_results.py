@@ -80,7 +80,8 @@ def eval_section(path: Path, result: dict) -> list[str]:
     separate = data.get("separate_groups") or []
     if separate:
         out.append(f"\nHeadline rows exclude {', '.join(separate)}; it is in the breakdown below.")
-    groups = sorted({g for m in methods.values() for g in m["groups"]})
+    # groups with no gold evidence (unanswerable questions) have no recall to show
+    groups = sorted({g for m in methods.values() for g, v in m["groups"].items() if v.get("with_gold")})
     if len(groups) > 1:
         out += ["", f"recall@{hk} by group (questions with gold evidence in brackets):", ""]
         first = next(iter(methods.values()))

@@ -78,7 +78,7 @@ def tables(result: dict) -> list[Table]:
         row.append(f"{m['index_s']:.1f}")
         main.add_row(*row)
     out = [main]
-    groups = sorted({g for m in methods.values() for g in m["groups"]})
+    groups = sorted({g for m in methods.values() for g, v in m["groups"].items() if v.get("with_gold")})
     if len(groups) > 1:
         by_group = Table(title=f"recall@{hk} by group (questions with gold)")
         by_group.add_column("method")
