@@ -7,7 +7,7 @@ import click
 
 from evsel.chunker import DEFAULT_CHUNK_TOKENS
 from evsel.errors import EvselError
-from evsel.output import ProgressView, print_json, stderr, stdout
+from evsel.output import ProgressView, print_json, stderr, stdout, warning
 
 from .common import engine_from, json_option
 
@@ -78,8 +78,10 @@ def eval_command(ctx, dataset, methods, ks, generate, limit, split, concat, data
         result = run(data, config, engine, on_event=view)
     result["run"] = run_info(["evsel", *sys.argv[1:]] if sys.argv and "evsel" in Path(sys.argv[0]).name else None)
     if plot_path is not None:
-        plot(result, plot_path)
-        result["plot"] = str(plot_path)
+        if plot(result, plot_path):
+            result["plot"] = str(plot_path)
+        else:
+            warning(f"no plot written to {plot_path}: no method has evidence recall here (no gold evidence)")
     if as_json:
         print_json(result)
         return
@@ -87,5 +89,5 @@ def eval_command(ctx, dataset, methods, ks, generate, limit, split, concat, data
         stdout.print(table)
     for note in result["dataset"]["notes"]:
         stderr.print(f"[dim]note: {note}[/]")
-    if plot_path is not None:
+    if "plot" in result:
         stderr.print(f"wrote {plot_path}")

@@ -91,14 +91,16 @@ def tables(result: dict) -> list[Table]:
     return out
 
 
-def plot(result: dict, path: Path) -> None:
-    """recall@k against k, one line per ranking method."""
+def plot(result: dict, path: Path) -> bool:
+    """recall@k against k, one line per ranking method. False (no file) when no method has recall."""
+    ks = result["config"]["k"]
+    if not any(all(m.get(f"recall@{k}") is not None for k in ks) for m in result["methods"].values()):
+        return False
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only
     import matplotlib.pyplot as plt
 
-    ks = result["config"]["k"]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for spec, m in result["methods"].items():
         values = [m.get(f"recall@{k}") for k in ks]
@@ -118,6 +120,7 @@ def plot(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+    return True
 
 
 def _cpu_model() -> str:
