@@ -56,7 +56,8 @@ def eval_section(path: Path, result: dict) -> list[str]:
         out.append(f"- {note}")
     out.append("")
     generate = config["generate"]
-    head = ["method"] + [f"R@{k}" for k in ks] + [f"all@{hk}", "MRR"]
+    ranked = any(m.get(f"recall@{ks[0]}") is not None for m in methods.values())  # NoCha has no gold evidence
+    head = ["method"] + ([f"R@{k}" for k in ks] + [f"all@{hk}", "MRR"] if ranked else [])
     has_locomo = any("locomo_f1" in m for m in methods.values())
     has_pairs = any("pair_accuracy" in m for m in methods.values())
     if generate:
@@ -66,7 +67,9 @@ def eval_section(path: Path, result: dict) -> list[str]:
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
     for spec, m in methods.items():
-        row = [f"`{spec}`"] + [f3(m.get(f"recall@{k}")) for k in ks] + [f3(m.get(f"complete@{hk}")), f3(m.get("mrr"))]
+        row = [f"`{spec}`"]
+        if ranked:
+            row += [f3(m.get(f"recall@{k}")) for k in ks] + [f3(m.get(f"complete@{hk}")), f3(m.get("mrr"))]
         if generate:
             row += [f3(m.get("em")), f3(m.get("f1"))]
             row += [f3(m.get("locomo_f1"))] if has_locomo else []

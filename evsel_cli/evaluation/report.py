@@ -43,10 +43,12 @@ def tables(result: dict) -> list[Table]:
                + (f"; headline excludes {', '.join(separate)}" if separate else ""))
     main = Table(title=f"evsel eval {data['name']}", caption=caption)
     main.add_column("method")
-    for k in ks:
-        main.add_column(f"R@{k}", justify="right")
-    main.add_column(f"all@{hk}", justify="right")
-    main.add_column("MRR", justify="right")
+    ranked = any(m.get(f"recall@{ks[0]}") is not None for m in methods.values())  # NoCha has no gold evidence
+    if ranked:
+        for k in ks:
+            main.add_column(f"R@{k}", justify="right")
+        main.add_column(f"all@{hk}", justify="right")
+        main.add_column("MRR", justify="right")
     generate = result["config"]["generate"]
     if generate:
         for name in ("EM", "F1"):
@@ -62,7 +64,9 @@ def tables(result: dict) -> list[Table]:
         main.add_column("generate ms med/p95", justify="right")
     main.add_column("index s", justify="right")
     for spec, m in methods.items():
-        row = [spec] + [_fmt(m.get(f"recall@{k}")) for k in ks] + [_fmt(m.get(f"complete@{hk}")), _fmt(m.get("mrr"))]
+        row = [spec]
+        if ranked:
+            row += [_fmt(m.get(f"recall@{k}")) for k in ks] + [_fmt(m.get(f"complete@{hk}")), _fmt(m.get("mrr"))]
         if generate:
             row += [_fmt(m.get("em")), _fmt(m.get("f1"))]
             if any("locomo_f1" in x for x in methods.values()):
