@@ -33,7 +33,7 @@ from pathlib import Path
 
 from evsel import __version__
 from evsel.engine import Engine
-from evsel.errors import EvselError, InputError, NotFoundError, user_message
+from evsel.errors import EvselError, InputError, NotFoundError, from_dict, user_message
 from evsel.parsers import collect_files
 from evsel.store import DEFAULT_COLLECTION, Store
 
@@ -117,6 +117,9 @@ class Daemon:
         self.recent: deque = deque(maxlen=50)
         self.counts = {"requests": 0, "errors": 0, "cancelled": 0}
         self.preload_state = "off" if not preload else "pending"
+        self.setup_done = threading.Event()  # set once the preload has the tokenizer (at once without one)
+        if not preload:
+            self.setup_done.set()
         self.resumed: list[str] = []
         self.sock: socket.socket | None = None
         self.watcher: watcher.Watcher | None = None
@@ -197,7 +200,13 @@ class Daemon:
         try:
             engine = self._engine_for(self.preload_model, self.preload_device, "/")
             started = time.perf_counter()
-            _ = engine.backbone.tokenizer  # first: an ingest needs only this, and need not wait for the model
+            try:
+                # first, and before any job runs (the backbone's lazy setup is not thread-safe): an ingest
+                # needs only the tokenizer, and need not wait for the model
+                _ = engine.backbone.fingerprint
+                _ = engine.backbone.tokenizer
+            finally:
+                self.setup_done.set()
             _ = engine.backbone.model
             self.preload_state = "done"
             log.info("backbone loaded: %s on %s in %.1fs", engine.backbone.name, engine.backbone.plan.device,
@@ -208,6 +217,8 @@ class Daemon:
         except Exception as exc:  # noqa: BLE001  a broken model file must not stop the daemon
             self.preload_state = f"failed: {user_message(exc)}"
             log.error("preloading the backbone failed:\n%s", traceback.format_exc())
+        finally:
+            self.setup_done.set()
 
     # the accept loop, idle time and shutdown
     def _accept_loop(self) -> None:
@@ -216,24 +227,26 @@ class Daemon:
             try:
                 conn, _ = self.sock.accept()
             except socket.timeout:
-                if self._idle_expired():
-                    log.info("idle for %.0fs: shutting down", self.idle_timeout)
-                    break
-                if time.monotonic() - self.reconciled > RECONCILE_S:
-                    self._reconcile_watches()
+                conn = None
+            except OSError as exc:
+                log.error("accept failed: %s", exc)
+                time.sleep(0.1)
+                conn = None
+            if conn is not None:
+                with self.clients_lock:
+                    self.clients += 1
+                    self.last_activity = time.monotonic()
+                threading.Thread(target=self._serve, args=(conn,), name="evsel-client", daemon=True).start()
+            # housekeeping, however busy the socket is
+            if self._idle_expired():
+                log.info("idle for %.0fs: shutting down", self.idle_timeout)
+                break
+            if time.monotonic() - self.reconciled > RECONCILE_S:
+                self._reconcile_watches()
                 if not self._socket_is_ours():
                     log.info("the socket %s was removed or replaced: nobody can reach this daemon, stopping",
                              self.files.socket)
                     break
-                continue
-            except OSError as exc:
-                log.error("accept failed: %s", exc)
-                time.sleep(0.1)
-                continue
-            with self.clients_lock:
-                self.clients += 1
-                self.last_activity = time.monotonic()
-            threading.Thread(target=self._serve, args=(conn,), name="evsel-client", daemon=True).start()
 
     def _reconcile_watches(self) -> None:
         """Follow the store's watch list, which another process (evsel --no-daemon watch) may change."""
@@ -547,6 +560,7 @@ class Daemon:
         return engine
 
     def _worker(self) -> None:
+        self.setup_done.wait()
         while True:
             job = self.queue.get()
             if job is None:
@@ -692,7 +706,8 @@ class Daemon:
                 result = self._ingest_tracked(engine, {**params, "on_event": emit}, {row["path"]: [row["id"]]})
                 self._invalidate(result)
                 for r in result:
-                    log.info("resumed ingest of %s: %s", r["path"], r["status"])
+                    why = f" ({from_dict(r['error']).line()})" if r.get("error") else ""
+                    log.info("resumed ingest of %s: %s%s", r["path"], r["status"], why)
                 return result
 
             self._enqueue(Job("ingest", params, task=task, label="resume ingest",

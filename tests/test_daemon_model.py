@@ -152,7 +152,10 @@ def test_scope_data_is_served_from_memory_and_invalidated(home, sample_ingested,
     client = DaemonClient()
     try:
         ask = dict(question="What did the keeper write in the log?", doc_ids=[1], evidence_only=True)
-        first = client.ask(**ask)
+        events = []
+        first = client.ask(**ask, on_event=events.append)  # progress is relayed as it happens
+        assert {"type": "progress", "task": "select", "label": "selecting evidence (bm25)", "done": 0,
+                "total": 1} in events
         bm25_before, chunks_before = counts()
         second = client.ask(**ask)
         bm25_after, chunks_after = counts()
