@@ -446,50 +446,74 @@ class UnrealQuery:
 
     # read-out
     def readout(self, ids: list[int], grad: bool = False, split: bool = True):
-        """Retrieval-token states at the readout layers: (|readout|, R, d) float32.
+        """Retrieval-token states of one query at the readout layers: (|readout|, R, d) float32."""
+        return self.readout_batch([ids], grad, split)[0]
 
-        With `split` the prefix runs once without gradients into a KV cache and only the R
-        retrieval tokens run with gradients (the soft prompt then gets none); without it the
-        whole of x_ret runs with gradients (soft prompt trained, ~3x slower on CPU)."""
+    def readout_batch(self, batch: list[list[int]], grad: bool = False, split: bool = True):
+        """Retrieval-token states of several queries: (B, |readout|, R, d) float32.
+
+        Sequences are right-padded into one batch. With `split` (training) the prefixes run once
+        without gradients into a KV cache and only the R retrieval tokens run with gradients,
+        attending to their own prefix through the padding mask (the soft prompt then gets no
+        gradient); without it the whole of x_ret runs with gradients (~3x slower on CPU)."""
         import torch
 
         cfg = self.config
         model = self.backbone.model
         r = cfg.retrieval_tokens
-        if not grad:
-            with torch.inference_mode():
-                x = torch.cat([self._embed_prefix(ids), self._rho()], dim=1)
+        prefixes = [self._embed_prefix(ids) for ids in batch]  # each (1, n_i, d)
+        lengths = [p.shape[1] for p in prefixes]
+        width = max(lengths)
+        device = prefixes[0].device
+
+        def padded(tensors, total):
+            out = tensors[0].new_zeros((len(tensors), total, tensors[0].shape[-1]))
+            for i, t in enumerate(tensors):
+                out[i, : t.shape[1]] = t[0]
+            return out
+
+        if not grad or not split:
+            # one pass over [prefix_i, rho]; right padding needs no mask under the causal mask
+            with torch.set_grad_enabled(grad):
+                rho = self._rho()
+                x = padded([torch.cat([p, rho], dim=1) for p in prefixes], width + r)
                 states = run_layers(model, cfg.readout, inputs_embeds=x)
-                return torch.stack([states[lay][0, -r:].float() for lay in cfg.readout]).clone()
-        if not split:
-            x = torch.cat([self._embed_prefix(ids), self._rho()], dim=1)
-            states = run_layers(model, cfg.readout, inputs_embeds=x)
-            return torch.stack([states[lay][0, -r:].float() for lay in cfg.readout])
+                rows = torch.stack([torch.arange(n, n + r) for n in lengths]).to(device)  # (B, R)
+                picked = [states[lay][torch.arange(len(batch), device=device)[:, None], rows].float()
+                          for lay in cfg.readout]  # each (B, R, d)
+                return torch.stack(picked, dim=1)
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
+        mask = torch.zeros(len(batch), width + r, dtype=torch.long, device=device)
+        for i, n in enumerate(lengths):
+            mask[i, :n] = 1
+        mask[:, width:] = 1
         with torch.no_grad():
-            prefix = self._embed_prefix(ids).detach()
-            run_layers(model, [cfg.depth], inputs_embeds=prefix, cache=cache)
-        n = prefix.shape[1]
-        positions = torch.arange(n, n + r, device=prefix.device)[None]
-        states = run_layers(model, cfg.readout, inputs_embeds=self._rho(), cache=cache, position_ids=positions)
-        return torch.stack([states[lay][0].float() for lay in cfg.readout])
+            prefix = padded([p.detach() for p in prefixes], width)
+            run_layers(model, [cfg.depth], inputs_embeds=prefix, cache=cache, attention_mask=mask[:, :width])
+        positions = torch.stack([torch.arange(n, n + r) for n in lengths]).to(device)  # (B, R)
+        rho = self._rho().expand(len(batch), -1, -1)
+        states = run_layers(model, cfg.readout, inputs_embeds=rho, cache=cache, position_ids=positions,
+                            attention_mask=mask)
+        return torch.stack([states[lay].float() for lay in cfg.readout], dim=1)
 
     def query_vectors(self, readout_states):
-        """(|readout|, R, d) -> (G, d): standardize per layer, mix with alpha, pool in groups."""
+        """(..., |readout|, R, d) -> (..., G, d): standardize per layer, mix with alpha, pool
+        the R tokens into G groups of consecutive ones."""
         import torch
 
         cfg = self.config
         parts = []
         for index, layer in enumerate(cfg.readout):
-            states = readout_states[index]
+            states = readout_states[..., index, :, :]
             if cfg.standardize:
                 mean, std = self.adapter.layer_stats(layer)
                 states = (states - mean) / std
             parts.append(states)
-        mixed = torch.einsum("l,lrd->rd", self.adapter.alpha, torch.stack(parts))  # (R, d)
-        return mixed.reshape(cfg.groups, cfg.retrieval_tokens // cfg.groups, -1).mean(dim=1)  # (G, d)
+        mixed = torch.einsum("l,l...rd->...rd", self.adapter.alpha, torch.stack(parts))  # (..., R, d)
+        grouped = mixed.reshape(*mixed.shape[:-2], cfg.groups, cfg.retrieval_tokens // cfg.groups, mixed.shape[-1])
+        return grouped.mean(dim=-2)  # (..., G, d)
 
     def chunk_keys(self, states):
         """Chunk states (.., P, d) as scored: standardized with layer l_c's statistics."""
@@ -503,10 +527,18 @@ class UnrealQuery:
 
     def encode_question(self, question: str, c0_texts: list[str]) -> np.ndarray:
         """(G, d) float32 query vectors, no gradients."""
+        return self.encode_questions([(question, c0_texts)])[0]
+
+    def encode_questions(self, items: list[tuple[str, list[str]]], batch: int = 8) -> np.ndarray:
+        """(B, G, d) float32 query vectors for (question, C0 texts) pairs, in batches."""
         import torch
 
+        out = []
         with torch.no_grad():
-            return self.query_vectors(self.readout(self.prefix_ids(question, c0_texts))).numpy()
+            for at in range(0, len(items), batch):
+                ids = [self.prefix_ids(q, c0) for q, c0 in items[at:at + batch]]
+                out.append(self.query_vectors(self.readout_batch(ids)).numpy())
+        return np.concatenate(out) if out else np.zeros((0, self.config.groups, self.adapter.hidden), np.float32)
 
     def score(self, queries: np.ndarray, states: np.ndarray) -> np.ndarray:
         """MaxSim of (G, d) query vectors against (N, P, d) cached raw chunk states.

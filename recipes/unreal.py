@@ -361,14 +361,17 @@ class Trainer:
     def _auto_tau(self, n: int = 4) -> float:
         """Half the standard deviation of the untrained scores over a query's candidates, so the
         first softmax is neither flat nor a hard max (the scale of residual states is arbitrary)."""
+        import torch
+
         from evsel.models.unreal import maxsim_torch
 
         spreads = []
-        for q in self.train[:n]:
-            cand = self._candidates_of(q)
-            ids = self.query.prefix_ids(q["question"], [self.chunks[c]["text"] for c in q["c0"][: self.config.c0]])
-            queries = self.query.query_vectors(self.query.readout(ids))
-            scores = maxsim_torch(queries[None].detach(), self.keys[[self.row[c] for c in cand]])[0]
+        items = self.train[:n]
+        vectors = self.query.encode_questions(
+            [(q["question"], [self.chunks[c]["text"] for c in q["c0"][: self.config.c0]]) for q in items])
+        for q, Q in zip(items, vectors):
+            keys = self.keys[[self.row[c] for c in self._candidates_of(q)]]
+            scores = maxsim_torch(torch.as_tensor(Q)[None], keys)[0]
             spreads.append(float(scores.std()))
         return max(float(np.mean(spreads)) / 2, 1e-3)
 
@@ -380,7 +383,8 @@ class Trainer:
 
     # one step
     def batch_loss(self, batch: list[dict], backward: bool = True) -> float:
-        """Mean InfoNCE over `batch`; gradients accumulate query by query (one graph at a time)."""
+        """Mean InfoNCE over `batch`, every query against the batch's pooled candidates; the
+        queries run as one padded batch (one graph, one backward)."""
         import torch
 
         from evsel.models.unreal import maxsim_torch
@@ -393,19 +397,20 @@ class Trainer:
             first.setdefault(h, c)
         cand = list(first.values())
         keys = self.keys[[self.row[c] for c in cand]]  # (M, P, d)
-        total = 0.0
-        for q in batch:
-            oracle_hashes = {self.chunks[c]["hash"] for unit in q["units"] for c in unit}
-            positive = torch.tensor([self.chunks[c]["hash"] in oracle_hashes for c in cand])
-            ids = self.query.prefix_ids(q["question"], [self.chunks[c]["text"] for c in q["c0"][: cfg.c0]])
-            states = self.query.readout(ids, grad=True, split=not cfg.train_soft_prompt)
-            queries = self.query.query_vectors(states)  # (G, d)
-            logits = maxsim_torch(queries[None], keys)[0] / cfg.tau  # (M,)
-            loss = -(torch.log_softmax(logits, dim=0)[positive]).mean()
-            if backward:
-                (loss / len(batch)).backward()
-            total += float(loss.detach()) / len(batch)
-        return total
+        oracles = [{self.chunks[o]["hash"] for unit in q["units"] for o in unit} for q in batch]
+        positive = torch.tensor([[self.chunks[c]["hash"] in own for c in cand] for own in oracles])  # (B, M)
+        ids = [self.query.prefix_ids(q["question"], [self.chunks[c]["text"] for c in q["c0"][: cfg.c0]])
+               for q in batch]
+        states = self.query.readout_batch(ids, grad=True, split=not cfg.train_soft_prompt)  # (B, |l|, R, d)
+        queries = self.query.query_vectors(states)  # (B, G, d)
+        logits = maxsim_torch(queries, keys) / cfg.tau  # (B, M)
+        logp = torch.log_softmax(logits, dim=1)
+        # multi-positive InfoNCE: mean over a query's oracle chunks, then over the batch
+        losses = -(logp * positive).sum(dim=1) / positive.sum(dim=1).clamp(min=1)
+        loss = losses.mean()
+        if backward:
+            loss.backward()
+        return float(loss.detach())
 
     def dev_recall(self, queries: list[dict]) -> dict:
         """recall@k and MRR of the adapter on dev queries, ranking each query's document."""
@@ -413,9 +418,10 @@ class Trainer:
 
         cfg = self.config
         results = []
-        for q in queries:
+        vectors = self.query.encode_questions(
+            [(q["question"], [self.chunks[c]["text"] for c in q["c0"][: cfg.c0]]) for q in queries])
+        for q, Q in zip(queries, vectors):
             doc = self.doc_chunks[q["doc"]]
-            Q = self.query.encode_question(q["question"], [self.chunks[c]["text"] for c in q["c0"][: cfg.c0]])
             keys = self.keys[[self.row[c] for c in doc]].numpy()
             scores = np.einsum("npd,gd->ngp", keys, Q).max(-1).sum(-1)
             ranked = [doc[i] for i in np.argsort(-scores, kind="stable")]
@@ -556,7 +562,11 @@ def data_checksum(folder: Path) -> str:
 
 SMOKE = dict(stories=3, dev_stories=2, steps=6, batch=2, c0=2, readout=[4, 5, 6], layer=6, dev_every=3,
              dev_queries=8, calibrate_chunks=16, checkpoint_every=3, warmup=2)
-FULL = dict(stories=None, dev_stories=10, steps=400, batch=8, c0=5, dev_every=50, dev_queries=60)
+# The shipped adapter's run on 2 shared CPU cores: l_c from bench/unreal_layers.py, C0 cut to 3
+# chunks and 36 stories so that a run fits about an hour (see docs/UNREAL.md); with a GPU, raise
+# stories (None: all but the dev ones), c0 to 5, steps and --train-soft-prompt.
+FULL = dict(stories=30, dev_stories=6, layer=24, readout=list(range(17, 25)), c0=3, batch=8, steps=400, minutes=60,
+            dev_every=40, dev_queries=40)
 
 
 def recipe(name: str) -> dict:

@@ -292,3 +292,19 @@ def test_evaluation_sets_are_refused_for_training(capsys):
         assert main(["train", "convert", "--out", "x", "--source", source]) == 1
         err = capsys.readouterr().err
         assert "refusing to train" in err and len(err.strip().splitlines()) == 1
+
+
+def test_batched_readout_equals_one_query_at_a_time(tiny_engine):
+    """Queries of different lengths share one padded batch, in both the plain and the split pass."""
+    backbone = tiny_engine.backbone
+    query = unreal.UnrealQuery(backbone, _adapter(backbone))
+    batch = [query.prefix_ids("where is the key", [_text(7, 10)]),
+             query.prefix_ids("who rang the bell in the tower at night", [_text(8, 3), _text(9, 14)])]
+    alone = [query.readout_batch([ids])[0] for ids in batch]
+    together = query.readout_batch(batch)
+    split = query.readout_batch(batch, grad=True, split=True)
+    for i in range(2):
+        np.testing.assert_allclose(together[i].numpy(), alone[i].numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(split[i].detach().numpy(), alone[i].numpy(), rtol=1e-4, atol=1e-4)
+    vectors = query.encode_questions([("where is the key", [_text(7, 10)])])
+    assert vectors.shape == (1, 2, 32)
