@@ -23,6 +23,9 @@ def use_daemon(monkeypatch, home: Path | None = None, debounce: float = 0.5) -> 
     monkeypatch.setenv("EVSEL_DAEMON_BUILD", TEST_BUILD)
     monkeypatch.setenv("EVSEL_WATCH_DEBOUNCE", str(debounce))
     monkeypatch.setenv("EVSEL_ENCODE", "0")  # selector states at ingest are not what these tests are about
+    # one thread, in-process and in the daemon alike: spinning OpenMP threads on shared cores make
+    # generation erratic and up to 10x slower (see bench/run_all.sh)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     if home is not None:
         monkeypatch.setenv("EVSEL_HOME", str(home))
 

@@ -36,7 +36,7 @@ def home(shared_home, monkeypatch):
 def sample_ingested(shared_home, model_cache):
     """The sample story ingested through an auto-started daemon (model loaded in the background)."""
     env = dict(os.environ, EVSEL_HOME=str(shared_home), EVSEL_MODEL_CACHE=str(model_cache),
-               EVSEL_DAEMON_BUILD="tests", EVSEL_ENCODE="0")
+               EVSEL_DAEMON_BUILD="tests", EVSEL_ENCODE="0", OMP_NUM_THREADS="1")
     env.pop("EVSEL_NO_DAEMON", None)
     sample = evsel("sample", env=env).stdout.strip()
     result = evsel("ingest", sample, env=env)
