@@ -332,6 +332,8 @@ class Daemon:
                 self._handle(conn, reader, message)
         except (OSError, ProtocolError) as exc:
             log.info("client connection closed: %s", exc)
+        except Exception:  # noqa: BLE001  a bug here ends one connection, never the daemon
+            log.error("client connection failed:\n%s", traceback.format_exc())
         finally:
             try:
                 conn.close()
@@ -753,7 +755,14 @@ def _bind(fn, params: dict, with_self: bool = False) -> None:
 
 
 def _send(conn: socket.socket, message: dict) -> None:
-    conn.sendall(encode(message))
+    try:
+        data = encode(message)
+    except (TypeError, ValueError) as exc:  # a result that is not plain data: say so instead
+        log.error("cannot send %s as JSON: %s", message.get("type"), exc)
+        data = encode({"v": PROTOCOL_VERSION, "id": message.get("id"), "type": "error", "error": {
+            "type": "EvselError", "message": f"the daemon cannot send this result as JSON ({exc})",
+            "hint": "run the command with --no-daemon"}})
+    conn.sendall(data)
 
 
 def _error_message(request_id: str, error: dict) -> dict:
