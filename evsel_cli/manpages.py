@@ -35,10 +35,16 @@ def _commands(group: click.Group, prefix: list[str]):
 
 
 def _help_text(command: click.Command, words: list[str]) -> str:
+    from .cli import CONTEXT_SETTINGS
+
+    # the CLI's own help option names (-h, --help): click caches a command's help option the first
+    # time it is asked, so pages made with other names would depend on what ran before
+    names = CONTEXT_SETTINGS["help_option_names"]
     parent = None
     for i, word in enumerate(words[:-1]):
-        parent = click.Context(click.Group(word), info_name=word, parent=parent)
-    ctx = click.Context(command, info_name=words[-1], parent=parent, terminal_width=WIDTH, max_content_width=WIDTH)
+        parent = click.Context(click.Group(word), info_name=word, parent=parent, help_option_names=names)
+    ctx = click.Context(command, info_name=words[-1], parent=parent, terminal_width=WIDTH, max_content_width=WIDTH,
+                        help_option_names=names)
     return command.get_help(ctx)
 
 
