@@ -172,6 +172,10 @@ def test_scope_data_is_served_from_memory_and_invalidated(home, sample_ingested,
         story.write_text("# Notes\n\nThe lamp was lit by Wilfred Tarn.\n")
         client.ingest([str(story)])
         assert "Wilfred Tarn" in client.ask(**ask_new)["evidence"][0]["text"]
+        # also when another process changed the store behind the daemon's back
+        story.write_text("# Notes\n\nThe lamp was lit by Hester Vane.\n")
+        evsel("--no-daemon", "ingest", str(story))
+        assert "Hester Vane" in client.ask(**ask_new)["evidence"][0]["text"]
         client.docs_rm([doc_id])
         with pytest.raises(NotFoundError, match=f"no document with id {doc_id}"):
             client.ask(**ask_new)
