@@ -18,7 +18,7 @@ import pytest
 
 from conftest import shared_data
 from daemon_helpers import (  # noqa: F401  (daemon_home is a fixture)
-    alive, daemon_home, evsel, evsel_json, kill_daemon, kill_process, pid_of, status, use_daemon, wait_for,
+    alive, daemon_home, evsel, evsel_json, kill_process, pid_of, status, wait_for,
 )
 
 
