@@ -27,21 +27,25 @@ def test_ingest_encodes_then_ask_select_unreal_cites_evidence(capsys, monkeypatc
         raise AssertionError(f"encoded {len(texts)} chunks at ask time")
 
     monkeypatch.setattr(unreal.ChunkEncoder, "encode", no_encoding)
-    assert main(["ask", "--select", "unreal", "--evidence-only", "--top-n", "5", "--json",
+    assert main(["ask", "--select", "unreal", "--evidence-only", "--top-n", "20", "--json",
                  "Who killed Ambrose Tenterden?"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["method"]["select"] == "unreal"
     assert result["method"]["candidates"] == n_chunks
     assert result["answer"] is None
     evidence = result["evidence"]
-    assert len(evidence) == 5
-    assert sorted(e["rank"] for e in evidence) == [1, 2, 3, 4, 5]
+    assert len(evidence) == 20
+    assert sorted(e["rank"] for e in evidence) == list(range(1, 21))
+    by_rank = sorted(evidence, key=lambda e: e["rank"])
+    assert all(a["score"] >= b["score"] for a, b in zip(by_rank, by_rank[1:]))
     for item in evidence:
         assert item["title"] and item["path"].endswith("the_gull_point_light.md")
         assert 0 <= item["char_start"] < item["char_end"]
         text = sample_story_path().read_text(encoding="utf-8")
         assert " ".join(item["text"].split()) == " ".join(text[item["char_start"]:item["char_end"]].split())
-    assert any("Tenterden" in e["text"] for e in evidence)
+    # The passage that answers sits in the top 20 of 115 (rank 9 with the shipped adapter; a random
+    # order puts it there 17% of the time). The adapter is weaker than BM25 here: docs/UNREAL.md.
+    assert any("Roland Pryce killed Ambrose Tenterden" in e["text"] for e in evidence)
 
 
 def test_ask_select_unreal_without_states_encodes_lazily(capsys, tmp_path):
