@@ -639,27 +639,26 @@ def intrinsic_states(engine, chunks, layers: list[int], on_event=None) -> np.nda
 
 
 def encode_at_ingest(engine, chunks, on_event: Callable[[dict], None] | None = None) -> int:
-    """Fill the UNREAL state cache for newly stored chunks with the config of the adapter that
-    `evsel ask --select unreal` will use. Returns how many chunks were in scope."""
-    try:
-        layer, pool = default_state_config(engine.backbone)
-    except ModelError:
+    """Fill the UNREAL state cache for newly stored chunks, at the l_c and L_p of the adapter that
+    `evsel ask --select unreal` will use. Without an adapter for this backbone there is nothing to
+    compute states for (the selector cannot run either). Returns how many chunks were encoded or
+    found cached."""
+    config = adapter_config(engine.backbone)
+    if config is None:
         return 0
-    chunk_states(engine, chunks, layer, pool, on_event)
+    chunk_states(engine, chunks, config.layer, config.pool, on_event)
     return len(chunks)
 
 
-def default_state_config(backbone) -> tuple[int, int]:
-    """(l_c, L_p) of the adapter in use; without one, the defaults."""
+def adapter_config(backbone) -> UnrealConfig | None:
+    """The config of the adapter in use ($EVSEL_UNREAL_ADAPTER, else the shipped one), or None."""
     import os
 
     chosen = os.environ.get("EVSEL_UNREAL_ADAPTER")
     directory = Path(chosen).expanduser() if chosen else shipped_adapter_dir(backbone.fingerprint)
-    if (directory / CONFIG_FILE).is_file():
-        config = UnrealConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())["config"])
-    else:
-        config = UnrealConfig()
-    return config.layer, config.pool
+    if not (directory / CONFIG_FILE).is_file():
+        return None
+    return UnrealConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())["config"])
 
 
 def param_count(config: UnrealConfig, hidden: int) -> int:

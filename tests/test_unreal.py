@@ -308,3 +308,26 @@ def test_batched_readout_equals_one_query_at_a_time(tiny_engine):
         np.testing.assert_allclose(split[i].detach().numpy(), alone[i].numpy(), rtol=1e-4, atol=1e-4)
     vectors = query.encode_questions([("where is the key", [_text(7, 10)])])
     assert vectors.shape == (1, 2, 32)
+
+
+def test_ingest_computes_states_for_the_adapter_in_use(tiny_engine, tmp_path, monkeypatch):
+    story = tmp_path / "story.txt"
+    story.write_text("\n\n".join(_text(200 + i, 40) + "." for i in range(6)), encoding="utf-8")
+    fingerprint = tiny_engine.backbone.fingerprint
+    # no adapter for this backbone: nothing to compute, and the file is still ingested
+    result = tiny_engine.ingest([str(story)], encode=True)
+    assert result[0]["status"] == "ingested"
+    assert tiny_engine.store.count_states(fingerprint, "unreal") == 0
+    _adapter(tiny_engine.backbone, layer=1, readout=[1]).save(tmp_path / "adapter")
+    monkeypatch.setenv("EVSEL_UNREAL_ADAPTER", str(tmp_path / "adapter"))
+    story.write_text(story.read_text(encoding="utf-8") + "\n\nthe end.", encoding="utf-8")
+    events = []
+    result = tiny_engine.ingest([str(story)], encode=True, on_event=events.append)
+    n_chunks = result[0]["chunks"]
+    hashes = {c.content_hash for c in tiny_engine.store.chunks()}
+    assert tiny_engine.store.count_states(fingerprint, "unreal") == len(hashes) > 0 and n_chunks >= len(hashes)
+    assert any(e.get("task") == "encode" for e in events)  # a progress bar for the encoding
+    assert tiny_engine.store.get_states(fingerprint, "unreal", unreal.state_key(1, 3), hashes).keys() == hashes
+    story.write_text(story.read_text(encoding="utf-8") + " again", encoding="utf-8")
+    tiny_engine.ingest([str(story)], encode=False)  # --no-encode: the new last chunk gets no state
+    assert tiny_engine.store.count_states(fingerprint, "unreal") == len(hashes)
