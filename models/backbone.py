@@ -136,6 +136,17 @@ def choose_device(requested: str = "auto") -> DevicePlan:
     return DevicePlan("cpu", "float32", "no CUDA device, and the CPU lacks native bf16, so fp32 is faster")
 
 
+def thread_setting() -> int | None:
+    """CPU threads from EVSEL_THREADS (unset: torch's default, one per core). On a busy machine one
+    thread can be several times faster than two that fight other jobs for the cores."""
+    raw = os.environ.get("EVSEL_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ModelError(f"EVSEL_THREADS={raw!r} is not a positive whole number", "unset it or set e.g. EVSEL_THREADS=1")
+    return int(raw)
+
+
 class Backbone:
     """Tokenizer and frozen model of one weights file. The model loads on first use."""
 
@@ -224,6 +235,9 @@ class Backbone:
         from transformers import AutoModelForCausalLM
 
         _quiet_transformers()
+        threads = thread_setting()
+        if threads:
+            torch.set_num_threads(threads)
         dtype = getattr(torch, self.plan.dtype)
         source = self.path
         if self.path.is_file():
@@ -293,6 +307,11 @@ class Backbone:
                     "parameters": sum(p.numel() for p in self.model.parameters()),
                 }
             )
+            if plan.device == "cpu":
+                import torch
+
+                data["threads"] = torch.get_num_threads()
+                data["threads_from"] = "EVSEL_THREADS" if thread_setting() else "torch default (one per core)"
         return data
 
     # generation

@@ -249,6 +249,7 @@ class TrainConfig:
     device: str = "auto"
     threads: int | None = None
     seed: int = 0
+    init: str | None = None  # start from this adapter folder (fine-tuning) instead of a fresh one
 
     def unreal_config(self):
         from evsel.models.unreal import UnrealConfig
@@ -322,6 +323,11 @@ class Trainer:
             self.step, self.total_steps = state["step"], state["total_steps"] if same else cfg.steps
             self.best = state.get("best", -1.0)
             self.log(f"resuming at step {self.step} of {self.total_steps}")
+        elif cfg.init:
+            self.adapter = unreal.load_adapter(Path(cfg.init))
+            self._adopt_shape(self.adapter.config)
+            self.log(f"starting from the adapter in {cfg.init}")
+            self.step, self.total_steps, self.best = 0, cfg.steps, -1.0
         else:
             self.adapter = unreal.new_adapter(cfg.unreal_config(), hidden)
             self.adapter.init_from_backbone(backbone, cfg.seed)
@@ -349,6 +355,21 @@ class Trainer:
                                            weight_decay=cfg.weight_decay)
         if (resume / "optimizer.pt").is_file():
             self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt"))
+
+    def _adopt_shape(self, adapter_config) -> None:
+        """A warm start keeps the adapter's shape and its temperature; a clashing option is an error."""
+        cfg = self.config
+        for name in ("layer", "pool", "retrieval_tokens", "groups"):
+            want, have = getattr(cfg, name), getattr(adapter_config, name)
+            if want != have:
+                raise InputError(f"--init adapter has {name} {have}, the run asks for {want}",
+                                 f"drop that option or set it to {have}")
+        if list(cfg.readout) != list(adapter_config.readout):
+            raise InputError(f"--init adapter reads out layers {adapter_config.readout}, the run asks for {cfg.readout}",
+                             "drop --readout or match the adapter")
+        adapter_config.c0 = cfg.c0
+        if cfg.tau <= 0:
+            cfg.tau = adapter_config.tau
 
     def _candidates_of(self, q: dict) -> list[int]:
         oracle = [c for unit in q["units"] for c in unit]

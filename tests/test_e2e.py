@@ -90,3 +90,18 @@ def test_models_info_reports_device_and_reason():
     assert info["dtype"] in ("bfloat16", "float32")
     assert info["reason"]
     assert info["layers"] == 30 and info["hidden_size"] == 576
+
+
+def test_threads_setting_is_used_and_checked():
+    env = {**os.environ, "EVSEL_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "evsel", "models", "info", "--json"], capture_output=True,
+                         text=True, env=env, timeout=900)
+    info = json.loads(out.stdout)
+    if info["device"] == "cpu":
+        assert info["threads"] == 1 and info["threads_from"] == "EVSEL_THREADS"
+    env["EVSEL_THREADS"] = "two"
+    bad = subprocess.run([sys.executable, "-m", "evsel", "models", "info"], capture_output=True, text=True,
+                         env=env, timeout=900)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == ["evsel: error: EVSEL_THREADS='two' is not a positive whole number; "
+                                               "unset it or set e.g. EVSEL_THREADS=1"]

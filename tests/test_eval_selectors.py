@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 
-from evsel.models.selectors import available, get_selector
+import pytest
+
+from evsel.errors import EvselError
+from evsel.models.selectors import HELP, available, get_selector
 from evsel.store import ChunkRecord
 
 
@@ -41,3 +44,16 @@ def test_rrf_fuses_reciprocal_ranks():
     expected = [1 / (60 + rb[i]) + 1 / (60 + rr[i]) for i in range(3)]
     assert fused.scores("lighthouse keeper lamp", chunks) == expected
     assert fused.name == "rrf:random"
+
+
+def test_spec_with_argument_builds_rrf():
+    assert get_selector("rrf:random").name == "rrf:random"
+    with pytest.raises(EvselError, match="only rrf takes an argument"):
+        get_selector("bm25:dense")
+    with pytest.raises(EvselError, match="unknown selector"):
+        get_selector("rrf:nope")
+
+
+def test_select_help_names_every_selector():
+    for name in available():
+        assert name in HELP, f"--select help does not mention {name}"

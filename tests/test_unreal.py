@@ -285,6 +285,30 @@ def test_train_cli_resumes_from_its_checkpoint(tiny_model_dir, tmp_path):
     assert steps == [1, 2, 3, 4]
 
 
+def test_train_cli_starts_from_another_adapter(tiny_model_dir, tmp_path, capsys):
+    from evsel.cli import main
+
+    data = _training_folder(tmp_path / "data")
+    common = ["--model", str(tiny_model_dir), "--device", "cpu", "train", "unreal", "--data", str(data),
+              "--pool", "3", "--retrieval-tokens", "8", "--groups", "2", "--c0", "2", "--batch", "2",
+              "--dev-every", "0", "--dev-queries", "2", "--json"]
+    first = tmp_path / "first"
+    assert main(common + ["--out", str(first), "--layer", "2", "--readout", "1-2", "--steps", "2"]) == 0
+    start = unreal.load_adapter(first / "checkpoint")
+    second = tmp_path / "second"
+    assert main(common + ["--out", str(second), "--layer", "2", "--readout", "1-2", "--steps", "1",
+                          "--init", str(first / "checkpoint")]) == 0
+    # the step-0 adapter of the second run is the first run's last one, temperature included
+    step0 = unreal.load_adapter(second / "best")
+    assert torch.equal(step0.rho, start.rho) and step0.config.tau == start.config.tau
+    assert not torch.equal(unreal.load_adapter(second / "checkpoint").rho, start.rho)
+    capsys.readouterr()
+    assert main(common + ["--out", str(tmp_path / "third"), "--layer", "3", "--steps", "1",
+                          "--init", str(first / "checkpoint")]) == 1
+    err = capsys.readouterr().err
+    assert "--init adapter has layer 2" in err and len(err.strip().splitlines()) == 1
+
+
 def test_evaluation_sets_are_refused_for_training(capsys):
     from evsel.cli import main
 

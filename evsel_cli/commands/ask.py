@@ -4,6 +4,7 @@ import click
 from rich.markup import escape
 
 from evsel.answer import describe
+from evsel.models.selectors import HELP as SELECTORS_HELP
 from evsel.output import ProgressView, print_json, stdout
 from evsel.store import ChunkRecord
 
@@ -17,7 +18,7 @@ from .common import collection_option, engine_from, json_option
 @collection_option
 @click.option("--top-n", type=int, default=5, show_default=True, help="How many evidence passages to use.")
 @click.option("--select", default="bm25", show_default=True, metavar="METHOD",
-              help="Evidence selector: bm25.")
+              help="Evidence selector: " + SELECTORS_HELP + ".")
 @click.option("--evidence-only", is_flag=True, help="Print the evidence without generating an answer.")
 @click.option("--max-new-tokens", type=int, default=96, show_default=True, help="Longest answer, in tokens.")
 @json_option

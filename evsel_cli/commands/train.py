@@ -94,6 +94,9 @@ def convert_cmd(ctx, out, sources, stories, dev_stories, negatives, skip, data_d
               help="Where to train (default: evsel --device).")
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--seed", type=int, default=None)
+@click.option("--init", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Start from this adapter folder (e.g. a run's checkpoint/ or the shipped adapter) "
+                   "instead of a fresh one; its shape and temperature are kept.")
 @json_option
 @click.pass_context
 def train_unreal(ctx, out, data, recipe, sources, train_device, as_json, **options):

@@ -74,11 +74,7 @@ class Method:
         from evsel.models.selectors import get_selector
 
         first, _, rerank = spec.partition(">")
-        name, _, arg = first.partition(":")
-        kwargs = {"other": arg} if arg else {}
-        if arg and name != "rrf":
-            raise EvselError(f"method {spec!r}: only rrf takes an argument (rrf:OTHER)")
-        self.first = get_selector(name, engine=engine, **kwargs)
+        self.first = get_selector(first, engine=engine)
         self.rerank = get_selector(rerank, engine=engine) if rerank else None
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:

@@ -28,11 +28,23 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# What `--select` / `--methods` accept, for help texts (kept in step with the registry by a test).
+HELP = ("bm25 (default; words), unreal (the backbone's own states with the trained adapter), "
+        "intrinsic (its untrained attention floor), dense (MiniLM bi-encoder), "
+        "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random")
+
+
 def get_selector(name: str, **kwargs) -> Selector:
+    """A selector by spec: a registered name, or rrf:OTHER for BM25 fused with OTHER."""
     _load_builtins()
-    if name not in _REGISTRY:
-        raise EvselError(f"unknown selector {name!r}", f"choose one of: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](**kwargs)
+    base, _, arg = name.partition(":")
+    if arg:
+        if base != "rrf":
+            raise EvselError(f"selector {name!r}: only rrf takes an argument", "use rrf:OTHER, e.g. rrf:unreal")
+        kwargs["other"] = arg
+    if base not in _REGISTRY:
+        raise EvselError(f"unknown selector {name!r}", f"choose one of: {', '.join(sorted(_REGISTRY))}, rrf:OTHER")
+    return _REGISTRY[base](**kwargs)
 
 
 def _load_builtins() -> None:
@@ -41,4 +53,4 @@ def _load_builtins() -> None:
     from . import intrinsic, unreal  # noqa: F401  (model-internal selection, seed 000)
 
 
-__all__ = ["Scored", "Selector", "register", "available", "get_selector"]
+__all__ = ["HELP", "Scored", "Selector", "register", "available", "get_selector"]
