@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("EVSEL_HOME", tempfile.mkdtemp(prefix="evsel-bench-"))
     from evsel.engine import Engine
     from evsel.evaluation.datasets import load_dataset
+    from evsel.evaluation.report import run_info
     from evsel.evaluation.runner import build_corpus
     from evsel.models import unreal
     from evsel.models.selectors import get_selector
@@ -63,7 +64,8 @@ def main(argv=None) -> int:
     need = max(max(sizes), args.encode_chunks)
     if len(pool) < need:
         raise SystemExit(f"only {len(pool)} chunks available, {need} needed")
-    result: dict = {"backbone": backbone.name, "fingerprint": backbone.fingerprint[:16], "device": backbone.plan.device,
+    result: dict = {"run": run_info(["python", "bench/unreal.py", *(argv if argv is not None else sys.argv[1:])]),
+                    "backbone": backbone.name, "fingerprint": backbone.fingerprint[:16], "device": backbone.plan.device,
                     "dtype": backbone.plan.dtype, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                     "layer": cfg.layer, "layers": n_layers}
 

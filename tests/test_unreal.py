@@ -355,3 +355,15 @@ def test_ingest_computes_states_for_the_adapter_in_use(tiny_engine, tmp_path, mo
     story.write_text(story.read_text(encoding="utf-8") + " again", encoding="utf-8")
     tiny_engine.ingest([str(story)], encode=False)  # --no-encode: the new last chunk gets no state
     assert tiny_engine.store.count_states(fingerprint, "unreal") == len(hashes)
+
+
+def test_recipes_name_only_known_settings():
+    from dataclasses import fields
+
+    from evsel.recipes.unreal import DataConfig, TrainConfig, recipe
+
+    known = {f.name for f in fields(TrainConfig)} | {f.name for f in fields(DataConfig)}
+    for name in ("smoke", "full"):
+        assert set(recipe(name)) <= known, set(recipe(name)) - known
+    assert recipe("full")["layer"] == unreal.load_adapter(unreal.shipped_adapter_dir(
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")).config.layer

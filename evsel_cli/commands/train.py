@@ -114,7 +114,7 @@ def train_unreal(ctx, out, data, recipe, sources, train_device, as_json, **optio
     from evsel.recipes import unreal as recipe_mod
 
     settings = recipe_mod.recipe(recipe)
-    data_keys = {"stories", "dev_stories"}
+    data_keys = {"sources", "stories", "dev_stories"}
     data_settings = {k: settings.pop(k) for k in list(settings) if k in data_keys}
     readout = options.pop("readout")
     if readout is not None:
@@ -129,7 +129,8 @@ def train_unreal(ctx, out, data, recipe, sources, train_device, as_json, **optio
     if data is None:
         data = out_path / "data"
         if not (data / "train.jsonl").is_file():
-            config = recipe_mod.DataConfig(sources=list(sources) or ["fairytaleqa-train"], **data_settings)
+            data_settings["sources"] = list(sources) or data_settings.get("sources") or ["fairytaleqa-train"]
+            config = recipe_mod.DataConfig(**data_settings)
             with ProgressView(enabled=not as_json) as view:
                 recipe_mod.convert(data, config, engine.backbone, on_event=view)
     known = {f.name for f in fields(recipe_mod.TrainConfig)}
