@@ -583,13 +583,12 @@ def data_checksum(folder: Path) -> str:
 
 SMOKE = dict(stories=3, dev_stories=2, steps=6, batch=2, c0=2, readout=[4, 5, 6], layer=6, dev_every=3,
              dev_queries=8, calibrate_chunks=16, checkpoint_every=3, warmup=2)
-# The shipped adapter's settings as one run. It was trained on 2 shared CPU cores in two stages
-# (models/adapters/*/unreal/command.txt): 399 steps on 100 stories, then 802 more from that adapter
-# (--init) on every source. l_c from bench/unreal_layers.py; C0 cut to 3 chunks and readout to the 8
-# layers up to l_c so that a CPU step costs ~3 s (docs/UNREAL.md). With a GPU, raise c0 to 5, the
-# steps and --train-soft-prompt.
-FULL = dict(sources=["fairytaleqa-train", "musique", "hotpotqa"], stories=None, dev_stories=10, layer=24,
-            readout=list(range(17, 25)), c0=3, batch=16, steps=1200, lr=1e-2, dev_every=100, dev_queries=200)
+# The shipped adapter's run (models/adapters/*/unreal/command.txt), trained on 2 shared CPU cores:
+# l_c from bench/unreal_layers.py; C0 cut to 3 chunks and readout to the 8 layers up to l_c so that a
+# CPU step costs ~3 s (docs/UNREAL.md). With a GPU, raise stories (None: all), c0 to 5, the steps
+# and --train-soft-prompt.
+FULL = dict(sources=["fairytaleqa-train"], stories=100, dev_stories=10, layer=24, readout=list(range(17, 25)), c0=3,
+            batch=16, steps=399, lr=1e-2, dev_every=50, dev_queries=200)
 
 
 def recipe(name: str) -> dict:
