@@ -207,10 +207,13 @@ def unreal_section(result: dict) -> list[str]:
             f"| stopped at l_c | {enc['l_c']['depth']} | {enc['l_c']['tokens_per_s']:,.0f} |",
             f"| every layer | {enc['full']['depth']} | {enc['full']['tokens_per_s']:,.0f} |",
             "", f"Stopping at l_c encodes {enc['speedup']:.2f}x faster than running every layer.", "",
-            "MaxSim alone: " + ", ".join(f"{r['chunks']:,} chunks {r['seconds'] * 1000:.0f} ms" for r in result["maxsim"])
-            + ".", "",
-            "`evsel ask --select unreal --evidence-only` latency vs document length (cold: the chunks are encoded "
-            "during the ask; warm: their states come from the cache):", "",
+            "MaxSim per ask over a scope's keys (standardized fp32, built once per scope and kept by the daemon): "
+            + ", ".join(f"{r['chunks']:,} chunks {r['seconds'] * 1000:.0f} ms"
+                        + (f" (keys built in {r['keys_build_seconds']:.2f} s)" if "keys_build_seconds" in r else "")
+                        for r in result["maxsim"]) + ".", "",
+            "UNREAL selection time per question vs document length, model loaded (the selector's rank: C0 by BM25, "
+            "the query pass, MaxSim; cold: the chunks are encoded during the ask; warm: their states come from the "
+            "state cache):", "",
             "| chunks | tokens | cold (s) | warm (s) | cold s per 1K tokens |", "|---|---|---|---|---|"]
     for row in result["ask"]:
         out.append(f"| {row['chunks']} | {row['tokens']:,} | {row['cold_s']:.2f} | {row['warm_s']:.2f} | "

