@@ -99,7 +99,8 @@ def run_layers(model, layers: list[int], *, input_ids=None, inputs_embeds=None, 
     n_layers = len(inner.layers)
     wanted = sorted(set(layers))
     if not wanted or wanted[0] < 1 or wanted[-1] > n_layers:
-        raise ValueError(f"layers {layers} outside 1..{n_layers}")
+        raise ModelError(f"layers {layers} are not all within the model's 1..{n_layers}",
+                         f"choose --layer/--readout up to {n_layers}")
     deepest = wanted[-1]
     got: dict = {}
     hooks = []

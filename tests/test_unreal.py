@@ -372,3 +372,23 @@ def test_recipes_name_only_known_settings():
         assert set(recipe(name)) <= known, set(recipe(name)) - known
     assert recipe("full")["layer"] == unreal.load_adapter(unreal.shipped_adapter_dir(
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")).config.layer
+
+
+def test_smoke_recipe_converts_and_trains(tiny_model_dir, tmp_path, capsys):
+    """`evsel train unreal --recipe smoke` from nothing: FairytaleQA train converted, trained, adapter written."""
+    from conftest import shared_data
+
+    from evsel.cli import main
+
+    shared_data("fairytaleqa")
+    run = tmp_path / "smoke"
+    smoke = ["--model", str(tiny_model_dir), "--device", "cpu", "train", "unreal", "--recipe", "smoke",
+             "--out", str(run), "--json"]
+    assert main(smoke) == 1  # the recipe's layer 6 is beyond the tiny model's 2: one clear line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "within the model's 1..2" in err[0] and "unexpected" not in err[0]
+    assert main(smoke + ["--layer", "2", "--pool", "3"]) == 0
+    meta = json.loads((run / "data" / "meta.json").read_text())
+    assert meta["config"]["sources"] == ["fairytaleqa-train"] and meta["counts"]["fairytaleqa-train"]["documents"] == 5
+    assert json.loads((run / "checkpoint" / "trainer.json").read_text())["step"] == 6
+    assert unreal.load_adapter(run / "best").config.layer == 2
