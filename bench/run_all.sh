@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 R=bench/results
 mkdir -p "$R"
 BASE=bm25,dense,random
+UNREAL=bm25,dense,intrinsic,unreal,rrf:unreal
 # One thread per process: the cores are shared with other jobs, and OpenMP threads that spin-wait
 # on an oversubscribed CPU run a small query 10x slower than one thread does (measured here).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -21,6 +22,10 @@ step() {
     case $1 in
         locomo) eval_run locomo locomo --methods $BASE,rrf:dense ;;
         fairytaleqa) eval_run fairytaleqa fairytaleqa --split val --methods $BASE,rrf:dense ;;
+        locomo-unreal) eval_run locomo-unreal locomo --methods $UNREAL ;;
+        fairytaleqa-unreal) eval_run fairytaleqa-unreal fairytaleqa --split val --methods $UNREAL ;;
+        unreal) nice python bench/unreal.py ;;  # a fresh state cache, so every cold ask is cold
+        unreal-layers) nice python bench/unreal_layers.py ;;
         throughput) nice python bench/throughput.py --max-gib 8 ;;  # 10^6 MaxSim chunks need 7.5 GiB
         daemon) python bench/daemon.py ;;  # not nice: it times whole processes as a user sees them
         scaling) nice python bench/scaling.py --questions 20 --methods $BASE ;;
@@ -36,7 +41,7 @@ step() {
     esac
 }
 
-STEPS=(locomo fairytaleqa throughput daemon scaling musique hotpotqa mmlongbench financebench fairytaleqa-concat23 nocha
+STEPS=(locomo fairytaleqa locomo-unreal fairytaleqa-unreal unreal throughput daemon scaling musique hotpotqa mmlongbench financebench fairytaleqa-concat23 nocha
        locomo-generate fairytaleqa-generate)
 for s in "${@:-${STEPS[@]}}"; do
     echo "== $s ($(date -u +%H:%M:%S))" >&2

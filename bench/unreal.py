@@ -39,7 +39,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    os.environ.setdefault("EVSEL_HOME", tempfile.mkdtemp(prefix="evsel-bench-"))
+    # A fresh state cache, so that every cold ask really encodes; the dense model copy is shared.
+    from evsel.paths import model_cache_dir
+
+    os.environ["EVSEL_MODEL_CACHE"] = str(model_cache_dir())
+    os.environ["EVSEL_HOME"] = tempfile.mkdtemp(prefix="evsel-bench-")
     from evsel.engine import Engine
     from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.report import run_info
