@@ -548,18 +548,6 @@ class UnrealQuery:
         fp16 states on every ask took ~1.2 s."""
         return maxsim(np.asarray(queries, dtype=np.float32), keys)
 
-    def score(self, queries: np.ndarray, states: np.ndarray) -> np.ndarray:
-        """MaxSim of (G, d) query vectors against (N, P, d) cached raw chunk states.
-
-        Standardizing k = (k - mu) / sigma is folded into the query: <q, (k - mu) / sigma> =
-        <q / sigma, k> - <q / sigma, mu>, so the cached states are used as stored."""
-        q = np.asarray(queries, dtype=np.float32)
-        if not self.config.standardize:
-            return maxsim(q, states)
-        mean, std = (t.detach().numpy() for t in self.adapter.layer_stats(self.config.layer))
-        folded = q / std
-        return maxsim(folded, states) - float((folded @ mean).sum())
-
 
 # ---------------------------------------------------------------------------------------------
 # the untrained floor: intrinsic retrieval (paper A.2.1)

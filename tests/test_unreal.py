@@ -128,13 +128,13 @@ def test_query_vectors_and_score_by_hand(tiny_engine):
     with torch.no_grad():
         q = query.query_vectors(states)
     np.testing.assert_allclose(q.numpy(), expected_q.numpy(), rtol=1e-4, atol=1e-4)
-    # the fast score (standardization folded into the query) equals MaxSim on standardized keys
+    # the selector's path: stored fp16 states standardized to keys once per scope, then MaxSim
     k = np.random.default_rng(0).normal(size=(5, 3, 32)).astype(np.float16)
     mean, std = adapter.layer_stats(2)
     keys = (torch.tensor(k).float() - mean) / std
     by_hand = [sum(max(float(q[g] @ keys[i, b]) for b in range(3)) for g in range(2)) for i in range(5)]
-    np.testing.assert_allclose(query.score(q.numpy(), k), by_hand, rtol=1e-4, atol=1e-3)
-    # the selector's path: keys standardized once per scope, the caller's states left as they were
+    np.testing.assert_allclose(query.score_keys(q.numpy(), query.chunk_keys(k)), by_hand, rtol=1e-4, atol=1e-3)
+    # fp32 states as input: the same keys, and the caller's states left as they were
     k32 = k.astype(np.float32)
     scope_keys = query.chunk_keys(k32)
     np.testing.assert_array_equal(k32, k.astype(np.float32))
