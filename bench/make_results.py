@@ -2,8 +2,8 @@
 
     python bench/make_results.py
 
-Reads eval-*.json (from `evsel eval ... --json`), scaling.json, throughput.json, unreal.json and
-daemon.json; every section
+Reads eval-*.json (from `evsel eval ... --json`), scaling.json, throughput.json, bm25.json,
+unreal.json and daemon.json; every section
 states the machine, commit, date and exact command of the run it shows. Nothing here is typed in
 by hand: rerun a benchmark, then this script.
 """
@@ -180,7 +180,7 @@ def throughput_section(result: dict) -> list[str]:
             "small matrices, attention, norms, activations and framework overhead).", "",
             "Selector latency per query vs number of chunks (synthetic chunks; BM25 words follow real word "
             "frequencies; MaxSim over 7×576 bf16 vectors per chunk, 4 query vectors):", "",
-            "| chunks | BM25 per ask as `evsel ask` does it (s) | BM25 index build (s) | BM25 query, prebuilt index (ms) | MaxSim query (ms) |",
+            "| chunks | BM25 per ask, index built from the chunks (s) | BM25 index build (s) | BM25 query, prebuilt index (ms) | MaxSim query (ms) |",
             "|---|---|---|---|---|"]
     bm25 = {r["chunks"]: r for r in result["bm25"]}
     maxsim = {r["chunks"]: r for r in result["maxsim"]}
@@ -193,6 +193,57 @@ def throughput_section(result: dict) -> list[str]:
                  (f"{m['query_s_median'] * 1000:.1f}" if m and "query_s_median" in m else f"skipped: {m['skipped']}" if m else "–")]
         out.append("| " + " | ".join(cells) + " |")
     out += ["", f"Peak RSS of the whole run: {result['peak_rss_mib']:,.0f} MiB.", ""]
+    return out
+
+
+def bm25_store_section(result: dict) -> list[str]:
+    """BM25 per in-process ask: the index persisted at ingest (m004) against today's rebuild."""
+    b = result["bm25_store"]
+    sizes = b["sizes"]
+    layouts = sorted({r.get("doc_chunks", b["doc_chunks"]) for r in sizes}, reverse=True)
+    out = ["## BM25 per ask: persisted index vs rebuild (bench/throughput.py)", ""]
+    out += provenance(result["run"])
+    out += ["", "An in-process ask (`evsel --no-daemon ask --select bm25`) on a store of synthetic documents of "
+            + " or ".join(f"{n:,}" for n in layouts) + " chunks (100 words each, drawn from real word frequencies; "
+            "two collections). **Rebuild** is how every ask ranked before m004 (and how `evsel eval` still does, "
+            "its chunks being in memory): BM25Okapi built from the scope's chunk texts, then scored. **Persisted** "
+            "reads the scope's statistics and the query terms' postings from the index written at ingest "
+            "(`evsel/bm25_index.py`). Both run in the same process on the same chunks, one after the other for "
+            "each question, as `BM25Selector.rank(question, chunks, 5)`, and give identical scores (checked bit "
+            f"for bit for every question). Times are medians over {len(b['questions'])} questions, one of which "
+            f"has a word in {b['floor_word_chunk_share']:.0%} of the chunks ('{b['floor_word']}'), so the idf "
+            "floor's average idf over the scope's whole vocabulary is paid too (its own time: *floor*). *Scope "
+            "read* is `Store.chunks` on a freshly opened store, the same for both; the whole-ask ratio includes "
+            "it.", "",
+            "| chunks | documents | rebuild per ask (s) | persisted per ask (ms) | ratio | persisted, floor question (ms) "
+            "| scope read (s) | whole-ask ratio, with scope read | ingest: BM25 index write (s) "
+            "| BM25 tables / chunks table (MiB) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in sizes:
+        s = row["store"]
+        out.append(f"| {row['chunks']:,} | {row['documents']:,} | {s['rebuild_s_median']:.3f} | "
+                   f"{s['persisted_s_median'] * 1000:.1f} | **{s['ratio_select']:.3f}x** | "
+                   f"{s['floor_question']['persisted_s'] * 1000:.1f} | {s['scope_s_median']:.3f} | "
+                   f"{s['ratio_ask']:.3f}x | {row['ingest_bm25_index_s']:.1f} | "
+                   f"{row.get('bm25_tables_mib', 0):.1f} / {row.get('chunks_table_mib', 0):.1f} |")
+    largest = max(r["chunks"] for r in sizes)
+    scoped = [(row, name) for row in sizes if row["chunks"] == largest for name in ("collection", "doc") if name in row]
+    if scoped:
+        out += ["", f"Narrower scopes of the {largest:,}-chunk stores (`--collection a`: half the documents; "
+                "`--doc 1`):", "",
+                "| documents in store | scope | chunks | rebuild per ask (s) | persisted per ask (ms) | ratio |",
+                "|---|---|---|---|---|---|"]
+        for row, name in scoped:
+            s = row[name]
+            out.append(f"| {row['documents']:,} | {name} | {s['chunks']:,} | {s['rebuild_s_median']:.3f} | "
+                       f"{s['persisted_s_median'] * 1000:.1f} | {s['ratio_select']:.3f}x |")
+    big = [r["store"] for r in sizes if r["chunks"] == largest]
+    if big and "persisted_rank_all_s_median" in big[0]:
+        out += ["", f"At {largest:,} chunks the persisted scores themselves take "
+                + " / ".join(f"{s['persisted_scores_s_median'] * 1000:.0f}" for s in big)
+                + " ms; ranking the whole scope (a `Scored` per chunk, no top-n) takes "
+                + " / ".join(f"{s['persisted_rank_all_s_median'] * 1000:.0f}" for s in big) + " ms."]
+    out += ["", f"Rerun: `{result['run'].get('command', '')}`.", ""]
     return out
 
 
@@ -292,6 +343,10 @@ def main() -> int:
     throughput = json.loads((RESULTS / "throughput.json").read_text()) if (RESULTS / "throughput.json").exists() else None
     daemon = json.loads((RESULTS / "daemon.json").read_text()) if (RESULTS / "daemon.json").exists() else None
     unreal_speed = json.loads((RESULTS / "unreal.json").read_text()) if (RESULTS / "unreal.json").exists() else None
+    # the BM25 store benchmark: from its own run (--only bm25-store) or a full throughput run, the newer
+    bm25_runs = [r for r in (json.loads((RESULTS / "bm25.json").read_text()) if (RESULTS / "bm25.json").exists() else None,
+                             throughput) if r and r.get("bm25_store")]
+    bm25_store = max(bm25_runs, key=lambda r: r["run"].get("when", "")) if bm25_runs else None
     lines = ["# Results", "",
              "Generated by `python bench/make_results.py` from the latest runs in `bench/results/`; do not edit "
              "by hand. How to rerun each benchmark and what the numbers mean: `bench/README.md`.", "",
@@ -310,6 +365,8 @@ def main() -> int:
         lines += scaling_section(scaling, throughput)
     if throughput:
         lines += throughput_section(throughput)
+    if bm25_store:
+        lines += bm25_store_section(bm25_store)
     if unreal_speed:
         lines += unreal_section(unreal_speed)
     if daemon:

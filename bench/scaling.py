@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = [m.strip() for m in args.methods.split(",") if m.strip()]
 
     from evsel.engine import Engine
-    from evsel.evaluation.runner import Method
+    from evsel.evaluation.runner import EvalConfig, Method
 
     info = run_info(["python", "bench/scaling.py", *(argv if argv is not None else sys.argv[1:])])
     started = time.perf_counter()
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     pool_tokens = sum(p.tokens for p in passages)
     print(f"{len(passages)} passages, {pool_tokens} tokens, chunked in {chunk_s:.0f} s", file=sys.stderr)
     questions = pick_questions(args.questions)
-    methods = [Method(spec, engine) for spec in specs]
+    context = engine.selector_context(for_eval=True)
+    methods = [Method(spec, context, EvalConfig(methods=specs)) for spec in specs]
 
     rows: dict[str, dict[int, list[dict]]] = {m.spec: {L: [] for L in lengths} for m in methods}
     index_s: dict[str, float] = {m.spec: 0.0 for m in methods}
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 m.prepare(chunks)
                 index_s[m.spec] += time.perf_counter() - t
                 ranked, timings = m.rank(q["question"], chunks)
-                scores = metrics.ranking_metrics([c.id for c in ranked], [gold_ids], ks)
+                scores = metrics.ranking_metrics([s.chunk.id for s in ranked], [gold_ids], ks)
                 rows[m.spec][L].append({"qid": q["qid"], "depth": depth, "chunks": len(chunks), **scores,
                                         "select_s": timings["select_s"]})
         print(f"question {qi + 1}/{len(questions)} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)

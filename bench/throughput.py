@@ -2,6 +2,7 @@
 
     python bench/throughput.py                      # writes bench/results/throughput.json
     python bench/throughput.py --quick              # smaller sizes, fewer repeats (a smoke run)
+    python bench/throughput.py --only bm25-store    # BM25 persisted vs rebuilt, into bench/results/bm25.json
 
 1. Chunk encoding: the default backbone (bf16 where the CPU supports it, as evsel runs it) encodes
    batches of 16 chunks x 140 tokens through `Backbone.hidden_states_at` to layer 20 and to layer 30
@@ -9,10 +10,13 @@
    the layers actually run) and that as a share of a bf16 and an fp32 matmul roofline measured in
    the same run with the same threads.
 2. Selector latency vs number of chunks (10^3 .. 10^6, capped by --max-gib of memory):
-   BM25 as `evsel ask` runs it today (index built per ask) and with a prebuilt index, on synthetic
+   BM25 with its index built per ask (as `evsel eval` does) and prebuilt, on synthetic
    chunks whose words follow the word frequencies of real text; MaxSim (UNREAL scoring) over
    synthetic chunk states, 7 vectors x 576 dims per chunk in bf16, 4 query vectors.
-3. Peak RSS after each part.
+3. BM25 per in-process ask on a store (`--only bm25-store` runs just this, into bench/results/bm25.json):
+   today's rebuild (BM25Okapi from the chunk texts) against the index persisted at ingest (m004), in
+   the same run, with identical scores; 10^3 .. 10^5 chunks.
+4. Peak RSS after each part.
 """
 
 from __future__ import annotations
@@ -192,8 +196,8 @@ def bm25_latency(sizes: list[int], per_ask_max: int, quick: bool) -> list[dict]:
     for n in sizes:
         chunks = synthetic_chunks(n, words, p, rng)
         row: dict = {"chunks": n}
-        if n <= per_ask_max:  # as `evsel ask --select bm25` does it: tokenize and index per ask
-            selector = BM25Selector()
+        if n <= per_ask_max:  # as `evsel eval` (chunks in memory) does it: tokenize and index per ask
+            selector = BM25Selector(memory_context())
             t = time.perf_counter()
             selector.rank(QUESTIONS[0], chunks, 5)
             row["per_ask_s"] = time.perf_counter() - t
@@ -213,6 +217,138 @@ def bm25_latency(sizes: list[int], per_ask_max: int, quick: bool) -> list[dict]:
               + (f", per ask {row['per_ask_s']:.2f} s" if "per_ask_s" in row else ""), file=sys.stderr)
         del chunks, index
         gc.collect()
+    return out
+
+
+def memory_context(store=None):
+    """A selector context without a backbone: `store` None is the in-memory BM25Okapi build."""
+    from evsel.models.selectors import SelectorContext
+
+    def no_backbone():
+        raise RuntimeError("BM25 needs no backbone")
+
+    return SelectorContext(load_backbone=no_backbone, states=None, store=store)
+
+
+def bm25_store(sizes: list[int], doc_chunks: int, quick: bool, small_docs: int = 0) -> dict:
+    """Per-ask BM25 in-process, the way `evsel --no-daemon ask --select bm25` runs it, on a store of
+    synthetic documents of `doc_chunks` chunks: today's rebuild (BM25Okapi from the scope's chunk
+    texts) against the index persisted at ingest (m004), in the same run, on the same chunks. Every
+    ask opens the store afresh (a new process's connection) and reads its scope's chunks (`scope_s`,
+    the same for both); the selection times are `BM25Selector.rank(question, chunks, 5)` alone (as
+    `bm25_latency` times today's ask), with the persisted path's `scores` alone and its `rank` of
+    the whole scope (a Scored per chunk) beside it. Both must give the same scores, bit for bit.
+    The questions include one with a word in more than half of the chunks, so the idf floor (the
+    average idf over the scope's vocabulary) is paid too. With `small_docs`, the
+    largest size is run again with documents of that many chunks (many small documents: the most
+    per-document rows a scope's statistics add up)."""
+    import hashlib
+    import tempfile
+
+    from rank_bm25 import BM25Okapi
+
+    from evsel import bm25_index
+    from evsel.bm25_index import chunk_tokens, tokenize
+    from evsel.models.selectors.bm25 import BM25Selector
+    from evsel.store import Store, connect
+
+    words, p = word_distribution()
+    rng = np.random.default_rng(1)
+    # a word of the distribution present in more than half of the 100-word chunks: the idf floor
+    sample = synthetic_chunks(2000, words, p, rng)
+    df: Counter = Counter(t for c in sample for t in set(chunk_tokens(c.text)))
+    common, common_df = df.most_common(1)[0]
+    questions = [*QUESTIONS[: 2 if quick else 4], f"when was the {common} in the forest"]
+    out = {"doc_chunks": doc_chunks, "questions": questions, "floor_word": common,
+           "floor_word_chunk_share": common_df / len(sample), "sizes": []}
+    index_time = [0.0]
+    real_index = bm25_index.index_document
+
+    def timed_index(*args):
+        t = time.perf_counter()
+        real_index(*args)
+        index_time[0] += time.perf_counter() - t
+
+    runs = [(n, doc_chunks) for n in sizes] + ([(sizes[-1], small_docs)] if small_docs else [])
+    for n, doc_chunks in runs:
+        with tempfile.TemporaryDirectory(prefix="evsel-bm25-") as tmp:
+            path = Path(tmp) / "evsel.db"
+            store = Store(connect(path))
+            collections = [store.collection_id(name, create=True) for name in ("a", "b")]
+            index_time[0] = 0.0
+            bm25_index.index_document = timed_index
+            t = time.perf_counter()
+            try:
+                for d, start in enumerate(range(0, n, doc_chunks)):
+                    chunks = synthetic_chunks(min(doc_chunks, n - start), words, p, rng)
+                    rows = [{"seq": c.seq, "text": c.text, "content_hash": hashlib.sha256(c.text.encode()).hexdigest(),
+                             "n_tokens": c.n_tokens, "char_start": c.char_start, "char_end": c.char_end}
+                            for c in chunks]
+                    doc = {"part": "", "kind": "book", "title": f"doc {d}", "metadata": {}, "n_chars": 0, "chunks": rows}
+                    store.replace_file(collections[d % 2], f"/bench/doc{d}.txt", str(d), [doc])
+            finally:
+                bm25_index.index_document = real_index
+            row: dict = {"chunks": n, "doc_chunks": doc_chunks, "documents": len(store.documents()),
+                         "ingest_s": time.perf_counter() - t, "ingest_bm25_index_s": index_time[0]}
+            store.db.execute("pragma wal_checkpoint(truncate)")
+            pages = dict(store.db.execute("select name, sum(pgsize) from dbstat group by name").fetchall())
+            row["db_mib"] = path.stat().st_size / 2**20
+            row["bm25_tables_mib"] = sum(v for k, v in pages.items() if "bm25" in k) / 2**20
+            row["chunks_table_mib"] = sum(v for k, v in pages.items() if k == "chunks" or "_chunks_" in k) / 2**20
+            store.db.conn.close()
+            for scope, kwargs in (("store", {}), ("collection", {"collection": "a"}), ("doc", {"doc_ids": [1]})):
+                if scope != "store" and row["documents"] < 2:
+                    continue
+                # the same scores, bit for bit, for every question (checked outside the timings)
+                store = Store(connect(path))
+                chunks = store.chunks(**kwargs)
+                okapi = BM25Okapi([chunk_tokens(c.text) for c in chunks])
+                for q in questions:
+                    if BM25Selector(memory_context(store)).scores(q, chunks) != okapi.get_scores(tokenize(q)).tolist():
+                        raise AssertionError(f"persisted BM25 differs from BM25Okapi at {n} chunks, scope {scope}, {q!r}")
+                store.db.conn.close()
+                del okapi, chunks
+                gc.collect()
+                timings: dict[str, list[float]] = {"scope_s": [], "rebuild_s": [], "persisted_s": [],
+                                                   "persisted_scores_s": [], "persisted_rank_all_s": []}
+                for q in questions:
+                    t = time.perf_counter()
+                    store = Store(connect(path))  # what a fresh process opens
+                    chunks = store.chunks(**kwargs)
+                    timings["scope_s"].append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    today = BM25Selector(memory_context()).rank(q, chunks, 5)
+                    timings["rebuild_s"].append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    persisted = BM25Selector(memory_context(store)).rank(q, chunks, 5)
+                    timings["persisted_s"].append(time.perf_counter() - t)
+                    if [(s.chunk.id, s.score) for s in today] != [(s.chunk.id, s.score) for s in persisted]:
+                        raise AssertionError(f"persisted BM25 ranks differently at {n} chunks, scope {scope}, {q!r}")
+                    t = time.perf_counter()
+                    BM25Selector(memory_context(store)).scores(q, chunks)
+                    timings["persisted_scores_s"].append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    BM25Selector(memory_context(store)).rank(q, chunks)  # every chunk as a Scored, no top_n
+                    timings["persisted_rank_all_s"].append(time.perf_counter() - t)
+                    store.db.conn.close()
+                    del today, persisted
+                    gc.collect()
+                med = {k: statistics.median(v) for k, v in timings.items()}
+                row[scope] = {
+                    "chunks": len(chunks), **{f"{k}_median": v for k, v in med.items()},
+                    **{f"{k}_max": max(v) for k, v in timings.items()},
+                    "floor_question": {k: v[-1] for k, v in timings.items()},
+                    "ratio_select": med["persisted_s"] / med["rebuild_s"],
+                    "ratio_ask": (med["scope_s"] + med["persisted_s"]) / (med["scope_s"] + med["rebuild_s"]),
+                    "identical_scores": True,
+                }
+                del chunks
+            row["peak_rss_mib"] = peak_rss_mib()
+            out["sizes"].append(row)
+            s = row["store"]
+            print(f"bm25 store {n:>8} chunks in {row['documents']:>5} documents: rebuild {s['rebuild_s_median']:.3f} s, persisted "
+                  f"{s['persisted_s_median'] * 1000:.1f} ms (x{s['ratio_select']:.3f}); scope read "
+                  f"{s['scope_s_median']:.3f} s; ingest index {row['ingest_bm25_index_s']:.1f} s", file=sys.stderr)
     return out
 
 
@@ -269,13 +405,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for every part (default 1: on a CPU shared with other jobs, spin-waiting "
                              "OpenMP threads make multi-threaded timings meaningless; the roofline uses the same)")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "throughput.json")
+    parser.add_argument("--bm25-doc-chunks", type=int, default=1000,
+                        help="chunks per synthetic document in the BM25 store benchmark (1000 ~ a novel)")
+    parser.add_argument("--bm25-small-docs", type=int, default=10,
+                        help="also run the largest BM25 store with documents of this many chunks (0: not)")
+    parser.add_argument("--only", choices=["bm25-store"], default=None,
+                        help="run one part alone: bm25-store writes bench/results/bm25.json (unless --out)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default bench/results/throughput.json (bench/results/bm25.json with --only bm25-store)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    info = run_info(["python", "bench/throughput.py", *(argv if argv is not None else sys.argv[1:])])
+    store_sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5]
+    if args.only == "bm25-store":
+        out = args.out or HERE / "results" / "bm25.json"
+        started = time.perf_counter()
+        result = {"benchmark": "bm25-store", "run": info,
+                  "bm25_store": bm25_store(store_sizes, args.bm25_doc_chunks, args.quick, args.bm25_small_docs),
+                  "peak_rss_mib": peak_rss_mib(), "seconds": time.perf_counter() - started}
+        write_result(out, result)
+        print(f"wrote {out}", file=sys.stderr)
+        return 0
+    args.out = args.out or HERE / "results" / "throughput.json"
 
     from evsel.models.backbone import Backbone
 
-    info = run_info(["python", "bench/throughput.py", *(argv if argv is not None else sys.argv[1:])])
     sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5, 10**6]
     started = time.perf_counter()
     roof = roofline(args.quick)
@@ -291,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     del backbone
     gc.collect()
     bm25 = bm25_latency([n for n in sizes if n <= args.bm25_max], args.bm25_per_ask_max, args.quick)
+    store = bm25_store(store_sizes, args.bm25_doc_chunks, args.quick, args.bm25_small_docs)
     maxsim = maxsim_latency(sizes, args.max_gib, args.quick)
     result = {
         "benchmark": "throughput",
@@ -299,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         "encoding": enc,
         "bm25": bm25,
         "bm25_skipped_sizes": [n for n in sizes if n > args.bm25_max],
+        "bm25_store": store,
         "maxsim": maxsim,
         "maxsim_layout": {"vectors_per_chunk": L_P, "dim": DIM, "query_vectors": QUERY_VECTORS, "dtype": "bfloat16"},
         "peak_rss_mib": peak_rss_mib(),

@@ -50,7 +50,6 @@ def main(argv=None) -> int:
     from evsel.evaluation.runner import build_corpus
     from evsel.models import unreal
     from evsel.models.selectors import get_selector
-    from evsel.models.selectors.unreal import _QUERIES as query_cache
     from evsel.store import ChunkRecord
 
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -59,7 +58,7 @@ def main(argv=None) -> int:
     engine = Engine()
     backbone = engine.backbone
     _ = backbone.model
-    selector = get_selector("unreal", engine=engine)
+    selector = get_selector("unreal", engine.selector_context(for_eval=True))
     cfg = selector.adapter.config
     n_layers = backbone.model.config.num_hidden_layers
     dataset = load_dataset("fairytaleqa", split="train")  # 5K+ chunks: every size gets unseen ones
@@ -128,7 +127,7 @@ def main(argv=None) -> int:
         selector.rank(question, chunks, 5)  # cold: states encoded now
         cold = time.perf_counter() - t
         selector._scope = None
-        query_cache.clear()
+        selector._queries.clear()
         t = time.perf_counter()
         selector.rank(question, chunks, 5)  # warm: states read from the cache, the query pass run again
         warm = time.perf_counter() - t

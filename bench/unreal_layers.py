@@ -68,14 +68,14 @@ def main(argv=None) -> int:
         return {key: round(float(np.mean([r[key] for r in results])), 4) for key in results[0]}
 
     table: dict = {"questions": len(questions), "chunks": len(chunks), "k": args.k, "rows": []}
-    bm25 = get_selector("bm25", engine=engine)
+    bm25 = get_selector("bm25", engine.selector_context(for_eval=True))
     table["rows"].append({"method": "bm25", **evaluate(lambda q, scope: bm25.scores(q.question, scope))})
     rng = random.Random(0)
     table["rows"].append({"method": "random", **evaluate(lambda q, scope: [rng.random() for _ in scope])})
     print(table["rows"], file=sys.stderr)
 
     t = time.perf_counter()
-    states = {layer: unreal.chunk_states(engine, chunks, layer, 7, extra_layers=layers) for layer in layers}
+    states = {layer: unreal.chunk_states(engine.backbone, engine.states, chunks, layer, 7, extra_layers=layers) for layer in layers}
     table["encode_s"] = round(time.perf_counter() - t, 1)
     encoder = unreal.ChunkEncoder(engine.backbone, layers, pool=4)
     qstates = encoder.encode([q.question for q in questions])  # {layer: (Q, 4, d)}
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
 
     t = time.perf_counter()
     intrinsic = unreal.IntrinsicEncoder(engine.backbone, intrinsic_layers)
-    ikeys = unreal.intrinsic_states(engine, chunks, intrinsic_layers)
+    ikeys = unreal.intrinsic_states(engine.backbone, engine.states, chunks, intrinsic_layers)
     iq = intrinsic.queries([q.question for q in questions])
     table["intrinsic_encode_s"] = round(time.perf_counter() - t, 1)
     per_layer = {}

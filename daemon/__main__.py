@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0  # another client started one a moment ago; it will answer
         from .server import DEFAULT_IDLE_TIMEOUT, Daemon
 
-        idle = args.idle_timeout if args.idle_timeout is not None else float(
-            os.environ.get("EVSEL_DAEMON_IDLE", DEFAULT_IDLE_TIMEOUT))
+        from evsel import settings
+
+        idle = args.idle_timeout if args.idle_timeout is not None else settings.daemon_idle_timeout(
+            DEFAULT_IDLE_TIMEOUT)
         daemon = Daemon(idle_timeout=idle, preload=not args.no_preload, model=args.model, device=args.device)
         daemon.lock = lock
         return daemon.run()

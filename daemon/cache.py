@@ -97,8 +97,8 @@ class CachingStore(Store):
 class DaemonEngine(Engine):
     """The engine the daemon runs requests on: the same code, with scope data kept in memory."""
 
-    def __init__(self, model: str | None, device: str, store: Store, memo: MemoCache):
-        super().__init__(model=model, device=device, store=store)
+    def __init__(self, settings, store: Store, memo: MemoCache):
+        super().__init__(settings, store=store)
         self.memo = memo
 
     def cached(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:

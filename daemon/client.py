@@ -1,10 +1,11 @@
 """The CLI's side of the daemon: find it, start it when needed, and call the engine through it.
 
-`DaemonClient` has the engine's method signatures: `client.ask(question, top_n=3, on_event=view)`
-sends `{"method": "ask", "params": {...}}`, relays the daemon's progress events to `on_event` and
-returns the same plain dict `Engine.ask` returns (errors come back as the same `EvselError`s). Any
-public `Engine` method is a request, so methods added to the engine later need no client code.
-Only pure Python is imported here: a warm `evsel ask` never loads torch in the client.
+`DaemonClient` exposes the protocol and nothing else: the engine's requests (`evsel.engine.REQUESTS`)
+with the engine's signatures, so `client.ask(question, top_n=3, on_event=view)` sends
+`{"method": "ask", "params": {...}, "settings": {...}}`, relays the daemon's progress events to
+`on_event` and returns the same plain dict `Engine.ask` returns (errors come back as the same
+`EvselError`s). Paths in params are made absolute here, where the user typed them. Only pure
+Python is imported here: a warm `evsel ask` never loads torch in the client.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ import sys
 import time
 import uuid
 
-from evsel import __version__
+from evsel import __version__, settings
 from evsel.errors import EvselError, from_dict
 
 from . import runtime
-from .protocol import PROTOCOL_VERSION, LineReader, ProtocolError, encode, forwarded_env
+from .protocol import PROTOCOL_VERSION, LineReader, ProtocolError, encode
 from .runtime import DaemonError, DaemonFiles
 
-START_TIMEOUT = float(os.environ.get("EVSEL_DAEMON_START_TIMEOUT", "120"))
-LOCAL_ONLY = frozenset({"cached", "scope_chunks"})  # engine helpers that take or return live objects
+START_TIMEOUT = settings.daemon_start_timeout()
+# request params that are paths: resolved against the client's working directory before sending
+PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
+               "train_unreal": ("out", "data"), "watch_add": ("path",), "watch_remove": ("path",)}
 
 
 def _ignore(_event: dict) -> None:
@@ -48,15 +51,14 @@ class Connection:
     def send(self, message: dict) -> None:
         self.sock.sendall(encode(message))
 
-    def request(self, method: str, params: dict | None = None, on_event=_ignore, engine: dict | None = None,
+    def request(self, method: str, params: dict | None = None, on_event=_ignore, settings: dict | None = None,
                 meta: dict | None = None):
         """Send one request and wait for its result, relaying events. Ctrl-C cancels it."""
         request_id = uuid.uuid4().hex[:12]
         message = {"v": PROTOCOL_VERSION, "id": request_id, "type": "request", "method": method,
-                   "params": params or {}, "cwd": _cwd(), "client": {"pid": os.getpid(), "version": __version__},
-                   "env": {k: v for k, v in os.environ.items() if forwarded_env(k)}}
-        if engine is not None:
-            message["engine"] = engine
+                   "params": params or {}, "client": {"pid": os.getpid(), "version": __version__}}
+        if settings is not None:
+            message["settings"] = settings
         try:
             self.send(message)
             while True:
@@ -98,11 +100,32 @@ class Connection:
                               f"see {runtime.files().log}; run the command again") from None
 
 
-def _cwd() -> str:
+def _absolute(value, cwd: str):
+    if isinstance(value, str) and value:
+        return os.path.join(cwd, os.path.expanduser(value))
+    if isinstance(value, list):
+        return [_absolute(v, cwd) for v in value]
+    return value
+
+
+def resolve_paths(method: str, params: dict) -> dict:
+    """Params with their paths made absolute (the daemon runs in /, not in the user's directory)."""
+    names = PATH_PARAMS.get(method, ())
+    if not names:
+        return params
     try:
-        return os.getcwd()
+        cwd = os.getcwd()
     except OSError:  # the directory was deleted under us
-        return "/"
+        cwd = "/"
+    out = dict(params)
+    for name in names:
+        if name in out:
+            out[name] = _absolute(out[name], cwd)
+    if method == "eval" and isinstance(out.get("dataset"), str):
+        dataset = out["dataset"]
+        if dataset.endswith(".jsonl") or os.path.isfile(dataset):
+            out["dataset"] = _absolute(dataset, cwd)
+    return out
 
 
 # finding, starting and stopping the daemon
@@ -241,18 +264,16 @@ def status(daemon_files: DaemonFiles | None = None) -> dict | None:
 
 
 class DaemonClient:
-    """Stands in for `Engine` in the CLI: the same methods, run by the daemon.
+    """Stands in for `Engine` in the CLI: the engine's requests, run by the daemon with the
+    request's settings. Nothing else of the engine (its backbone, store) is reachable from here:
+    whatever needs the model runs where the model is resident."""
 
-    Attributes that are not requests (`backbone`, `store`) come from an in-process engine, so code
-    that reaches into the engine still works, in-process.
-    """
+    def __init__(self, settings=None, idle_timeout: float | None = None):
+        from evsel.settings import Settings
 
-    def __init__(self, model: str | None = None, device: str = "auto", idle_timeout: float | None = None):
-        self.model = model
-        self.device = device or "auto"
+        self.settings = settings or Settings.resolve()
         self.idle_timeout = idle_timeout
         self._connection: Connection | None = None
-        self._local = None
         self.info: dict | None = None
         self.last_meta: dict = {}
 
@@ -266,8 +287,8 @@ class DaemonClient:
                 else:
                     on_event(event)
 
-            self._connection, self.info = ensure_daemon(self.model, self.device, self.idle_timeout,
-                                                        on_event=relay)
+            self._connection, self.info = ensure_daemon(self.settings.model, self.settings.device,
+                                                        self.idle_timeout, on_event=relay)
         return self._connection
 
     def close(self) -> None:
@@ -279,8 +300,8 @@ class DaemonClient:
         connection = self.connect(on_event)
         self.last_meta = {}
         try:
-            return connection.request(method, params, on_event,
-                                      engine={"model": self.model, "device": self.device}, meta=self.last_meta)
+            return connection.request(method, resolve_paths(method, params), on_event,
+                                      settings=self.settings.to_dict(), meta=self.last_meta)
         except BaseException:
             self._connection = None  # a cancelled or broken connection is not reused
             raise
@@ -290,33 +311,19 @@ class DaemonClient:
         return self.call(method, params)
 
     def __getattr__(self, name: str):
-        from evsel.engine import Engine
+        from evsel.engine import REQUESTS, Engine
 
-        attr = inspect.getattr_static(Engine, name, None)
-        if name.startswith("_") or attr is None:
+        if name not in REQUESTS:
             raise AttributeError(name)
-        if inspect.isfunction(attr) and name not in LOCAL_ONLY:
-            signature = inspect.signature(attr)
+        signature = inspect.signature(getattr(Engine, name))
 
-            def remote(*args, **kwargs):
-                bound = signature.bind(None, *args, **kwargs)  # None stands for self
-                params = dict(bound.arguments)
-                params.pop(next(iter(signature.parameters)))
-                on_event = params.pop("on_event", None) or _ignore
-                try:
-                    encode(params)
-                except (TypeError, ValueError):  # not plain data: only an in-process engine can take it
-                    return getattr(self._local_engine(), name)(*args, **kwargs)
-                return self.call(name, params, on_event)
+        def remote(*args, **kwargs):
+            bound = signature.bind(None, *args, **kwargs)  # None stands for self
+            params = dict(bound.arguments)
+            params.pop(next(iter(signature.parameters)))
+            on_event = params.pop("on_event", None) or _ignore
+            return self.call(name, params, on_event)
 
-            remote.__name__ = name
-            remote.__doc__ = attr.__doc__
-            return remote
-        return getattr(self._local_engine(), name)
-
-    def _local_engine(self):
-        if self._local is None:
-            from evsel.engine import Engine
-
-            self._local = Engine(model=self.model, device=self.device)
-        return self._local
+        remote.__name__ = name
+        remote.__doc__ = getattr(Engine, name).__doc__
+        return remote

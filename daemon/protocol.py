@@ -6,24 +6,13 @@ import json
 import socket
 from pathlib import PurePath
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: requests carry `settings` (was: cwd, env, engine)
 MAX_LINE = 64 << 20  # a request or response line larger than this is refused
 
 # Requests answered at once on the connection's own thread: they never wait behind model work.
 FAST_METHODS = frozenset(
     {"hello", "status", "shutdown", "watch_add", "watch_remove", "watch_list", "docs_list", "docs_show", "docs_rm"}
 )
-
-
-# EVSEL_* variables that describe the daemon itself, or that travel as explicit request fields;
-# every other EVSEL_* variable of the client is sent with a model request and set while it runs,
-# so engine code that reads one (EVSEL_ENCODE, ...) sees the client's value, as in-process.
-DAEMON_OWN_ENV = frozenset({"EVSEL_HOME", "EVSEL_MODEL_CACHE", "EVSEL_MODEL", "EVSEL_DEVICE", "EVSEL_NO_DAEMON"})
-
-
-def forwarded_env(name: str) -> bool:
-    return (name.startswith("EVSEL_") and name not in DAEMON_OWN_ENV
-            and not name.startswith(("EVSEL_DAEMON_", "EVSEL_WATCH_")))
 
 
 class ProtocolError(Exception):

@@ -68,9 +68,11 @@ def build_id() -> str:
     (tests use it so that edits made while they run do not restart their daemons).
     """
     import evsel
+    from evsel import settings
 
-    if os.environ.get("EVSEL_DAEMON_BUILD"):
-        return f"{__version__}+{os.environ['EVSEL_DAEMON_BUILD']}"
+    tag = settings.daemon_build_tag()
+    if tag:
+        return f"{__version__}+{tag}"
 
     roots = [Path(evsel.__file__).parent, Path(__file__).parent, Path(__file__).parent.parent / "models"]
     digest = hashlib.sha1()

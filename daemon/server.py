@@ -16,6 +16,7 @@ does can stop the daemon: every failure is answered to its client and logged.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import logging.handlers
 import os
@@ -28,27 +29,33 @@ import time
 import traceback
 import uuid
 from collections import deque
-from contextlib import contextmanager
 from pathlib import Path
 
-from evsel import __version__
-from evsel.engine import Engine
+from evsel import __version__, paths
+from evsel import settings as settings_module
+from evsel.engine import REQUESTS, Engine
 from evsel.errors import EvselError, InputError, NotFoundError, from_dict, user_message
 from evsel.parsers import collect_files
+from evsel.settings import Settings
 from evsel.store import DEFAULT_COLLECTION, Store
 
 from . import runtime, watcher
 from .cache import CachingStore, DaemonEngine, MemoCache
-from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode, forwarded_env
+from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
 
 log = logging.getLogger("evsel.daemon")
 
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before the daemon exits
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
-LOCAL_ONLY = frozenset({"cached", "scope_chunks"})  # engine helpers that take or return live objects
+BACKGROUND_BATCH = 16  # chunks encoded between checks for waiting requests (a background encode yields)
 RECONCILE_S = 2.0  # how often the watch list is re-read from the store
 LOG_BYTES = 2 << 20
 LOG_BACKUPS = 3
+
+
+class YieldToRequests(BaseException):
+    """Raised from a background job's progress callback when a request is waiting: the job stops
+    after the batch it just stored and goes back to the end of the queue."""
 
 
 class RequestCancelled(BaseException):
@@ -62,18 +69,16 @@ class RequestCancelled(BaseException):
 class Job:
     """One queued request (or internal task) for the model worker."""
 
-    def __init__(self, method: str, params: dict, cwd: str = "/", model: str | None = None, device: str = "auto",
-                 client_pid: int | None = None, task=None, label: str = ""):
+    def __init__(self, method: str, params: dict, settings: Settings, client_pid: int | None = None, task=None,
+                 label: str = "", background: bool = False):
         self.id = uuid.uuid4().hex[:12]
         self.method = method
         self.params = params
-        self.cwd = cwd
-        self.model = model
-        self.device = device
+        self.settings = settings  # resolved by the client: absolute paths, its options and variables
         self.client_pid = client_pid
         self.task = task  # internal jobs: a callable(engine, emit) instead of an engine method
         self.label = label or method
-        self.env: dict[str, str] | None = None  # the client's EVSEL_* variables; None: the daemon's own
+        self.background = background  # yields to waiting requests between batches; nobody listens
         self.outbox: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.cancel_reason = "cancelled"
@@ -94,10 +99,11 @@ class Daemon:
         self.files = runtime.files()
         self.idle_timeout = idle_timeout
         self.preload = preload
-        self.preload_model = model
-        self.preload_device = device or "auto"
+        # the daemon's own settings (its environment at start), for jobs no client sent: resumed
+        # ingests and encodes, watched folders
+        self.settings = Settings.resolve(model=model, device=device or "auto", no_daemon=False)
         self.foreground = foreground
-        self.debounce = debounce if debounce is not None else float(os.environ.get("EVSEL_WATCH_DEBOUNCE", "1.0"))
+        self.debounce = debounce if debounce is not None else settings_module.watch_debounce()
         self.build = runtime.build_id()
         self.lock = runtime.HomeLock(self.files.lock)
         self.memo = MemoCache()
@@ -145,17 +151,16 @@ class Daemon:
         for path in (self.files.socket, self.files.pid):
             path.unlink(missing_ok=True)
         self._setup_logging()
-        # requests carry their own cwd, model and device; the daemon's own must not leak into them
+        # the home is the process's: made absolute once, before leaving the start directory (requests
+        # carry their settings with absolute paths, so no job depends on a working directory)
         os.environ["EVSEL_HOME"] = str(self.files.home.resolve())
         if os.environ.get("EVSEL_MODEL_CACHE"):
             os.environ["EVSEL_MODEL_CACHE"] = str(Path(os.environ["EVSEL_MODEL_CACHE"]).expanduser().resolve())
-        os.environ.pop("EVSEL_MODEL", None)
-        os.environ.pop("EVSEL_DEVICE", None)
         os.chdir("/")
         self.worker_store = CachingStore(self.memo)  # used by the model thread only
         self.fast_store = Store()  # docs requests and the watch list, under fast_lock
         self.status_store = Store()  # status only, so it never waits behind a slow docs request
-        self.fast_engine = Engine(store=self.fast_store)
+        self.fast_engine = Engine(self.settings, store=self.fast_store)
         self.sock = runtime.bind_unix(self.files.socket)
         self.socket_inode = os.stat(self.files.socket).st_ino
         runtime.write_pid_file(self.files, {
@@ -171,9 +176,10 @@ class Daemon:
         if self.preload:
             threading.Thread(target=self._preload, name="evsel-preload", daemon=True).start()
         self._resume_pending()
+        self._resume_encodes()
         self.watcher = watcher.Watcher(self._submit_watch, self.debounce)
         self.watcher.start()
-        for row in watcher.watch_rows(self.fast_store.db):
+        for row in self.fast_store.watches():
             self.watcher.watch(row["path"], row["collection"])
         try:
             self._accept_loop()
@@ -198,7 +204,7 @@ class Daemon:
     def _preload(self) -> None:
         self.preload_state = "loading"
         try:
-            engine = self._engine_for(self.preload_model, self.preload_device, "/")
+            engine = self._engine_for(self.settings)
             started = time.perf_counter()
             try:
                 # first, and before any job runs (the backbone's lazy setup is not thread-safe): an ingest
@@ -253,7 +259,7 @@ class Daemon:
         self.reconciled = time.monotonic()
         try:
             with self.status_lock:
-                rows = {r["path"]: r["collection"] for r in watcher.watch_rows(self.status_store.db)}
+                rows = {r["path"]: r["collection"] for r in self.status_store.watches()}
         except Exception as exc:  # noqa: BLE001  a locked store now is fine next time
             log.warning("reading the watch list failed: %s", exc)
             return
@@ -371,12 +377,14 @@ class Daemon:
             self.counts["errors"] += 1
             _send(conn, _error_message(request_id, error))
             return
-        engine_args = message.get("engine") or {}
-        job = Job(method, params, cwd=message.get("cwd") or "/", model=engine_args.get("model"),
-                  device=engine_args.get("device") or "auto", client_pid=(message.get("client") or {}).get("pid"))
-        env = message.get("env")
-        if isinstance(env, dict):
-            job.env = {str(k): str(v) for k, v in env.items() if forwarded_env(str(k))}
+        try:
+            settings = Settings.from_dict(message.get("settings"))
+        except (EvselError, TypeError) as exc:
+            self.counts["errors"] += 1
+            _send(conn, _error_message(request_id, {"type": "ProtocolError", "message": f"bad settings: {exc}",
+                                                    "hint": "a client of another evsel version? run: evsel daemon stop"}))
+            return
+        job = Job(method, params, settings, client_pid=(message.get("client") or {}).get("pid"))
         job.id = request_id
         position = self._enqueue(job)
         _send(conn, {"v": PROTOCOL_VERSION, "id": request_id, "type": "accepted", "queue_position": position})
@@ -437,8 +445,11 @@ class Daemon:
             return result
 
     def _watch_add(self, path: str, collection: str) -> dict:
-        root = str(watcher.watch_dir(path))
-        added = watcher.add_watch_row(self.fast_store.db, root, collection)
+        if not os.path.isabs(path):
+            raise InputError("the daemon takes absolute paths only", "a client of another evsel version? "
+                             "run: evsel daemon stop", path=path)
+        root = str(paths.watch_folder(path))
+        added = self.fast_store.add_watch(root, collection)
         self.watcher.watch(root, collection)
         try:
             n_files = len(collect_files(Path(root)))
@@ -448,30 +459,33 @@ class Daemon:
         return {"path": root, "collection": collection, "added": added, "files": n_files}
 
     def _watch_remove(self, path: str) -> dict:
-        root = watcher.watched_path(path)
-        removed_row = watcher.remove_watch_row(self.fast_store.db, root)
+        root = paths.watched_path(path)
+        removed_row = self.fast_store.remove_watch(root)
         stopped = self.watcher.unwatch(root)
         if not (removed_row or stopped):
             raise NotFoundError(f"{root} is not watched", "list watched folders with: evsel watch --list")
         log.info("watch %s: removed", root)
         return {"path": root, "removed": True}
 
-    def _watch_list(self, db=None) -> list[dict]:
+    def _watch_list(self, store: Store | None = None) -> list[dict]:
         live = self.watcher.describe()
         rows = []
-        for row in watcher.watch_rows(db or self.fast_store.db):
+        for row in (store or self.fast_store).watches():
             rows.append({**row, **live.get(row["path"], {"observing": False})})
         return rows
 
     def status(self) -> dict:
         with self.waiting_lock:
             waiting = [{"method": j.label, "waiting_s": round(time.perf_counter() - j.enqueued, 2)}
-                       for j in self.waiting]
+                       for j in self.waiting if not j.background]
+            background = [{"method": j.label, "running": j is self.running, "progress": j.last_event}
+                          for j in ([self.running] if self.running is not None else []) + self.waiting
+                          if j.background]
             running = self.running
         with self.status_lock:
             docs = self.status_store.db.execute(
                 "select count(*), coalesce(sum(n_chunks), 0) from documents").fetchone()
-            watches = self._watch_list(self.status_store.db) if self.watcher is not None else []
+            watches = self._watch_list(self.status_store) if self.watcher is not None else []
         with self.engines_lock:
             engines = list(self.engines.values())
         backbones = []
@@ -513,6 +527,7 @@ class Daemon:
                     "progress": running.last_event,
                 },
                 "waiting": waiting,
+                "background": background,
             },
             "clients": clients,
             "requests": dict(self.counts),
@@ -524,7 +539,7 @@ class Daemon:
     # engine requests
     def _check_engine_method(self, method: str, params: dict) -> dict | None:
         fn = getattr(Engine, method, None)
-        if method.startswith("_") or method in LOCAL_ONLY or not inspect.isfunction(fn):
+        if method not in REQUESTS or not inspect.isfunction(fn):
             return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
                     "hint": "a client of another evsel version? run: evsel daemon stop"}
         try:
@@ -540,20 +555,19 @@ class Daemon:
         self.queue.put(job)
         return position
 
-    def _engine_for(self, model: str | None, device: str, cwd: str) -> Engine:
-        if model:
-            candidate = Path(model).expanduser()
-            if not candidate.is_absolute():
-                candidate = Path(cwd) / candidate
-            if not candidate.exists():
-                # not kept: the engine's own check reports the path exactly as the user typed it
-                return DaemonEngine(model, device, self.worker_store, self.memo)
-            model = str(candidate.resolve())
-        key = (model, device)
+    def _engine_for(self, settings: Settings) -> Engine:
+        """The resident engine for the settings' model and device, set to the request's settings
+        (jobs run one at a time, so the worker's engine serves one request at a time)."""
+        model = settings.model
+        if model and not Path(model).exists():
+            # not kept: the engine's own check reports the missing path
+            return DaemonEngine(settings, self.worker_store, self.memo)
+        key = (str(Path(model).resolve()) if model else None, settings.device)
         with self.engines_lock:
             engine = self.engines.pop(key, None)
             if engine is None:
-                engine = DaemonEngine(model, device, self.worker_store, self.memo)
+                engine = DaemonEngine(settings, self.worker_store, self.memo)
+            engine.settings = settings
             self.engines[key] = engine  # most recently used last
             while len(self.engines) > MAX_ENGINES:
                 evicted = next(iter(self.engines))
@@ -578,9 +592,15 @@ class Daemon:
             self.last_activity = time.monotonic()
             status = "ok"
             try:
-                with _cwd(job.cwd), _env(job.env):
-                    result = self._run(job)
+                result = self._run(job)
                 job.outbox.put({"type": "result", "result": result, "meta": self._meta(job)})
+            except YieldToRequests:
+                status = "yielded"
+                with self.waiting_lock:
+                    self.running = None
+                self._enqueue(job)  # after the requests that were waiting
+                self._record(job, status)
+                continue
             except RequestCancelled:
                 status = "cancelled"
                 self.counts["cancelled"] += 1
@@ -620,27 +640,72 @@ class Daemon:
             if job.cancelled.is_set():
                 raise RequestCancelled(job.cancel_reason)
             job.last_event = event
+            if job.background:
+                if self._requests_waiting():
+                    raise YieldToRequests()
+                return
             job.outbox.put({"type": "event", "event": event})
 
         return emit
 
+    def _requests_waiting(self) -> bool:
+        with self.waiting_lock:
+            return any(not j.background for j in self.waiting)
+
     def _run(self, job: Job):
         emit = self._emitter(job)
+        engine = self._engine_for(job.settings)
         if job.task is not None:
-            engine = self._engine_for(job.model, job.device, job.cwd)
             return job.task(engine, emit)
-        engine = self._engine_for(job.model, job.device, job.cwd)
         fn = getattr(engine, job.method)
         params = dict(job.params)
         if "on_event" in inspect.signature(fn).parameters:
             params["on_event"] = emit
         if job.method == "ingest":
-            result = self._ingest_tracked(engine, params)
+            encode = params.pop("encode", None)
+            encode = job.settings.encode if encode is None else bool(encode)
+            # stored now, encoded in the background: the client gets its answer in seconds
+            result = self._ingest_tracked(engine, {**params, "encode": False})
+            if encode:
+                ids = [i for r in result if r.get("status") == "ingested" for i in r["doc_ids"]]
+                if ids:
+                    self._submit_encode(ids, job.settings)
+                    for r in result:
+                        if r.get("status") == "ingested":
+                            r["states"] = "background"
         else:
             result = fn(**params)
         if job.method in ("ingest", "docs_rm"):
             self._invalidate(result)
         return result
+
+    # per-chunk states, computed in the background after an ingest (and resumed after a crash)
+    def _submit_encode(self, doc_ids: list[int], settings: Settings, row_id: int | None = None) -> None:
+        db = self.worker_store.db
+        if row_id is None:
+            row_id = db.execute("insert into pending_encodes (doc_ids, settings, created_at) values (?, ?, ?)",
+                                [json.dumps(doc_ids), json.dumps(settings.to_dict()), time.time()]).lastrowid
+
+        def task(engine, emit):
+            outcome = engine.encode_states(doc_ids, emit, batch=BACKGROUND_BATCH)
+            db.execute("delete from pending_encodes where id = ?", [row_id])
+            log.info("states of documents %s: %d chunks encoded", doc_ids, outcome["encoded"])
+            return outcome
+
+        label = f"encoding chunk states of document{'s' if len(doc_ids) > 1 else ''} {_id_list(doc_ids)}"
+        self._enqueue(Job("encode_states", {}, settings, task=task, label=label, background=True))
+
+    def _resume_encodes(self) -> None:
+        for row in list(self.worker_store.db.query("select * from pending_encodes order by id")):
+            try:
+                settings = Settings.from_dict(json.loads(row["settings"]))
+                doc_ids = [int(i) for i in json.loads(row["doc_ids"])]
+            except (ValueError, TypeError, EvselError):
+                self.worker_store.db.execute("delete from pending_encodes where id = ?", [row["id"]])
+                continue
+            log.info("resuming the chunk states of documents %s", doc_ids)
+            self.resumed.append(f"chunk states of documents {_id_list(doc_ids)}")
+            self._submit_encode(doc_ids, settings, row["id"])
 
     def _invalidate(self, result) -> None:
         changed = set()
@@ -712,8 +777,7 @@ class Daemon:
                     log.info("resumed ingest of %s: %s%s", r["path"], r["status"], why)
                 return result
 
-            self._enqueue(Job("ingest", params, task=task, label="resume ingest",
-                              model=self.preload_model, device=self.preload_device))
+            self._enqueue(Job("ingest", params, self.settings, task=task, label="resume ingest"))
 
     # watch folders
     def _submit_watch(self, root: str, collection: str, paths: list[str] | None) -> None:
@@ -721,6 +785,8 @@ class Daemon:
             def quiet(event: dict) -> None:  # nobody is listening; still honour cancellation
                 emit(event)
 
+            encode = engine.settings.encode
+            engine.settings = engine.settings.with_(encode=False)  # stored now, encoded in the background
             try:
                 if paths is None:
                     outcome = watcher.full_sync(engine, root, collection, quiet)
@@ -730,12 +796,15 @@ class Daemon:
                 self.watcher.record_error(root, exc.line())
                 raise
             self.watcher.record(root, outcome)
+            ids = [i for r in outcome["files"] if r.get("status") == "ingested" for i in r["doc_ids"]]
+            if encode and ids:
+                self._submit_encode(ids, self.settings)
             self._invalidate(outcome["files"])
             self.memo.invalidate({d["id"] for d in outcome["removed"]})
             return outcome
 
         label = f"watch sync {root}" if paths is None else f"watch {len(paths)} file(s) in {root}"
-        self._enqueue(Job("watch", {}, task=task, label=label, model=self.preload_model, device=self.preload_device))
+        self._enqueue(Job("watch", {}, self.settings, task=task, label=label))
 
     def _internal_error(self, exc: BaseException) -> dict:
         return {"type": "EvselError", "message": user_message(exc).split("; rerun with")[0],
@@ -774,38 +843,9 @@ def _stopped_error() -> dict:
             "hint": "run the command again"}
 
 
-@contextmanager
-def _cwd(path: str):
-    """Run a job in its client's working directory, so relative paths mean what they meant there.
-
-    Only the model thread changes directory; every other thread uses absolute paths.
-    """
-    try:
-        os.chdir(path)
-    except OSError:
-        os.chdir("/")
-    try:
-        yield
-    finally:
-        os.chdir("/")
-
-
-@contextmanager
-def _env(env: dict[str, str] | None):
-    """Run a job with its client's EVSEL_* variables in place of the daemon's (the model thread only)."""
-    if env is None:
-        yield
-        return
-    saved = {k: v for k, v in os.environ.items() if forwarded_env(k)}
-    for key in saved:
-        del os.environ[key]
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key in [k for k in os.environ if forwarded_env(k)]:
-            del os.environ[key]
-        os.environ.update(saved)
+def _id_list(ids: list[int]) -> str:
+    shown = ", ".join(map(str, ids[:5]))
+    return shown + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
 
 def _rss_mb() -> float | None:

@@ -26,43 +26,6 @@ log = logging.getLogger("evsel.daemon")
 MAX_FAILURES_SHOWN = 20
 
 
-# the persisted list
-def watch_rows(db) -> list[dict]:
-    return list(db.query("select path, collection, created_at from watches order by path"))
-
-
-def add_watch_row(db, path: str, collection: str) -> bool:
-    """Remember a folder; True when it was not watched before (an existing one takes the new collection)."""
-    existed = db.execute("select 1 from watches where path = ?", [path]).fetchone() is not None
-    db.execute(
-        "insert into watches (path, collection, created_at) values (?, ?, ?) "
-        "on conflict(path) do update set collection = excluded.collection",
-        [path, collection, time.time()],
-    )
-    return not existed
-
-
-def remove_watch_row(db, path: str) -> bool:
-    return db.execute("delete from watches where path = ?", [path]).rowcount > 0
-
-
-def watch_dir(path: str) -> Path:
-    """The absolute, resolved folder to watch, or an error saying what is wrong with it."""
-    folder = Path(path).expanduser()
-    if not folder.exists():
-        raise InputError("no such directory", "check the path", path=str(path))
-    if not folder.is_dir():
-        raise InputError("not a directory", "evsel watch takes a folder; ingest a single file with: evsel ingest",
-                         path=str(path))
-    return folder.resolve()
-
-
-def watched_path(path: str) -> str:
-    """How --remove names a folder: resolved if it still exists, else absolute as given."""
-    folder = Path(path).expanduser()
-    return str(folder.resolve() if folder.exists() else folder.absolute())
-
-
 def wanted(root: str, path: str) -> bool:
     """Files a watch ingests: the same rule as ingesting the folder (supported suffix, not hidden)."""
     try:

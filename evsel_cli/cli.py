@@ -2,67 +2,89 @@
 
 from __future__ import annotations
 
-import os
 import sys
+from typing import Annotated, Literal, Optional
 
-import click
+import typer
+from typer._click.exceptions import ClickException, UsageError
 
-from . import __version__
+from . import __version__, settings
+from .commands import daemon, docs, models, train
 from .commands.ask import ask
-from .commands.daemon import daemon, watch
-from .commands.docs import docs
+from .commands.base import BOOL, CONTEXT_SETTINGS, App, choice, show_usage_error
 from .commands.eval import eval_command
 from .commands.ingest import ingest
-from .commands.models import models, sample
-from .commands.train import train
 from .errors import EvselError, user_message
 from .output import error
 
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 88}
+__all__ = ["CONTEXT_SETTINGS", "app", "cli", "main"]
+
+app = App(context_settings=CONTEXT_SETTINGS, add_completion=True)
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
-@click.version_option(__version__, prog_name="evsel")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", envvar="EVSEL_DEVICE",
-              show_default=True, help="Where the backbone runs (env EVSEL_DEVICE).")
-@click.option("--model", metavar="PATH", envvar="EVSEL_MODEL", default=None,
-              help="A local GGUF file or HF model folder instead of the bundled SmolLM2 (env EVSEL_MODEL).")
-@click.option("--no-daemon", is_flag=True, envvar="EVSEL_NO_DAEMON",
-              help="Run in this process instead of the resident daemon; same results, but the model "
-                   "loads every time (env EVSEL_NO_DAEMON=1).")
-@click.pass_context
-def cli(ctx, device, model, no_daemon):
+def _version(ctx: typer.Context, value: Optional[bool]) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    typer.echo(f"evsel, version {__version__}")
+    ctx.exit()
+
+
+@app.callback()
+def evsel(
+    ctx: typer.Context,
+    version: Annotated[Optional[bool], typer.Option(
+        "--version", callback=_version, is_eager=True, expose_value=False,
+        help="Show the version and exit.")] = None,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(
+        "--device", envvar="EVSEL_DEVICE", show_envvar=False, parser=choice(["auto", "cpu", "cuda"]),
+        help="Where the backbone runs (env EVSEL_DEVICE).")] = "auto",
+    model: Annotated[Optional[str], typer.Option(
+        "--model", metavar="PATH", envvar="EVSEL_MODEL", show_envvar=False,
+        help="A local GGUF file or HF model folder instead of the bundled SmolLM2 (env EVSEL_MODEL).")] = None,
+    no_daemon: Annotated[bool, typer.Option(
+        "--no-daemon", envvar="EVSEL_NO_DAEMON", show_envvar=False, parser=BOOL,
+        help="Run in this process instead of the resident daemon; same results, but the model "
+             "loads every time (env EVSEL_NO_DAEMON=1).")] = False,
+):
     """Ask questions about long documents; the evidence is chosen by the LLM that answers.
 
     State lives in EVSEL_HOME (default: the platform's user data directory). Commands run in a
     background daemon that keeps the model loaded (started on first use; see evsel daemon).
     """
+    # what the commands read (commands.common); the request's Settings are resolved from it on
+    # first use (commands.common.settings)
     ctx.obj = {"device": device, "model": model, "no_daemon": no_daemon}
 
 
-cli.add_command(ingest)
-cli.add_command(ask)
-cli.add_command(docs)
-cli.add_command(eval_command)
-cli.add_command(models)
-cli.add_command(sample)
-cli.add_command(train)
-cli.add_command(daemon)
-cli.add_command(watch)
+app.command("ingest")(ingest)
+app.command("ask")(ask)
+app.add_typer(docs.app, name="docs")
+app.command("eval")(eval_command)
+app.add_typer(models.app, name="models")
+app.command("sample")(models.sample)
+app.add_typer(train.app, name="train")
+app.add_typer(daemon.app, name="daemon")
+app.command("watch")(daemon.watch)
+
+# the Click command tree Typer builds from the app: what main() runs and the man pages document
+cli = typer.main.get_command(app)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        # without standalone mode click returns ctx.exit(n)'s code instead of raising it
+        # without standalone mode the command returns ctx.exit(n)'s code instead of raising it
         code = cli.main(args=argv, prog_name="evsel", standalone_mode=False)
         if isinstance(code, int) and not isinstance(code, bool):
             return code
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.ClickException as exc:
+    except UsageError as exc:
+        show_usage_error(exc)
+        return exc.exit_code
+    except ClickException as exc:
         exc.show()
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         error("interrupted")
         return 130
     except KeyboardInterrupt:
@@ -74,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:
-        if os.environ.get("EVSEL_DEBUG"):
+        if settings.debug():
             raise
         error(user_message(exc))
         return 1

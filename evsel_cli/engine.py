@@ -7,16 +7,55 @@ plain dicts, so the same call works locally and over the daemon's socket.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from . import chunker
+from .chunker import DEFAULT_CHUNK_TOKENS
 from .errors import EmptyStoreError, EvselError, InputError, NotFoundError
-from .parsers import collect_files, parse_file
+from .parsers import KINDS, collect_files, parse_file
+from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer
+from .settings import Settings
 from .store import DEFAULT_COLLECTION, ChunkRecord, Store
+
+# What the commands need to know to parse their options (they import the engine, not its parts).
+__all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "KINDS", "REQUESTS", "RERANK_TOP",
+           "SELECTORS_HELP", "Engine", "evidence_label"]
+
+
+def _selectors_help() -> str:
+    from evsel.models.selectors import HELP
+
+    return HELP
+
+
+SELECTORS_HELP = _selectors_help()
+DATASETS = ("locomo", "fairytaleqa", "musique", "hotpotqa", "mmlongbench", "financebench", "nocha")
+
+
+def evidence_label(item: dict) -> str:
+    """Where an evidence passage of `ask`'s result comes from: title, page or session/time,
+    speakers, turns."""
+    from .answer import describe
+
+    chunk = ChunkRecord(id=item["chunk_id"], doc_id=item["doc_id"], seq=item["seq"], text=item["text"],
+                        content_hash="", n_tokens=0, char_start=item["char_start"], char_end=item["char_end"],
+                        page_start=item["page_start"], page_end=item["page_end"], session=item["session"],
+                        time_start=item["time_start"], title=item["title"])
+    where = describe(chunk)
+    if item["speakers"]:
+        where += f"; speakers: {', '.join(item['speakers'])}"
+    if item["turn_ids"]:
+        turns = item["turn_ids"]
+        where += f"; turns {turns[0]}" + (f"-{turns[-1]}" if len(turns) > 1 else "")
+    return where
+
+
+# The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
+REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
+            "train_convert", "train_unreal", "watch_add", "watch_remove", "watch_list")
 
 Event = dict
 EventSink = Callable[[Event], None]
@@ -49,13 +88,34 @@ class FileResult:
 
 
 class Engine:
-    """Holds the store and the (lazily loaded) backbone for one EVSEL_HOME."""
+    """Holds the store, the (lazily loaded) backbone and the settings of one request.
 
-    def __init__(self, model: str | None = None, device: str = "auto", store: Store | None = None):
-        self.model_arg = model
-        self.device = device
+    In-process an engine serves one command; the daemon makes one per request with `for_request`,
+    sharing its resident backbone, store connection and in-memory caches.
+    """
+
+    def __init__(self, settings: Settings | None = None, store: Store | None = None, *,
+                 model: str | None = None, device: str | None = None):
+        settings = settings or Settings()
+        if model is not None or device is not None:  # a shortcut for scripts, tests and benchmarks
+            settings = settings.with_(model=model if model is not None else settings.model,
+                                      device=device or settings.device)
+        self.settings = settings
         self._store = store
         self._backbone = None
+        self._eval_states = None
+        self.resources: dict = {}  # selector-owned objects (the MiniLM encoder), kept with the engine
+        import threading
+
+        self.resources_lock = threading.Lock()
+
+    @property
+    def model_arg(self) -> str | None:
+        return self.settings.model
+
+    @property
+    def device(self) -> str:
+        return self.settings.device
 
     @property
     def store(self) -> Store:
@@ -68,8 +128,42 @@ class Engine:
         if self._backbone is None:
             from evsel.models.backbone import Backbone
 
-            self._backbone = Backbone(self.model_arg, self.device)
+            self._backbone = Backbone(self.settings.model, self.settings.device, threads=self.settings.threads)
         return self._backbone
+
+    @property
+    def states(self):
+        """Per-chunk states in the user's store (filled at ingest, read by ask)."""
+        from evsel.models.statecache import StateCache
+
+        return StateCache(self.store)
+
+    @property
+    def eval_states(self):
+        """Eval's own state cache (EVSEL_HOME/cache/eval.db): eval never writes into the user's store."""
+        if self._eval_states is None:
+            from evsel import paths
+            from evsel.models.statecache import StateCache
+            from evsel.store import connect
+
+            self._eval_states = StateCache(Store(connect(paths.eval_cache_path())))
+        return self._eval_states
+
+    def selector_context(self, on_event: EventSink = _ignore, for_eval: bool = False):
+        """The context handed to selectors: the user's store and states for ask, eval's own cache
+        (and no store: its chunks live in memory) for eval."""
+        from evsel.models.selectors import SelectorContext
+
+        return SelectorContext(
+            load_backbone=lambda: self.backbone,
+            states=self.eval_states if for_eval else self.states,
+            store=None if for_eval else self.store,
+            memo=self.cached,
+            on_event=on_event,
+            settings=self.settings,
+            resources=self.resources,
+            resources_lock=self.resources_lock,
+        )
 
     # ingest
     def ingest(
@@ -83,10 +177,11 @@ class Engine:
     ) -> list[dict]:
         """Ingest files and directories. A failing file is reported and skipped; others go on.
 
-        With `encode` (default: $EVSEL_ENCODE, else on) the chunks' UNREAL states are computed
-        right after each file is stored, so the first `ask --select unreal` needs no encoding."""
+        With `encode` (default: the settings' EVSEL_ENCODE, on) the chunks' UNREAL states are
+        computed right after each file is stored, so the first `ask --select unreal` needs no
+        encoding. (The daemon stores first and encodes in the background: `encode_states`.)"""
         if encode is None:
-            encode = os.environ.get("EVSEL_ENCODE", "1").strip().lower() not in ("0", "false", "no", "off")
+            encode = self.settings.encode
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
         results: list[FileResult] = []
@@ -112,15 +207,34 @@ class Engine:
     def _encode_states(self, result: FileResult, on_event: EventSink) -> None:
         """Per-chunk model states for a stored file. A failure here leaves the file ingested:
         the states are computed later, when a selector first needs them."""
-        from evsel.models import unreal
-
         started = time.perf_counter()
         try:
-            unreal.encode_at_ingest(self, self.store.chunks(doc_ids=result.doc_ids), on_event)
+            self.encode_states(result.doc_ids, on_event)
         except EvselError as exc:
             result.warnings.append(f"chunk states not computed now ({exc.message}); they will be at the first ask")
             on_event({"type": "warning", "message": f"{result.path}: {result.warnings[-1]}"})
         result.seconds += time.perf_counter() - started
+
+    def encode_states(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore,
+                      batch: int = 64) -> dict:
+        """Compute the per-chunk states ingest keeps (UNREAL's, for the adapter in use) that are
+        missing for these documents (None: every document). Written per batch, so an interrupted
+        run resumes where it stopped. Returns {"encoded": chunks computed, "missing_before": ...}."""
+        from evsel.models import unreal
+
+        key = unreal.ingest_state_key(self.backbone, self.settings.unreal_adapter)
+        if key is None:
+            return {"encoded": 0, "missing_before": 0}
+        method, config = key
+        known = {d["id"] for d in self.store.documents()}
+        doc_ids = [d for d in doc_ids if d in known] if doc_ids is not None else None
+        if doc_ids == []:
+            return {"encoded": 0, "missing_before": 0}
+        missing = self.store.chunks_missing_states(self.backbone.fingerprint, method, config, doc_ids)
+        if missing:
+            unreal.encode_at_ingest(self.backbone, self.states, missing, self.settings.unreal_adapter, on_event,
+                                    batch=batch)
+        return {"encoded": len(missing), "missing_before": len(missing)}
 
     def _chunker_config(self, chunk_tokens: int) -> dict:
         return {"tokens": chunk_tokens, "tokenizer": self.backbone.fingerprint[:16]}
@@ -180,7 +294,7 @@ class Engine:
                                path=str(path))
             return FileResult(str(path), "failed", error=error.to_dict(), seconds=time.perf_counter() - started)
         except Exception as exc:  # a library or parser failure on one file must not stop the others
-            if os.environ.get("EVSEL_DEBUG"):
+            if self.settings.debug:
                 raise
             error = EvselError(f"unexpected {type(exc).__name__} while ingesting: {exc}",
                                "rerun with EVSEL_DEBUG=1 for a traceback and report it", path=str(path))
@@ -225,63 +339,108 @@ class Engine:
         select: str = "bm25",
         evidence_only: bool = False,
         max_new_tokens: int = 96,
+        rerank: str | None = None,
+        rerank_top: int = RERANK_TOP,
         on_event: EventSink = _ignore,
     ) -> dict:
-        from evsel.models.selectors import get_selector
-
-        from .answer import build_messages
-
         question = question.strip()
         if not question:
             raise EvselError("the question is empty", 'ask something, e.g. evsel ask "who killed the count?"')
-        if top_n < 1:
-            raise EvselError(f"--top-n {top_n} must be at least 1")
+        spec = PipelineSpec(select=select, rerank=rerank, rerank_top=rerank_top, top_n=top_n)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         chunks = self.scope_chunks(doc_ids, collection)
         timings["scope_s"] = time.perf_counter() - started
 
-        selector = get_selector(select, engine=self)
-        if hasattr(selector, "on_event"):  # selectors that may encode chunks show a progress bar
-            selector.on_event = on_event
-        if selector.needs_model or not evidence_only:
+        pipeline = Pipeline(spec, self.selector_context(on_event))
+        if pipeline.needs_model or not evidence_only:
             on_event({"type": "progress", "task": "load", "label": "loading the model", "done": 0, "total": 1})
             t = time.perf_counter()
             _ = self.backbone.model
             timings["load_s"] = time.perf_counter() - t
-        on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({select})", "done": 0, "total": 1})
-        t = time.perf_counter()
-        ranked = selector.rank(question, chunks, top_n)
-        timings["select_s"] = time.perf_counter() - t
+        on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({spec.name})",
+                  "done": 0, "total": 1})
+        ranked, stage_timings = pipeline.rank(question, chunks)
+        timings.update(stage_timings)
+        evidence = pipeline.evidence(ranked)
 
-        answer = None
+        text = None
         usage = {}
         if not evidence_only:
-            in_document_order = sorted(ranked, key=lambda s: (s.chunk.doc_id, s.chunk.seq))
             on_event({"type": "progress", "task": "generate", "label": "writing the answer", "done": 0, "total": 1})
-            t = time.perf_counter()
-            generated = self.backbone.generate(build_messages(question, in_document_order), max_new_tokens)
-            timings["generate_s"] = time.perf_counter() - t
-            answer = generated["text"]
+            generated = answer(self.backbone, question, evidence, max_new_tokens)
+            timings["generate_s"] = generated["generate_s"]
+            text = generated["text"]
             usage = {"prompt_tokens": generated["prompt_tokens"], "generated_tokens": generated["generated_tokens"]}
         timings["total_s"] = time.perf_counter() - started
-        evidence = [
-            {"rank": s.rank, "score": round(s.score, 4), **s.chunk.provenance(), "text": s.chunk.text}
-            for s in sorted(ranked, key=lambda s: (s.chunk.doc_id, s.chunk.seq))
-        ]
+        method = {"select": select, "top_n": top_n, "candidates": len(chunks)}
+        if rerank is not None:
+            method.update(rerank=rerank, rerank_top=rerank_top)
         result = {
             "question": question,
-            "answer": answer,
-            "evidence": evidence,
-            "method": {"select": select, "top_n": top_n, "candidates": len(chunks)},
+            "answer": text,
+            "evidence": [{"rank": s.rank, "score": round(s.score, 4), **s.chunk.provenance(), "text": s.chunk.text}
+                         for s in evidence],
+            "method": method,
             "timings": {k: round(v, 4) for k, v in timings.items()},
             "usage": usage,
         }
-        if not evidence_only or selector.needs_model:
+        if not evidence_only or pipeline.needs_model:
             result["method"]["backbone"] = self.backbone.name
             result["method"]["fingerprint"] = self.backbone.fingerprint
             result["method"]["device"] = self.backbone.plan.device
         return result
+
+    # evaluation and training: engine requests, so they run where the model is resident
+    def eval(
+        self,
+        dataset: str,
+        methods: list[str],
+        ks: list[int] | None = None,
+        generate: bool = False,
+        limit: int | None = None,
+        split: str | None = None,
+        concat: int = 0,
+        data_dir: str | None = None,
+        top_n: int = 5,
+        chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
+        max_new_tokens: int = 32,
+        per_question: bool = False,
+        rerank_top: int = RERANK_TOP,
+        on_event: EventSink = _ignore,
+    ) -> dict:
+        """`evsel eval`: every method through the ask pipeline on the same in-memory chunks. Chunk
+        states go to eval's own cache, never into the user's store."""
+        from pathlib import Path as _Path
+
+        from .evaluation import EvalConfig, load_dataset, run
+
+        if chunk_tokens < 16:
+            raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
+        config = EvalConfig(methods=list(methods), ks=list(ks or [1, 3, 5, 10]), generate=generate, limit=limit,
+                            top_n=top_n, chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens,
+                            per_question=per_question, rerank_top=rerank_top)
+        folder = data_dir or self.settings.data_dir
+        data = load_dataset(dataset, _Path(folder) if folder else None, split=split, concat=concat)
+        return run(data, config, self, on_event=on_event)
+
+    def train_convert(self, out: str, options: dict, data_dir: str | None = None,
+                      on_event: EventSink = _ignore) -> dict:
+        """`evsel train convert`: UNREAL training data in the common JSONL format."""
+        from evsel.recipes import unreal as recipe
+
+        folder = data_dir or self.settings.data_dir
+        return recipe.convert(Path(out), recipe.DataConfig(**options), self.backbone,
+                              Path(folder) if folder else None, on_event)
+
+    def train_unreal(self, out: str, recipe_name: str = "full", data: str | None = None,
+                     sources: list[str] | None = None, options: dict | None = None, command: str | None = None,
+                     on_event: EventSink = _ignore) -> dict:
+        """`evsel train unreal`: train (or resume) UNREAL's adapter; log lines come as events."""
+        from evsel.recipes import unreal as recipe
+
+        return recipe.run_recipe(self, out, recipe_name, data, sources or [], options or {}, command,
+                                 self.settings.data_dir, on_event)
 
     # documents
     def docs_list(self, collection: str | None = None) -> list[dict]:
@@ -302,7 +461,28 @@ class Engine:
         self.store.remove_documents(doc_ids)
         return [{"id": d["id"], "title": d["title"], "path": d["path"]} for d in docs]
 
+    # watched folders: in-process they are only saved; the daemon watches them when it runs (it
+    # answers these requests itself, and starts observing at once)
+    def watch_add(self, path: str, collection: str = DEFAULT_COLLECTION) -> dict:
+        from . import paths
+
+        root = str(paths.watch_folder(path))
+        added = self.store.add_watch(root, collection)
+        return {"path": root, "collection": collection, "added": added, "files": None}
+
+    def watch_remove(self, path: str) -> dict:
+        from . import paths
+
+        root = paths.watched_path(path)
+        if not self.store.remove_watch(root):
+            raise NotFoundError(f"{root} is not watched", "list watched folders with: evsel watch --list")
+        return {"path": root, "removed": True}
+
+    def watch_list(self) -> list[dict]:
+        return self.store.watches()
+
     def models_info(self, load: bool = True) -> dict:
+        """The backbone, its fingerprint, device, dtype and why."""
         if load:
             _ = self.backbone.model
         info = self.backbone.info()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import click
+from typer._click import Command, Context
+from typer.core import TyperGroup
 
 from . import __version__
 
@@ -25,16 +26,16 @@ def _escape(text: str) -> str:
     return "\n".join(lines)
 
 
-def _commands(group: click.Group, prefix: list[str]):
-    ctx = click.Context(group, info_name=" ".join(prefix))
+def _commands(group: TyperGroup, prefix: list[str]):
+    ctx = Context(group, info_name=" ".join(prefix))
     for name in sorted(group.list_commands(ctx)):
         command = group.get_command(ctx, name)
         yield prefix + [name], command
-        if isinstance(command, click.Group):
+        if isinstance(command, TyperGroup):
             yield from _commands(command, prefix + [name])
 
 
-def _help_text(command: click.Command, words: list[str]) -> str:
+def _help_text(command: Command, words: list[str]) -> str:
     from .cli import CONTEXT_SETTINGS
 
     # the CLI's own help option names (-h, --help): click caches a command's help option the first
@@ -42,13 +43,13 @@ def _help_text(command: click.Command, words: list[str]) -> str:
     names = CONTEXT_SETTINGS["help_option_names"]
     parent = None
     for i, word in enumerate(words[:-1]):
-        parent = click.Context(click.Group(word), info_name=word, parent=parent, help_option_names=names)
-    ctx = click.Context(command, info_name=words[-1], parent=parent, terminal_width=WIDTH, max_content_width=WIDTH,
-                        help_option_names=names)
+        parent = Context(TyperGroup(name=word), info_name=word, parent=parent, help_option_names=names)
+    ctx = Context(command, info_name=words[-1], parent=parent, terminal_width=WIDTH, max_content_width=WIDTH,
+                  help_option_names=names)
     return command.get_help(ctx)
 
 
-def render(command: click.Command, words: list[str], subcommands: list[list[str]]) -> str:
+def render(command: Command, words: list[str], subcommands: list[list[str]]) -> str:
     name = "-".join(words)
     summary = (command.get_short_help_str(limit=200) or "").rstrip(".")
     out = [
@@ -67,7 +68,7 @@ def render(command: click.Command, words: list[str], subcommands: list[list[str]
 
 
 def pages() -> dict[str, str]:
-    from .cli import cli
+    from .cli import cli  # the Click command tree Typer builds from evsel's app
 
     found = list(_commands(cli, ["evsel"]))
     result = {"evsel.1": render(cli, ["evsel"], [w for w, _ in found])}

@@ -61,6 +61,8 @@ class ProgressView:
         kind = event.get("type")
         if kind == "warning":
             self._print(lambda: warning(event["message"]))
+        elif kind == "log":  # a line of a long job's log (training), shown as it comes
+            self._print(lambda: stderr.print(event["message"], markup=False, highlight=False))
         elif kind == "file" and event.get("status") == "failed" and event.get("error"):
             from .errors import from_dict
 

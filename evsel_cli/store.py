@@ -104,6 +104,28 @@ def m003_chunk_states(db: sqlite_utils.Database) -> None:
     )
 
 
+@migration
+def m004_bm25_index(db: sqlite_utils.Database) -> None:
+    # BM25's per-document postings and vocabulary (evsel/bm25_index.py), written by replace_file in
+    # the same transaction as the chunks, so an ask reads its scope's statistics instead of
+    # tokenizing every chunk. Documents stored before this migration are indexed here.
+    from . import bm25_index
+
+    for sql in bm25_index.SCHEMA:
+        db.execute(sql)
+    bm25_index.backfill(db.conn)
+
+
+@migration
+def m005_pending_encodes(db: sqlite_utils.Database) -> None:
+    # Per-chunk states the daemon computes in the background after an ingest: one row per ingest
+    # request until its documents are encoded, so a daemon killed mid-encode resumes at its next start.
+    db.execute(
+        "create table pending_encodes (id integer primary key, doc_ids text not null, settings text not null,"
+        " created_at float)"
+    )
+
+
 def migrate(db: sqlite_utils.Database) -> list[str]:
     """Apply the migrations not yet applied, each in its own transaction. Returns their names."""
     db.execute(
@@ -259,8 +281,11 @@ class Store:
         `docs` items: {part, kind, title, metadata, n_chars, chunks: [chunk dicts]}. Document ids stay
         stable across versions of the same (collection, path, part). Returns the document ids.
         """
+        from . import bm25_index
+
         now = time.time()
         ids = []
+        dropped: set[str] = set()  # content hashes of the chunks this replaces
         conn = self.db.conn
         conn.execute("begin immediate")
         try:
@@ -282,6 +307,8 @@ class Store:
                 previous = old.pop(doc["part"], None)
                 if previous:
                     doc_id = previous["id"]
+                    dropped |= self._chunk_hashes(doc_id)
+                    bm25_index.drop_document(conn, doc_id)
                     conn.execute("delete from chunks where doc_id = ?", [doc_id])
                     sets = ", ".join(f"{k} = ?" for k in values)
                     conn.execute(f"update documents set {sets} where id = ?", [*values.values(), doc_id])
@@ -306,25 +333,46 @@ class Store:
                         for c in doc["chunks"]
                     ],
                 )
+                bm25_index.index_document(conn, doc_id, [(c["seq"], c["text"], c["content_hash"]) for c in doc["chunks"]])
                 ids.append(doc_id)
             for stale in old.values():  # parts that vanished from the new version of the file
-                self._delete_document(stale["id"])
+                dropped |= self._delete_document(stale["id"])
+            self._drop_orphan_states(dropped)
             conn.execute("commit")
         except BaseException:
             conn.execute("rollback")
             raise
         return ids
 
-    def _delete_document(self, doc_id: int) -> None:
+    def _chunk_hashes(self, doc_id: int) -> set[str]:
+        return {r[0] for r in self.db.conn.execute("select content_hash from chunks where doc_id = ?", [doc_id])}
+
+    def _delete_document(self, doc_id: int) -> set[str]:
+        """Delete one document, its chunks and its BM25 rows (inside the caller's transaction).
+        Returns the content hashes of its chunks, for `_drop_orphan_states`."""
+        from . import bm25_index
+
+        hashes = self._chunk_hashes(doc_id)
+        bm25_index.drop_document(self.db.conn, doc_id)
         self.db.conn.execute("delete from chunks where doc_id = ?", [doc_id])
         self.db.conn.execute("delete from documents where id = ?", [doc_id])
+        return hashes
+
+    def _drop_orphan_states(self, hashes: Iterable[str]) -> None:
+        """Delete the cached states (m003) of these content hashes that no chunk holds any more
+        (states are shared by every chunk with the same text, so only the last one takes them)."""
+        orphans = [(h,) for h in hashes
+                   if not self.db.conn.execute("select 1 from chunks where content_hash = ? limit 1", [h]).fetchone()]
+        self.db.conn.executemany("delete from chunk_states where content_hash = ?", orphans)
 
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
         conn = self.db.conn
         conn.execute("begin immediate")
         try:
+            dropped: set[str] = set()
             for doc_id in doc_ids:
-                self._delete_document(doc_id)
+                dropped |= self._delete_document(doc_id)
+            self._drop_orphan_states(dropped)
             conn.execute("commit")
         except BaseException:
             conn.execute("rollback")
@@ -350,6 +398,19 @@ class Store:
         if not rows:
             raise NotFoundError(f"no document with id {doc_id}", "list documents with: evsel docs list")
         return rows[0]
+
+    # BM25 index (m004)
+    def bm25_scope(self, chunks: list[ChunkRecord]):
+        """The persisted BM25 index of a scope (a `bm25_index.Scope`); None unless `chunks` are
+        whole documents of this store, each in order."""
+        from . import bm25_index
+
+        return bm25_index.open_scope(self.db.conn, chunks)
+
+    def bm25_scores(self, scope, query: list[str], k1: float, b: float):
+        """rank-bm25's BM25Okapi scores (an ndarray) of a `bm25_scope` for the query tokens; None
+        when one of its documents was replaced or removed since the scope was opened."""
+        return scope.scores(self.db.conn, query, k1, b)
 
     # per-chunk states (m003): numpy arrays, fetched and written in bulk
     def get_states(self, model: str, method: str, config: str, hashes: Iterable[str]) -> dict:
@@ -388,6 +449,27 @@ class Store:
             conn.execute("rollback")
             raise
 
+    def chunks_missing_states(self, model: str, method: str, config: str,
+                              doc_ids: list[int] | None = None) -> list[ChunkRecord]:
+        """Chunks (of `doc_ids`, or all) whose state for (model, method, config) is not stored, one
+        per distinct text, in document order."""
+        sql = (
+            "select ch.*, d.title, d.kind, d.path from chunks ch join documents d on d.id = ch.doc_id "
+            "where not exists (select 1 from chunk_states s where s.content_hash = ch.content_hash "
+            "and s.model = ? and s.method = ? and s.config = ?)"
+        )
+        args: list = [model, method, config]
+        if doc_ids:
+            sql += f" and ch.doc_id in ({', '.join('?' for _ in doc_ids)})"
+            args.extend(doc_ids)
+        seen: set[str] = set()
+        out = []
+        for row in self.db.query(sql + " order by ch.doc_id, ch.seq", args):
+            if row["content_hash"] not in seen:
+                seen.add(row["content_hash"])
+                out.append(ChunkRecord.from_row(row))
+        return out
+
     def count_states(self, model: str | None = None, method: str | None = None) -> int:
         sql, args = "select count(*) from chunk_states", []
         where = [(c, v) for c, v in (("model", model), ("method", method)) if v is not None]
@@ -395,6 +477,23 @@ class Store:
             sql += " where " + " and ".join(f"{c} = ?" for c, _ in where)
             args = [v for _, v in where]
         return self.db.execute(sql, args).fetchone()[0]
+
+    # watched folders (m002), kept by the daemon
+    def watches(self) -> list[dict]:
+        return list(self.db.query("select path, collection, created_at from watches order by path"))
+
+    def add_watch(self, path: str, collection: str) -> bool:
+        """Remember a folder; True when it was not watched before (an existing one takes the new collection)."""
+        existed = self.db.execute("select 1 from watches where path = ?", [path]).fetchone() is not None
+        self.db.execute(
+            "insert into watches (path, collection, created_at) values (?, ?, ?) "
+            "on conflict(path) do update set collection = excluded.collection",
+            [path, collection, time.time()],
+        )
+        return not existed
+
+    def remove_watch(self, path: str) -> bool:
+        return self.db.execute("delete from watches where path = ?", [path]).rowcount > 0
 
     def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
         """Chunks in scope, in document order."""

@@ -44,8 +44,8 @@ def default_model_path() -> Path:
 
 
 def configured_model_path(model: str | None = None) -> Path:
-    """--model, else $EVSEL_MODEL, else the bundled default."""
-    chosen = model or os.environ.get("EVSEL_MODEL")
+    """--model / EVSEL_MODEL (resolved by the settings), else the bundled default."""
+    chosen = model
     if not chosen:
         return default_model_path()
     path = Path(chosen).expanduser()
@@ -136,23 +136,15 @@ def choose_device(requested: str = "auto") -> DevicePlan:
     return DevicePlan("cpu", "float32", "no CUDA device, and the CPU lacks native bf16, so fp32 is faster")
 
 
-def thread_setting() -> int | None:
-    """CPU threads from EVSEL_THREADS (unset: torch's default, one per core). On a busy machine one
-    thread can be several times faster than two that fight other jobs for the cores."""
-    raw = os.environ.get("EVSEL_THREADS", "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ModelError(f"EVSEL_THREADS={raw!r} is not a positive whole number", "unset it or set e.g. EVSEL_THREADS=1")
-    return int(raw)
-
-
 class Backbone:
     """Tokenizer and frozen model of one weights file. The model loads on first use."""
 
-    def __init__(self, model: str | None = None, device: str = "auto"):
+    def __init__(self, model: str | None = None, device: str = "auto", threads: int | None = None):
+        """`threads`: CPU threads for torch (EVSEL_THREADS; None: torch's default, one per core).
+        On a busy machine one thread can be several times faster than two that fight other jobs."""
         self.path = configured_model_path(model)
-        self.is_default = model is None and not os.environ.get("EVSEL_MODEL")
+        self.is_default = model is None
+        self.threads = threads
         self.requested_device = device
         self._fingerprint: str | None = None
         self._tokenizer = None
@@ -235,7 +227,7 @@ class Backbone:
         from transformers import AutoModelForCausalLM
 
         _quiet_transformers()
-        threads = thread_setting()
+        threads = self.threads
         if threads:
             torch.set_num_threads(threads)
         dtype = getattr(torch, self.plan.dtype)
@@ -311,7 +303,7 @@ class Backbone:
                 import torch
 
                 data["threads"] = torch.get_num_threads()
-                data["threads_from"] = "EVSEL_THREADS" if thread_setting() else "torch default (one per core)"
+                data["threads_from"] = "EVSEL_THREADS" if self.threads else "torch default (one per core)"
         return data
 
     # generation
@@ -355,35 +347,93 @@ class Backbone:
         tok = self.tokenizer
         return tok.bos_token_id if tok.bos_token_id is not None else tok.convert_tokens_to_ids("<|endoftext|>")
 
-    def hidden_states_at(self, input_ids, attention_mask, layer: int):
-        """Residual stream after `layer` decoder layers (0 = embeddings), stopping the forward
-        pass there: layers above it never run. Returns (B, T, d)."""
+    def text_ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of texts encoded on their own (no special tokens); an empty text becomes the
+        EOS token, so that every text has a token to pool."""
+        tok = self.tokenizer
+        return [x or [tok.eos_token_id or 0] for x in tok(texts, add_special_tokens=False)["input_ids"]]
+
+    def sink_batches(self, ids: list[list[int]], batch_tokens: int | None = 2560, max_rows: int | None = None):
+        """Token-id lists as batches of [BOS sink] + ids, right-padded, similar lengths together
+        (little padding), at most `batch_tokens` tokens a batch, padding included (a longer
+        sequence alone), and at most `max_rows` sequences (None: no such limit). Yields (indices
+        into `ids`, their lengths, (B, 1 + longest) ids on the backbone's device). Right padding
+        needs no attention mask: under the causal mask no real token sees a pad."""
         import torch
 
-        inner = self.model.model
-        n_layers = len(inner.layers)
-        if not 0 <= layer <= n_layers:
-            raise ValueError(f"layer {layer} outside 0..{n_layers}")
-        module = inner.embed_tokens if layer == 0 else inner.layers[layer - 1]
-        captured = {}
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        batches, current, longest = [], [], 0
+        for i in order:
+            longest_next = max(longest, len(ids[i]) + 1)
+            full = max_rows is not None and len(current) >= max_rows
+            over = batch_tokens is not None and longest_next * (len(current) + 1) > batch_tokens
+            if current and (full or over):
+                batches.append(current)
+                current, longest_next = [], len(ids[i]) + 1
+            current.append(i)
+            longest = longest_next
+        if current:
+            batches.append(current)
+        bos, pad = self.bos_id(), self.tokenizer.pad_token_id or 0
+        for batch in batches:
+            lengths = [len(ids[i]) for i in batch]
+            x = torch.full((len(batch), max(lengths) + 1), pad, dtype=torch.long)
+            x[:, 0] = bos
+            for row, i in enumerate(batch):
+                x[row, 1:1 + lengths[row]] = torch.tensor(ids[i])
+            yield batch, lengths, x.to(self.plan.device)
 
-        def grab(_module, _inputs, output):
-            captured["states"] = output[0] if isinstance(output, tuple) else output
-            raise _StopForward
+    def hidden_states_at(self, input_ids, attention_mask, layer: int):
+        """Residual stream after `layer` decoder layers (1-based), without gradients, stopping the
+        forward pass there: layers above it never run. Returns (B, T, d) on the model's device."""
+        import torch
 
-        handle = module.register_forward_hook(grab)
-        try:
-            with torch.inference_mode():
-                inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        except _StopForward:
-            pass
-        finally:
-            handle.remove()
-        return captured["states"]
+        device = self.plan.device
+        with torch.inference_mode():
+            return run_layers(self.model, [layer], input_ids=input_ids.to(device),
+                              attention_mask=attention_mask.to(device))[layer]
 
 
 class _StopForward(Exception):
-    """Raised from a hook to end a forward pass at the deepest layer a method needs."""
+    """Raised from a hook once the deepest layer a forward pass needs has run."""
+
+
+def run_layers(model, layers: list[int], *, taps: dict | None = None, input_ids=None, inputs_embeds=None,
+               cache=None, position_ids=None, attention_mask=None) -> dict:
+    """The one early-stopping forward pass: the residual stream after each of `layers` (1-based
+    decoder layers of a causal LM), the pass ending after the deepest, so layers above it never
+    run. Returns {layer: (B, T, d)}, plus {name: output} for each submodule in `taps` ({name:
+    module inside those layers}, e.g. an attention layer's k_proj). With `cache` (a transformers
+    Cache) the pass extends it. Gradients flow when the caller enables them."""
+    inner = model.model
+    n_layers = len(inner.layers)
+    wanted = sorted(set(layers))
+    if not wanted or wanted[0] < 1 or wanted[-1] > n_layers:
+        raise ModelError(f"layers {layers} are not all within the model's 1..{n_layers}",
+                         f"choose --layer/--readout up to {n_layers}")
+    deepest = wanted[-1]
+    got: dict = {}
+    hooks = []
+    for layer in wanted:
+        def grab(_module, _inputs, output, layer=layer):
+            got[layer] = output[0] if isinstance(output, tuple) else output
+            if layer == deepest:
+                raise _StopForward
+
+        hooks.append(inner.layers[layer - 1].register_forward_hook(grab))
+    for name, module in (taps or {}).items():
+        hooks.append(module.register_forward_hook(
+            lambda _module, _inputs, output, name=name: got.__setitem__(name, output)))
+    kwargs = {"cache": cache} if cache is not None else {}  # transformers 5.x: `cache=`, not past_key_values
+    try:
+        inner(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+              use_cache=cache is not None, position_ids=position_ids, **kwargs)
+    except _StopForward:
+        pass
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return got
 
 
 def _save_atomically(target: Path, save) -> None:

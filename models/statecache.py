@@ -18,6 +18,29 @@ from evsel.store import ChunkRecord, Store
 Encoder = Callable[[list[str]], dict[str, np.ndarray]]
 
 
+class StateCache:
+    """Per-chunk states in one store's `chunk_states` table: the user's store for `ask` and
+    ingest, eval's own cache (EVSEL_HOME/cache/eval.db) for `evsel eval`, so eval never writes
+    into the user's store."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def ensure(self, model: str, method: str, configs: list[str], chunks: list[ChunkRecord], encode: Encoder,
+               on_event: Callable[[dict], None] | None = None, label: str = "encoding chunks",
+               batch: int = 64) -> dict[str, np.ndarray]:
+        return ensure_states(self.store, model, method, configs, chunks, encode, on_event, label, batch)
+
+    def missing(self, model: str, method: str, config: str, chunks: list[ChunkRecord]) -> list[ChunkRecord]:
+        """The chunks (one per distinct text) whose state for `config` is not stored yet."""
+        hashes = list(dict.fromkeys(c.content_hash for c in chunks))
+        found = self.store.get_states(model, method, config, hashes)
+        first = {}
+        for c in chunks:
+            first.setdefault(c.content_hash, c)
+        return [first[h] for h in hashes if h not in found]
+
+
 def ensure_states(
     store: Store,
     model: str,

@@ -18,8 +18,8 @@ the mean vector from layer 10 on) that would otherwise dominate every inner prod
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from evsel.errors import ModelError
+from evsel.models.backbone import run_layers
 
 ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "config.json"
@@ -84,43 +85,7 @@ def state_key(layer: int, pool: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# forward passes that stop early and read chosen layers
-
-
-class _StopForward(Exception):
-    """Raised from a hook once the deepest needed layer has run."""
-
-
-def run_layers(model, layers: list[int], *, input_ids=None, inputs_embeds=None, cache=None,
-               position_ids=None, attention_mask=None) -> dict:
-    """Residual stream after each of `layers` (1-based decoder layers), stopping the forward pass
-    after the deepest. Returns {layer: (B, T, d)}. Gradients flow when enabled by the caller."""
-    inner = model.model
-    n_layers = len(inner.layers)
-    wanted = sorted(set(layers))
-    if not wanted or wanted[0] < 1 or wanted[-1] > n_layers:
-        raise ModelError(f"layers {layers} are not all within the model's 1..{n_layers}",
-                         f"choose --layer/--readout up to {n_layers}")
-    deepest = wanted[-1]
-    got: dict = {}
-    hooks = []
-    for layer in wanted:
-        def grab(_module, _inputs, output, layer=layer):
-            got[layer] = output[0] if isinstance(output, tuple) else output
-            if layer == deepest:
-                raise _StopForward
-
-        hooks.append(inner.layers[layer - 1].register_forward_hook(grab))
-    kwargs = {"cache": cache} if cache is not None else {}  # transformers 5.x: `cache=`, not past_key_values
-    try:
-        inner(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-              use_cache=cache is not None, position_ids=position_ids, **kwargs)
-    except _StopForward:
-        pass
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return got
+# pooling and MaxSim (the early-stopping forward pass is evsel.models.backbone.run_layers)
 
 
 def pooling_weights(lengths: list[int], width: int, n_pool: int, offset: int = 1):
@@ -150,19 +115,20 @@ def pool_states(states, lengths: list[int], n_pool: int, offset: int = 1):
 def maxsim(queries, keys, block: int = 8192):
     """MaxSim(q, k_i) = sum_g max_b <q_g, k_i,b> for every chunk i.
 
-    queries: (G, d); keys: (N, P, d) (numpy fp16/fp32 or torch). Returns float32 numpy (N,).
-    Blocked so that 10^5 chunks never materialise more than `block` chunks in fp32 at once."""
+    queries: (G, d) numpy; keys: (N, P, d) (numpy fp16/fp32, or torch on any device: scored
+    there). Returns float32 numpy (N,). Blocked so that 10^5 chunks never materialise more than
+    `block` chunks in fp32 at once."""
     import torch
 
-    q = torch.as_tensor(np.asarray(queries, dtype=np.float32))  # (G, d)
-    k_all = torch.as_tensor(keys) if isinstance(keys, np.ndarray) else keys
-    out = torch.empty(k_all.shape[0], dtype=torch.float32)
+    k_all = torch.as_tensor(keys)
+    q = torch.as_tensor(np.asarray(queries, dtype=np.float32), device=k_all.device)  # (G, d)
+    out = torch.empty(k_all.shape[0], dtype=torch.float32, device=k_all.device)
     with torch.inference_mode():
         for at in range(0, k_all.shape[0], block):
             k = k_all[at:at + block].float()  # (n, P, d)
             sims = torch.matmul(k, q.T)  # (n, P, G)
             out[at:at + block] = sims.amax(dim=1).sum(dim=1)
-    return out.numpy()
+    return out.cpu().numpy()
 
 
 def maxsim_torch(queries, keys):
@@ -188,10 +154,6 @@ class ChunkEncoder:
         self.encoded_tokens = 0
         self.seconds = 0.0
 
-    def token_ids(self, texts: list[str]) -> list[list[int]]:
-        ids = self.backbone.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        return [x if x else [self.backbone.tokenizer.eos_token_id or 0] for x in ids]
-
     def encode(self, texts: list[str]) -> dict[int, np.ndarray]:
         """{layer: (N, pool, d) float16} in the order of `texts`."""
         import torch
@@ -200,33 +162,12 @@ class ChunkEncoder:
             return {layer: np.zeros((0, self.pool, 0), np.float16) for layer in self.layers}
         started = time.perf_counter()
         model = self.backbone.model
-        device = self.backbone.plan.device
-        bos = self.backbone.bos_id()
-        pad = self.backbone.tokenizer.pad_token_id or 0
-        ids = self.token_ids(texts)
+        ids = self.backbone.text_ids(texts)
         d = model.config.hidden_size
         out = {layer: np.zeros((len(texts), self.pool, d), np.float16) for layer in self.layers}
-        order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
-        batches, current, longest = [], [], 0
-        for i in order:  # similar lengths together: little padding
-            longest_next = max(longest, len(ids[i]) + 1)
-            if current and longest_next * (len(current) + 1) > self.batch_tokens:
-                batches.append(current)
-                current, longest_next = [], len(ids[i]) + 1
-            current.append(i)
-            longest = longest_next
-        if current:
-            batches.append(current)
         with torch.inference_mode():
-            for batch in batches:
-                lengths = [len(ids[i]) for i in batch]
-                width = max(lengths) + 1
-                x = torch.full((len(batch), width), pad, dtype=torch.long)
-                for row, i in enumerate(batch):
-                    x[row, 0] = bos
-                    x[row, 1:1 + lengths[row]] = torch.tensor(ids[i])
-                # right padding needs no mask: under the causal mask no real token sees a pad
-                states = run_layers(model, self.layers, input_ids=x.to(device))
+            for batch, lengths, x in self.backbone.sink_batches(ids, self.batch_tokens):
+                states = run_layers(model, self.layers, input_ids=x)
                 for layer in self.layers:
                     pooled = pool_states(states[layer], lengths, self.pool).cpu().numpy()
                     out[layer][batch] = pooled.astype(np.float16)
@@ -235,12 +176,10 @@ class ChunkEncoder:
         return out
 
 
-def chunk_states(engine, chunks, layer: int, pool: int, on_event=None, extra_layers: list[int] = ()) -> np.ndarray:
-    """(N, pool, d) float16 states of `chunks` at `layer`, from the cache or encoded now.
-    `extra_layers` are encoded in the same pass and cached too (for layer sweeps)."""
-    from .statecache import ensure_states
-
-    backbone = engine.backbone
+def chunk_states(backbone, states, chunks, layer: int, pool: int, on_event=None,
+                 extra_layers: list[int] = (), batch: int = 64) -> np.ndarray:
+    """(N, pool, d) float16 states of `chunks` at `layer`, from the state cache `states` or encoded
+    now. `extra_layers` are encoded in the same pass and cached too (for layer sweeps)."""
     layers = sorted({layer, *extra_layers})
     encoder = ChunkEncoder(backbone, layers, pool)
 
@@ -248,8 +187,8 @@ def chunk_states(engine, chunks, layer: int, pool: int, on_event=None, extra_lay
         produced = encoder.encode(texts)
         return {state_key(lay, pool): produced[lay] for lay in layers}
 
-    got = ensure_states(engine.store, backbone.fingerprint, METHOD, [state_key(lay, pool) for lay in layers],
-                        chunks, encode, on_event, label=f"UNREAL chunk states (layer {layer})")
+    got = states.ensure(backbone.fingerprint, METHOD, [state_key(lay, pool) for lay in layers],
+                        chunks, encode, on_event, label=f"UNREAL chunk states (layer {layer})", batch=batch)
     return got[state_key(layer, pool)]
 
 
@@ -283,6 +222,16 @@ def _torch_module():
         def trainable(self):
             return [self.soft_prompt, self.rho, self.alpha]
 
+        def _tensors(self) -> dict:
+            """What `save` writes: every tensor as contiguous float32 on the CPU."""
+            return {name: getattr(self, name).detach().float().cpu().contiguous()
+                    for name in ("soft_prompt", "rho", "alpha", "stats")}
+
+        def digest(self) -> str:
+            """sha256 of the trained tensors and the statistics: identifies the adapter in caches
+            of what it computed (a scope's keys), wherever it lives."""
+            return hashlib.sha256(b"".join(t.numpy().tobytes() for t in self._tensors().values())).hexdigest()
+
         def n_trainable(self) -> int:
             return sum(p.numel() for p in self.trainable())
 
@@ -295,10 +244,10 @@ def _torch_module():
             noise, so each retrieval token starts as an 'average word'."""
             emb = backbone.model.model.embed_tokens.weight.detach().float()
             word = backbone.tokenizer(self.config.soft_prompt_init, add_special_tokens=False)["input_ids"]
-            gen = torch.Generator().manual_seed(seed)
+            gen = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same start on every device
             with torch.no_grad():
                 self.soft_prompt.copy_(emb[word].mean(0, keepdim=True))
-                noise = torch.randn(self.rho.shape, generator=gen) * emb.std(0)
+                noise = torch.randn(self.rho.shape, generator=gen).to(emb.device) * emb.std(0)
                 self.rho.copy_(emb.mean(0, keepdim=True) + 0.1 * noise)
 
         def save(self, directory: Path, metrics: dict | None = None, command: str | None = None,
@@ -307,13 +256,7 @@ def _torch_module():
 
             directory = Path(directory)
             directory.mkdir(parents=True, exist_ok=True)
-            tensors = {
-                "soft_prompt": self.soft_prompt.detach().float().contiguous(),
-                "rho": self.rho.detach().float().contiguous(),
-                "alpha": self.alpha.detach().float().contiguous(),
-                "stats": self.stats.detach().float().contiguous(),
-            }
-            save_file(tensors, str(directory / ADAPTER_FILE))
+            save_file(self._tensors(), str(directory / ADAPTER_FILE))
             meta = {"method": METHOD, "hidden": self.hidden, "config": self.config.to_dict(),
                     "trainable_parameters": self.n_trainable(), **(extra or {})}
             (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -326,12 +269,14 @@ def _torch_module():
     return UnrealAdapter
 
 
-def new_adapter(config: UnrealConfig, hidden: int):
-    return _torch_module()(config, hidden)
+def new_adapter(config: UnrealConfig, hidden: int, device: str = "cpu"):
+    """A fresh adapter on `device`: the backbone's (`backbone.plan.device`), where the query pass
+    reads its tensors."""
+    return _torch_module()(config, hidden).to(device)
 
 
-def load_adapter(directory: Path):
-    """An adapter saved by `save` (config.json + adapter.safetensors)."""
+def load_adapter(directory: Path, device: str = "cpu"):
+    """An adapter saved by `save` (config.json + adapter.safetensors), on `device`."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
@@ -340,7 +285,7 @@ def load_adapter(directory: Path):
                          "train one with: evsel train unreal, or give the right folder")
     meta = json.loads((directory / CONFIG_FILE).read_text())
     config = UnrealConfig.from_dict(meta["config"])
-    adapter = new_adapter(config, int(meta["hidden"]))
+    adapter = new_adapter(config, int(meta["hidden"]), device)
     tensors = load_file(str(directory / ADAPTER_FILE))
     adapter.load_state_dict({k: tensors[k] for k in ("soft_prompt", "rho", "alpha", "stats")})
     adapter.meta = meta
@@ -353,11 +298,9 @@ def shipped_adapter_dir(fingerprint: str) -> Path:
 
 
 def default_adapter(backbone, path: str | Path | None = None):
-    """The adapter to use: `path`, else $EVSEL_UNREAL_ADAPTER, else the one shipped for this
-    backbone. Raises a ModelError saying how to get one when there is none."""
-    import os
-
-    chosen = path or os.environ.get("EVSEL_UNREAL_ADAPTER")
+    """The adapter to use: `path` (the settings' EVSEL_UNREAL_ADAPTER), else the one shipped for
+    this backbone. Raises a ModelError saying how to get one when there is none."""
+    chosen = path
     directory = Path(chosen).expanduser() if chosen else shipped_adapter_dir(backbone.fingerprint)
     if not (directory / CONFIG_FILE).is_file():
         if chosen:
@@ -366,7 +309,7 @@ def default_adapter(backbone, path: str | Path | None = None):
             f"no UNREAL adapter ships for this backbone (fingerprint {backbone.fingerprint[:16]})",
             "train one with: evsel train unreal --out DIR, then set EVSEL_UNREAL_ADAPTER=DIR/best",
         )
-    return load_adapter(directory)
+    return load_adapter(directory, backbone.plan.device)
 
 
 def calibrate(adapter, backbone, texts: list[str], batch_tokens: int = 2560) -> None:
@@ -375,34 +318,25 @@ def calibrate(adapter, backbone, texts: list[str], batch_tokens: int = 2560) -> 
     import torch
 
     layers = adapter.config.stat_layers
-    encoder = ChunkEncoder(backbone, layers, pool=1, batch_tokens=batch_tokens)
-    ids = encoder.token_ids(texts)
-    bos = backbone.bos_id()
     sums = {lay: torch.zeros(adapter.hidden, dtype=torch.float64) for lay in layers}
     squares = {lay: torch.zeros(adapter.hidden, dtype=torch.float64) for lay in layers}
     count = 0
     with torch.inference_mode():
-        for at in range(0, len(ids), 16):
-            part = ids[at:at + 16]
-            width = max(len(x) for x in part) + 1
-            x = torch.full((len(part), width), backbone.tokenizer.pad_token_id or 0, dtype=torch.long)
-            mask = torch.zeros(len(part), width, dtype=torch.bool)
-            for row, seq in enumerate(part):
-                x[row, 0] = bos
-                x[row, 1:1 + len(seq)] = torch.tensor(seq)
-                mask[row, 1:1 + len(seq)] = True
-            states = run_layers(backbone.model, layers, input_ids=x.to(backbone.plan.device))
+        for _, lengths, x in backbone.sink_batches(backbone.text_ids(texts), batch_tokens):
+            position = torch.arange(x.shape[1], device=x.device)[None]
+            mask = (position >= 1) & (position <= torch.tensor(lengths, device=x.device)[:, None])  # the chunk tokens
+            states = run_layers(backbone.model, layers, input_ids=x)
             for lay in layers:
-                tokens = states[lay].float().cpu()[mask].double()  # (n, d)
+                tokens = states[lay][mask].float().cpu().double()  # (n, d)
                 sums[lay] += tokens.sum(0)
                 squares[lay] += (tokens ** 2).sum(0)
-            count += int(mask.sum())
-    with torch.no_grad():
+            count += sum(lengths)
+    with torch.no_grad():  # the statistics live where the adapter does (the backbone's device)
         for index, lay in enumerate(layers):
             mean = sums[lay] / count
             var = (squares[lay] / count - mean ** 2).clamp(min=1e-6)
-            adapter.stats[index, 0] = mean.float()
-            adapter.stats[index, 1] = var.sqrt().float()
+            adapter.stats[index, 0] = mean.float().to(adapter.stats.device)
+            adapter.stats[index, 1] = var.sqrt().float().to(adapter.stats.device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +349,7 @@ class UnrealQuery:
 
     def __init__(self, backbone, adapter):
         self.backbone = backbone
-        self.adapter = adapter
+        self.adapter = adapter.to(backbone.plan.device)  # in place; a no-op when already there
         self.config = adapter.config
 
     # inputs
@@ -517,11 +451,12 @@ class UnrealQuery:
         return grouped.mean(dim=-2)  # (..., G, d)
 
     def chunk_keys(self, states):
-        """Chunk states (.., P, d) as scored: fp32, standardized with layer l_c's statistics."""
+        """Chunk states (.., P, d) as scored: fp32 on the backbone's device, standardized with
+        layer l_c's statistics."""
         import torch
 
-        keys = torch.as_tensor(states)
-        keys = keys.clone() if keys.dtype == torch.float32 else keys.float()  # never change the caller's states
+        # a copy (never change the caller's states), converted where the adapter's statistics are
+        keys = torch.as_tensor(states).to(device=self.adapter.stats.device, dtype=torch.float32, copy=True)
         if self.config.standardize:
             mean, std = (t.detach() for t in self.adapter.layer_stats(self.config.layer))
             keys.sub_(mean).div_(std)  # in place: a scope of 10^5 chunks is 1.6 GB in fp32
@@ -539,7 +474,7 @@ class UnrealQuery:
         with torch.no_grad():
             for at in range(0, len(items), batch):
                 ids = [self.prefix_ids(q, c0) for q, c0 in items[at:at + batch]]
-                out.append(self.query_vectors(self.readout_batch(ids)).numpy())
+                out.append(self.query_vectors(self.readout_batch(ids)).cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, self.config.groups, self.adapter.hidden), np.float32)
 
     def score_keys(self, queries: np.ndarray, keys) -> np.ndarray:
@@ -569,34 +504,17 @@ class IntrinsicEncoder:
 
         model = self.backbone.model
         inner = model.model
-        tok = self.backbone.tokenizer
-        ids = [x or [tok.eos_token_id or 0] for x in tok(texts, add_special_tokens=False)["input_ids"]]
         attr = "k_proj" if which == "k" else "q_proj"
         width = getattr(inner.layers[0].self_attn, attr).out_features
         out = np.zeros((len(texts), len(self.layers), width), np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
-        for at in range(0, len(order), 16):
-            batch = order[at:at + 16]
-            lengths = [len(ids[i]) for i in batch]
-            x = torch.full((len(batch), max(lengths) + 1), tok.pad_token_id or 0, dtype=torch.long)
-            for row, i in enumerate(batch):
-                x[row, 0] = self.backbone.bos_id()
-                x[row, 1:1 + lengths[row]] = torch.tensor(ids[i])
-            got: dict = {}
-            hooks = [
-                getattr(inner.layers[lay - 1].self_attn, attr).register_forward_hook(
-                    lambda _m, _i, output, lay=lay: got.__setitem__(lay, output))
-                for lay in self.layers
-            ]
-            try:
-                with torch.inference_mode():
-                    run_layers(model, [self.layers[-1]], input_ids=x.to(self.backbone.plan.device))
-            finally:
-                for hook in hooks:
-                    hook.remove()
-            weights = pooling_weights(lengths, x.shape[1], 1)[:, 0]  # (B, T): mean over real tokens
-            for index, lay in enumerate(self.layers):
-                out[batch, index] = torch.einsum("bt,btw->bw", weights, got[lay].float().cpu()).numpy()
+        taps = {(attr, lay): getattr(inner.layers[lay - 1].self_attn, attr) for lay in self.layers}
+        with torch.inference_mode():
+            # 16 texts a batch, whatever their length, as the cached keys were computed (batch
+            # shapes move bf16 results by an ulp)
+            for batch, lengths, x in self.backbone.sink_batches(self.backbone.text_ids(texts), None, max_rows=16):
+                got = run_layers(model, [self.layers[-1]], taps=taps, input_ids=x)
+                for index, lay in enumerate(self.layers):
+                    out[batch, index] = pool_states(got[(attr, lay)], lengths, 1)[:, 0].cpu().numpy()
         return out
 
     def keys(self, texts: list[str]) -> np.ndarray:
@@ -620,12 +538,10 @@ def intrinsic_key(layers: list[int]) -> str:
     return "keys;layers=" + ",".join(str(x) for x in sorted(set(layers)))
 
 
-def intrinsic_states(engine, chunks, layers: list[int], on_event=None) -> np.ndarray:
-    from .statecache import ensure_states
-
-    encoder = IntrinsicEncoder(engine.backbone, layers)
+def intrinsic_states(backbone, states, chunks, layers: list[int], on_event=None) -> np.ndarray:
+    encoder = IntrinsicEncoder(backbone, layers)
     key = intrinsic_key(layers)
-    got = ensure_states(engine.store, engine.backbone.fingerprint, INTRINSIC, [key], chunks,
+    got = states.ensure(backbone.fingerprint, INTRINSIC, [key], chunks,
                         lambda texts: {key: encoder.keys(texts)}, on_event, label="intrinsic chunk keys")
     return got[key]
 
@@ -634,23 +550,28 @@ def intrinsic_states(engine, chunks, layers: list[int], on_event=None) -> np.nda
 # at ingest
 
 
-def encode_at_ingest(engine, chunks, on_event: Callable[[dict], None] | None = None) -> int:
+def encode_at_ingest(backbone, states, chunks, adapter_path: str | None = None,
+                     on_event: Callable[[dict], None] | None = None, batch: int = 64) -> int:
     """Fill the UNREAL state cache for newly stored chunks, at the l_c and L_p of the adapter that
     `evsel ask --select unreal` will use. Without an adapter for this backbone there is nothing to
     compute states for (the selector cannot run either). Returns how many chunks were encoded or
     found cached."""
-    config = adapter_config(engine.backbone)
+    config = adapter_config(backbone, adapter_path)
     if config is None:
         return 0
-    chunk_states(engine, chunks, config.layer, config.pool, on_event)
+    chunk_states(backbone, states, chunks, config.layer, config.pool, on_event, batch=batch)
     return len(chunks)
 
 
-def adapter_config(backbone) -> UnrealConfig | None:
-    """The config of the adapter in use ($EVSEL_UNREAL_ADAPTER, else the shipped one), or None."""
-    import os
+def ingest_state_key(backbone, adapter_path: str | None = None) -> tuple[str, str] | None:
+    """(method, config) of the states ingest computes for this backbone, or None without an adapter."""
+    config = adapter_config(backbone, adapter_path)
+    return None if config is None else (METHOD, state_key(config.layer, config.pool))
 
-    chosen = os.environ.get("EVSEL_UNREAL_ADAPTER")
+
+def adapter_config(backbone, path: str | None = None) -> UnrealConfig | None:
+    """The config of the adapter in use (`path`, else the shipped one), or None."""
+    chosen = path
     directory = Path(chosen).expanduser() if chosen else shipped_adapter_dir(backbone.fingerprint)
     if not (directory / CONFIG_FILE).is_file():
         return None
@@ -660,13 +581,3 @@ def adapter_config(backbone) -> UnrealConfig | None:
 def param_count(config: UnrealConfig, hidden: int) -> int:
     """(R + 1) * d + |alpha|, as in the paper."""
     return (config.retrieval_tokens + 1) * hidden + len(config.readout)
-
-
-def flops_break_even(theta: float, n_layers: int, layer_c: int, attn_layers: int, d_attn: int, n: int,
-                     chunk_tokens: int, x_ret: int) -> float:
-    """Break-even context length N* (paper eq. 10) above which UNREAL needs fewer FLOPs than
-    reading the whole context: N* = (-lk + sqrt(l^2 k^2 + 4 k (nT + |x_ret|))) / 2, with
-    k = Theta / (L_a d_a) and l = 1 - l_c / L."""
-    kappa = theta / (attn_layers * d_attn)
-    lam = 1.0 - layer_c / n_layers
-    return 0.5 * (-lam * kappa + math.sqrt((lam * kappa) ** 2 + 4 * kappa * (n * chunk_tokens + x_ret)))

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import shlex
 import sys
@@ -315,8 +314,9 @@ class Trainer:
         self.backbone = backbone
         hidden = backbone.model.config.hidden_size
         resume = self.out / "checkpoint"
+        device = backbone.plan.device  # the adapter, its statistics and the chunk keys live there
         if (resume / unreal.CONFIG_FILE).is_file():
-            self.adapter = unreal.load_adapter(resume)
+            self.adapter = unreal.load_adapter(resume, device)
             state = json.loads((resume / "trainer.json").read_text())
             # the same command resumes its (possibly budget-fitted) plan; a new --steps replaces it
             same = state.get("asked_steps") == cfg.steps
@@ -324,12 +324,12 @@ class Trainer:
             self.best = state.get("best", -1.0)
             self.log(f"resuming at step {self.step} of {self.total_steps}")
         elif cfg.init:
-            self.adapter = unreal.load_adapter(Path(cfg.init))
+            self.adapter = unreal.load_adapter(Path(cfg.init), device)
             self._adopt_shape(self.adapter.config)
             self.log(f"starting from the adapter in {cfg.init}")
             self.step, self.total_steps, self.best = 0, cfg.steps, -1.0
         else:
-            self.adapter = unreal.new_adapter(cfg.unreal_config(), hidden)
+            self.adapter = unreal.new_adapter(cfg.unreal_config(), hidden, device)
             self.adapter.init_from_backbone(backbone, cfg.seed)
             sample = random.Random(cfg.seed).sample(range(len(chunks)), min(cfg.calibrate_chunks, len(chunks)))
             unreal.calibrate(self.adapter, backbone, [chunks[i]["text"] for i in sample])
@@ -341,8 +341,8 @@ class Trainer:
         # every chunk the run touches: training candidates and dev documents
         needed = sorted({c for q in self.train for c in self._candidates_of(q)} |
                         {c for q in self.dev[: cfg.dev_queries] for c in self.doc_chunks[q["doc"]]})
-        states = unreal.chunk_states(self.engine, [_Chunk(chunks[i]) for i in needed], cfg.layer, cfg.pool,
-                                     self.on_event)
+        states = unreal.chunk_states(backbone, self.engine.states, [_Chunk(chunks[i]) for i in needed], cfg.layer,
+                                     cfg.pool, self.on_event)
         self.row = {c: i for i, c in enumerate(needed)}
         self.keys = self.query.chunk_keys(states)  # (M, P, d) standardized, fixed
         if cfg.tau <= 0 and self.step > 0:  # resumed: the temperature measured at the start
@@ -354,7 +354,9 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.adapter.trainable(), lr=cfg.lr, betas=(0.9, 0.95),
                                            weight_decay=cfg.weight_decay)
         if (resume / "optimizer.pt").is_file():
-            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt"))
+            # read onto the CPU (a run may resume on another device); load_state_dict moves the
+            # state to the parameters' device
+            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location="cpu"))
 
     def _adopt_shape(self, adapter_config) -> None:
         """A warm start keeps the adapter's shape and its temperature; a clashing option is an error."""
@@ -392,7 +394,7 @@ class Trainer:
             [(q["question"], [self.chunks[c]["text"] for c in q["c0"][: self.config.c0]]) for q in items])
         for q, Q in zip(items, vectors):
             keys = self.keys[[self.row[c] for c in self._candidates_of(q)]]
-            scores = maxsim_torch(torch.as_tensor(Q)[None], keys)[0]
+            scores = maxsim_torch(torch.as_tensor(Q, device=keys.device)[None], keys)[0]
             spreads.append(float(scores.std()))
         return max(float(np.mean(spreads)) / 2, 1e-3)
 
@@ -419,7 +421,8 @@ class Trainer:
         cand = list(first.values())
         keys = self.keys[[self.row[c] for c in cand]]  # (M, P, d)
         oracles = [{self.chunks[o]["hash"] for unit in q["units"] for o in unit} for q in batch]
-        positive = torch.tensor([[self.chunks[c]["hash"] in own for c in cand] for own in oracles])  # (B, M)
+        positive = torch.tensor([[self.chunks[c]["hash"] in own for c in cand] for own in oracles],
+                                device=keys.device)  # (B, M)
         ids = [self.query.prefix_ids(q["question"], [self.chunks[c]["text"] for c in q["c0"][: cfg.c0]])
                for q in batch]
         states = self.query.readout_batch(ids, grad=True, split=not cfg.train_soft_prompt)  # (B, |l|, R, d)
@@ -443,8 +446,7 @@ class Trainer:
             [(q["question"], [self.chunks[c]["text"] for c in q["c0"][: cfg.c0]]) for q in queries])
         for q, Q in zip(queries, vectors):
             doc = self.doc_chunks[q["doc"]]
-            keys = self.keys[[self.row[c] for c in doc]].numpy()
-            scores = np.einsum("npd,gd->ngp", keys, Q).max(-1).sum(-1)
+            scores = self.query.score_keys(Q, self.keys[[self.row[c] for c in doc]])
             ranked = [doc[i] for i in np.argsort(-scores, kind="stable")]
             results.append(ranking_metrics(ranked, [set(u) for u in q["units"]], [1, cfg.k]))
         return {key: float(np.mean([r[key] for r in results])) for key in results[0]} if results else {}
@@ -565,6 +567,44 @@ def train(config: TrainConfig, engine=None, on_event: Callable[[dict], None] = _
     return trainer.run()
 
 
+def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: list[str], options: dict,
+               command: str | None = None, data_dir: str | None = None,
+               on_event: Callable[[dict], None] = _ignore) -> dict:
+    """`evsel train unreal`: the recipe's settings with the given options over them; OUT/data is
+    converted first when no --data is given and it is not there yet; then train (or resume).
+    Log lines go to `on_event` as {"type": "log"} events."""
+    from dataclasses import fields
+
+    settings = recipe(recipe_name)
+    data_keys = {"sources", "stories", "dev_stories"}
+    data_settings = {k: settings.pop(k) for k in list(settings) if k in data_keys}
+    options = dict(options)
+    readout = options.pop("readout", None)
+    if readout is not None:
+        options["readout"] = list(readout)
+    if options.get("layer") is not None and readout is None:  # read out the 8 layers up to l_c
+        options["readout"] = list(range(max(1, options["layer"] - 7), options["layer"] + 1))
+    settings.update({k: v for k, v in options.items() if v is not None})
+    out_path = Path(out)
+    if data is None:
+        data = str(out_path / "data")
+        if not (Path(data) / "train.jsonl").is_file():
+            data_settings["sources"] = list(sources) or data_settings.get("sources") or ["fairytaleqa-train"]
+            convert(Path(data), DataConfig(**data_settings), engine.backbone,
+                    Path(data_dir) if data_dir else None, on_event)
+    known = {f.name for f in fields(TrainConfig)}
+    config = TrainConfig(data=str(data), out=str(out_path), device=engine.device,
+                         **{k: v for k, v in settings.items() if k in known})
+
+    def log(line: str) -> None:
+        on_event({"type": "log", "message": line})
+
+    summary = train(config, engine, on_event=on_event, log=log, command=command)
+    summary.setdefault("k", config.k)
+    summary.setdefault("out", str(out_path))
+    return summary
+
+
 def current_command() -> str:
     return " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])
 
@@ -595,9 +635,3 @@ def recipe(name: str) -> dict:
     if name not in ("smoke", "full"):
         raise EvselError(f"unknown recipe {name!r}", "use smoke or full")
     return dict(SMOKE if name == "smoke" else FULL)
-
-
-if __name__ == "__main__":  # python -m evsel.recipes.unreal ... is `evsel train unreal ...`
-    from evsel.cli import main
-
-    sys.exit(main(["train", "unreal", *sys.argv[1:]]))

@@ -240,25 +240,25 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path):
     assert pid_of(daemon_home) == pid
 
 
-def test_jobs_run_with_the_clients_evsel_variables(monkeypatch):
-    from evsel.daemon.protocol import forwarded_env
-    from evsel.daemon.server import _env
+def test_requests_carry_the_clients_settings_not_its_environment(tmp_path, monkeypatch):
+    """The client resolves its settings once (absolute paths, its variables) and sends them; the
+    daemon neither swaps os.environ nor changes directory per job."""
+    import inspect
 
-    assert forwarded_env("EVSEL_ENCODE") and forwarded_env("EVSEL_DEBUG")
-    for own in ("EVSEL_HOME", "EVSEL_MODEL_CACHE", "EVSEL_NO_DAEMON", "EVSEL_DAEMON_IDLE", "EVSEL_WATCH_DEBOUNCE",
-                "EVSEL_MODEL", "HOME"):
-        assert not forwarded_env(own)
-    monkeypatch.setenv("EVSEL_ENCODE", "1")
-    monkeypatch.setenv("EVSEL_DEBUG", "1")
-    home = os.environ["EVSEL_HOME"]
-    with _env({"EVSEL_ENCODE": "0"}):
-        assert os.environ["EVSEL_ENCODE"] == "0"
-        assert "EVSEL_DEBUG" not in os.environ  # the client did not set it
-        assert os.environ["EVSEL_HOME"] == home  # the daemon's own stay
-    assert os.environ["EVSEL_ENCODE"] == "1" and os.environ["EVSEL_DEBUG"] == "1"
-    with _env(None):  # the daemon's own jobs
-        assert os.environ["EVSEL_ENCODE"] == "1"
+    from evsel.daemon import client, server
+    from evsel.settings import Settings
 
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EVSEL_ENCODE", "0")
+    monkeypatch.setenv("EVSEL_UNREAL_ADAPTER", "runs/best")
+    settings = Settings.resolve(model="my.gguf")
+    assert settings.encode is False and settings.model == str(tmp_path / "my.gguf")
+    assert settings.unreal_adapter == str(tmp_path / "runs" / "best")
+    assert Settings.from_dict(settings.to_dict()) == settings
+    params = client.resolve_paths("ingest", {"targets": ["a.txt", "/abs/b.txt"]})
+    assert params["targets"] == [str(tmp_path / "a.txt"), "/abs/b.txt"]
+    source = inspect.getsource(server)
+    assert "os.environ.update" not in source and "chdir(path)" not in source
 
 def test_memo_cache_drops_the_entries_of_changed_documents():
     from evsel.daemon.cache import MemoCache

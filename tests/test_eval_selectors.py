@@ -7,8 +7,16 @@ import hashlib
 import pytest
 
 from evsel.errors import EvselError
-from evsel.models.selectors import HELP, available, get_selector
+from evsel.models.selectors import HELP, available
+from evsel.models.selectors import get_selector as _get_selector
 from evsel.store import ChunkRecord
+
+
+def get_selector(name, **kwargs):
+    """A selector on the context `evsel eval` gives (chunks in memory, eval's own state cache)."""
+    from evsel.engine import Engine
+
+    return _get_selector(name, Engine().selector_context(for_eval=True), **kwargs)
 
 
 def _chunks(texts):

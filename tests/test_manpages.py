@@ -20,3 +20,10 @@ def test_every_command_has_a_page():
     names = set(manpages.pages())
     for expected in ("evsel.1", "evsel-ingest.1", "evsel-ask.1", "evsel-docs-list.1", "evsel-models-info.1"):
         assert expected in names
+
+
+def test_pages_document_completion_and_rerank():
+    """Made from the Typer app's command tree: the root page has shell completion, ask's the reranker."""
+    wanted = manpages.pages()
+    assert "\\-\\-install\\-completion" in wanted["evsel.1"]
+    assert "\\-\\-rerank METHOD" in wanted["evsel-ask.1"] and "\\-\\-rerank\\-top N" in wanted["evsel-ask.1"]

@@ -190,6 +190,76 @@ def test_part_that_vanishes_from_a_file_is_removed(tmp_path):
     assert_consistent(store)
 
 
+# cached chunk states follow their chunks
+
+
+def _doc(part: str, texts: list[str]) -> dict:
+    import hashlib
+
+    chunks = [{"seq": i, "text": t, "content_hash": hashlib.sha256(t.encode()).hexdigest(), "n_tokens": 1,
+               "char_start": 0, "char_end": len(t)} for i, t in enumerate(texts)]
+    return {"part": part, "kind": "book", "title": part, "metadata": {}, "n_chars": 0, "chunks": chunks}
+
+
+def test_deleting_documents_drops_the_states_no_chunk_holds_any_more():
+    import hashlib
+
+    import numpy as np
+
+    def h(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    store = Store()
+    collection = store.collection_id("default", create=True)
+    [a] = store.replace_file(collection, "/a.txt", "a1", [_doc("", ["shared", "only a"])])
+    parts = store.replace_file(collection, "/chats.json", "c1", [_doc("x", ["shared", "only x"]),
+                                                                 _doc("y", ["only y", "y again"])])
+    texts = ["shared", "only a", "only x", "only y", "y again"]
+    state = np.zeros((2, 3), dtype=np.float16)
+    for method in ("unreal", "dense"):  # every method's and config's states of a text go with it
+        store.put_states("fp", method, "c", {h(t): state for t in texts})
+    store.put_states("fp", "unreal", "c", {h("never stored here"): state})  # no chunk ever held it: kept
+
+    def stored() -> set[str]:
+        by_hash = {h(t): t for t in [*texts, "never stored here", "new x"]}
+        rows = store.db.execute("select content_hash from chunk_states").fetchall()
+        return {by_hash[r[0]] for r in rows}
+
+    store.remove_documents([a])  # "shared" is still in part x
+    assert stored() == {"shared", "only x", "only y", "y again", "never stored here"}
+    assert store.db.execute("select count(*) from chunk_states").fetchone()[0] == 9
+
+    # a new version of the file: part x changes (its old "only x" goes), part y vanishes
+    store.replace_file(collection, "/chats.json", "c2", [_doc("x", ["shared", "new x"])])
+    assert stored() == {"shared", "never stored here"}
+
+    store.remove_documents(parts[:1])
+    assert stored() == {"never stored here"}
+    orphans = store.db.execute(
+        "select count(*) from chunk_states where content_hash not in (select content_hash from chunks)").fetchone()[0]
+    assert orphans == 1  # only the state no document ever had
+
+
+def test_a_failed_removal_keeps_the_states(monkeypatch):
+    import numpy as np
+
+    store = Store()
+    collection = store.collection_id("default", create=True)
+    [a] = store.replace_file(collection, "/a.txt", "a1", [_doc("", ["alone"])])
+    [chunk] = store.chunks([a])
+    store.put_states("fp", "unreal", "c", {chunk.content_hash: np.zeros(2, dtype=np.float16)})
+    real = Store._drop_orphan_states
+
+    def fail(self, hashes):
+        real(self, hashes)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(Store, "_drop_orphan_states", fail)
+    with pytest.raises(sqlite3.OperationalError):
+        store.remove_documents([a])
+    assert store.count_states() == 1 and len(store.chunks([a])) == 1
+
+
 # failures
 
 

@@ -190,14 +190,15 @@ def test_cache_hits_skip_encoding(tiny_engine, monkeypatch):
     texts = [_text(i, 6 + i) for i in range(5)] + [_text(0, 6)]  # the last repeats the first
     chunks = [ChunkRecord(id=i, doc_id=1, seq=i, text=t, content_hash=f"h{t}", n_tokens=0, char_start=0,
                           char_end=0) for i, t in enumerate(texts)]
-    first = unreal.chunk_states(tiny_engine, chunks, 2, 3)
+    backbone, states = tiny_engine.backbone, tiny_engine.states
+    first = unreal.chunk_states(backbone, states, chunks, 2, 3)
     assert sum(len(c) for c in calls) == 5  # the duplicate text encoded once
     assert np.array_equal(first[0], first[5])
-    second = unreal.chunk_states(tiny_engine, chunks, 2, 3)
+    second = unreal.chunk_states(backbone, states, chunks, 2, 3)
     assert sum(len(c) for c in calls) == 5  # all cached: nothing encoded
     assert np.array_equal(first, second)
     assert tiny_engine.store.count_states(tiny_engine.backbone.fingerprint, "unreal") == 5
-    unreal.chunk_states(tiny_engine, chunks, 1, 3)  # another layer is another key
+    unreal.chunk_states(backbone, states, chunks, 1, 3)  # another layer is another key
     assert sum(len(c) for c in calls) == 10
 
 
@@ -339,7 +340,7 @@ def test_batched_readout_equals_one_query_at_a_time(tiny_engine):
     assert vectors.shape == (1, 2, 32)
 
 
-def test_ingest_computes_states_for_the_adapter_in_use(tiny_engine, tmp_path, monkeypatch):
+def test_ingest_computes_states_for_the_adapter_in_use(tiny_engine, tmp_path):
     story = tmp_path / "story.txt"
     story.write_text("\n\n".join(_text(200 + i, 40) + "." for i in range(6)), encoding="utf-8")
     fingerprint = tiny_engine.backbone.fingerprint
@@ -348,7 +349,7 @@ def test_ingest_computes_states_for_the_adapter_in_use(tiny_engine, tmp_path, mo
     assert result[0]["status"] == "ingested"
     assert tiny_engine.store.count_states(fingerprint, "unreal") == 0
     _adapter(tiny_engine.backbone, layer=1, readout=[1]).save(tmp_path / "adapter")
-    monkeypatch.setenv("EVSEL_UNREAL_ADAPTER", str(tmp_path / "adapter"))
+    tiny_engine.settings = tiny_engine.settings.with_(unreal_adapter=str(tmp_path / "adapter"))  # EVSEL_UNREAL_ADAPTER
     story.write_text(story.read_text(encoding="utf-8") + "\n\nthe end.", encoding="utf-8")
     events = []
     result = tiny_engine.ingest([str(story)], encode=True, on_event=events.append)
@@ -359,7 +360,10 @@ def test_ingest_computes_states_for_the_adapter_in_use(tiny_engine, tmp_path, mo
     assert tiny_engine.store.get_states(fingerprint, "unreal", unreal.state_key(1, 3), hashes).keys() == hashes
     story.write_text(story.read_text(encoding="utf-8") + " again", encoding="utf-8")
     tiny_engine.ingest([str(story)], encode=False)  # --no-encode: the new last chunk gets no state
-    assert tiny_engine.store.count_states(fingerprint, "unreal") == len(hashes)
+    now = {c.content_hash for c in tiny_engine.store.chunks()}
+    kept = tiny_engine.store.get_states(fingerprint, "unreal", unreal.state_key(1, 3), now).keys()
+    assert len(now - kept) == 1
+    assert tiny_engine.store.count_states(fingerprint, "unreal") == len(kept)  # the replaced chunk's state went with it
 
 
 def test_recipes_name_only_known_settings():

@@ -2,46 +2,43 @@
 
 from __future__ import annotations
 
-import click
+from typing import Annotated, Optional
+
+import typer
 from rich.markup import escape
 
 from evsel.output import print_json, stderr, stdout
-from evsel.store import DEFAULT_COLLECTION
+from evsel.engine import DEFAULT_COLLECTION
 
-from .common import engine_from, json_option, no_daemon
+from .base import FLOAT, App, path
+from .common import JsonOption, engine_from, settings
 
 NOT_RUNNING_EXIT = 3  # as `systemctl status` and LSB init scripts say "not running"
 
-idle_option = click.option(
-    "--idle-timeout", type=float, default=1800, show_default=True, envvar="EVSEL_DAEMON_IDLE", metavar="SECONDS",
+IdleOption = Annotated[float, typer.Option(
+    "--idle-timeout", envvar="EVSEL_DAEMON_IDLE", show_envvar=False, metavar="SECONDS", parser=FLOAT,
     help="Exit after this long with no clients, requests or watched folders; 0 never exits (env EVSEL_DAEMON_IDLE).",
-)
-preload_option = click.option("--no-preload", is_flag=True,
-                              help="Load the backbone on the first request that needs it, not at start.")
+)]
+PreloadOption = Annotated[bool, typer.Option(
+    "--no-preload", help="Load the backbone on the first request that needs it, not at start.")]
 
-
-@click.group()
-def daemon():
-    """The resident daemon: keeps the backbone loaded between commands.
+app = App(help="""The resident daemon: keeps the backbone loaded between commands.
 
     Every command that needs the engine talks to the daemon over a Unix socket in EVSEL_HOME and
     starts it when it is not running; --no-daemon (env EVSEL_NO_DAEMON=1) runs in-process
     instead, with the same results. Requests that use the model (ingest, ask, ...) queue;
     status and document listings never wait. Log: EVSEL_HOME/daemon.log.
-    """
+    """)
 
 
-@daemon.command("start")
-@idle_option
-@preload_option
-@click.pass_context
-def daemon_start(ctx, idle_timeout, no_preload):
+@app.command("start")
+def daemon_start(ctx: typer.Context, idle_timeout: IdleOption = 1800, no_preload: PreloadOption = False):
     """Start the daemon in the background (a daemon of another evsel version is restarted)."""
     from evsel.daemon import client, runtime
 
-    obj = ctx.find_root().obj or {}
+    resolved = settings(ctx)
     running = client.status()
-    connection, info = client.ensure_daemon(obj.get("model"), obj.get("device", "auto"), idle_timeout,
+    connection, info = client.ensure_daemon(resolved.model, resolved.device, idle_timeout,
                                             preload=not no_preload, on_event=_warn_only)
     connection.close()
     if running is not None and running.get("pid") == info["pid"]:
@@ -50,7 +47,7 @@ def daemon_start(ctx, idle_timeout, no_preload):
         stderr.print(f"started the evsel daemon (pid {info['pid']}, socket {escape(str(runtime.files().socket))})")
 
 
-@daemon.command("stop")
+@app.command("stop")
 def daemon_stop():
     """Stop the daemon. Requests in flight fail with a message saying to run them again."""
     from evsel.daemon import client
@@ -62,10 +59,8 @@ def daemon_stop():
         stderr.print(f"stopped the evsel daemon (pid {reply.get('pid')})")
 
 
-@daemon.command("status")
-@json_option
-@click.pass_context
-def daemon_status(ctx, as_json):
+@app.command("status")
+def daemon_status(ctx: typer.Context, as_json: JsonOption = False):
     """Show pid, uptime, backbone and device, memory, documents, cache hits, queue and watched folders.
 
     Exits with status 3 when the daemon is not running (it is not started).
@@ -85,20 +80,17 @@ def daemon_status(ctx, as_json):
     _print_status(info)
 
 
-@daemon.command("run")
-@idle_option
-@preload_option
-@click.pass_context
-def daemon_run(ctx, idle_timeout, no_preload):
+@app.command("run")
+def daemon_run(ctx: typer.Context, idle_timeout: IdleOption = 1800, no_preload: PreloadOption = False):
     """Run the daemon in the foreground, logging to stderr too (for systemd and launchd).
 
     The user units shipped in the daemon folder run: evsel daemon run --idle-timeout 0
     """
     from evsel.daemon.server import Daemon
 
-    obj = ctx.find_root().obj or {}
-    Daemon(idle_timeout=idle_timeout, preload=not no_preload, model=obj.get("model"),
-           device=obj.get("device", "auto"), foreground=True).run()
+    resolved = settings(ctx)
+    Daemon(idle_timeout=idle_timeout, preload=not no_preload, model=resolved.model, device=resolved.device,
+           foreground=True).run()
 
 
 def _warn_only(event: dict) -> None:
@@ -125,6 +117,10 @@ def _print_status(info: dict) -> None:
     running = queue["running"]
     now = f"running {running['method']} ({running['running_s']}s)" if running else "idle"
     rows.append(("queue", f"{now}, {len(queue['waiting'])} waiting"))
+    for job in queue.get("background", []):
+        progress = job.get("progress") or {}
+        done = f", {progress['done']}/{progress['total']} chunks" if progress.get("total") else ""
+        rows.append(("background", f"{job['method']} ({'running' if job['running'] else 'queued'}{done})"))
     rows.append(("clients", str(info["clients"])))
     idle = info["idle_timeout_s"]
     rows.append(("idle exit", f"after {_duration(idle)} idle" if idle > 0 else "never"))
@@ -149,16 +145,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h {seconds % 3600 // 60}m"
 
 
-@click.command()
-@click.argument("folder", required=False, type=click.Path())
-@click.option("--collection", metavar="NAME", default=DEFAULT_COLLECTION, show_default=True,
-              help="Collection the folder's documents go to.")
-@click.option("--list", "list_watches", is_flag=True, help="List watched folders and their failed files.")
-@click.option("--remove", "remove", metavar="DIR", default=None,
-              help="Stop watching DIR (its documents stay; remove them with evsel docs rm).")
-@json_option
-@click.pass_context
-def watch(ctx, folder, collection, list_watches, remove, as_json):
+def watch(
+    ctx: typer.Context,
+    folder: Annotated[Optional[str], typer.Argument(parser=path())] = None,
+    collection: Annotated[str, typer.Option("--collection", metavar="NAME",
+                                            help="Collection the folder's documents go to.")] = DEFAULT_COLLECTION,
+    list_watches: Annotated[bool, typer.Option("--list", help="List watched folders and their failed files.")] = False,
+    remove: Annotated[Optional[str], typer.Option(
+        "--remove", metavar="DIR", help="Stop watching DIR (its documents stay; remove them with evsel docs rm).")
+    ] = None,
+    as_json: JsonOption = False,
+):
     """Keep FOLDER ingested: the daemon ingests new and changed files and removes deleted ones.
 
     Changes are debounced (an editor's burst of saves is one ingest). Watched folders survive
@@ -166,17 +163,16 @@ def watch(ctx, folder, collection, list_watches, remove, as_json):
     evsel daemon status and evsel watch --list, and logged; the watcher carries on. While any
     folder is watched the daemon does not exit when idle.
     """
-    from evsel.daemon import watcher
+    from evsel import paths
     from evsel.errors import EvselError
 
     chosen = sum(x is not None and x is not False for x in (folder, remove, list_watches or None))
     if chosen != 1:
         raise EvselError("give one of: a FOLDER to watch, --list, or --remove DIR",
                          "e.g. evsel watch ~/papers --collection papers")
-    local = no_daemon(ctx)
-    client = None if local else engine_from(ctx)
+    engine = engine_from(ctx)  # in-process the list is only saved; the daemon also watches
     if list_watches:
-        rows = _local_watch_list() if local else client.request("watch_list")
+        rows = engine.watch_list()
         if as_json:
             print_json(rows)
         elif not rows:
@@ -188,30 +184,17 @@ def watch(ctx, folder, collection, list_watches, remove, as_json):
                 stdout.print(f"  [red]failed[/] {escape(f['error'])}")
         return
     if remove is not None:
-        path = watcher.watched_path(remove)
-        if local:
-            from evsel.errors import NotFoundError
-            from evsel.store import Store
-
-            if not watcher.remove_watch_row(Store().db, path):
-                raise NotFoundError(f"{path} is not watched", "list watched folders with: evsel watch --list")
-            result = {"path": path, "removed": True}
-        else:
-            result = client.request("watch_remove", path=path)
+        result = engine.watch_remove(paths.watched_path(remove))
         if as_json:
             print_json(result)
         else:
             stderr.print(f"stopped watching {escape(result['path'])} (its documents stay)")
         return
-    root = str(watcher.watch_dir(folder))
-    if local:
-        from evsel.store import Store
-
-        added = watcher.add_watch_row(Store().db, root, collection)
-        result = {"path": root, "collection": collection, "added": added, "files": None}
+    root = str(paths.watch_folder(folder))  # checked here, so the error names the path as typed
+    result = engine.watch_add(root, collection)
+    if result["files"] is None:
         note = "saved; the daemon watches it when it runs (evsel daemon start)"
     else:
-        result = client.request("watch_add", path=root, collection=collection)
         note = (f"{result['files']} file(s) are synced in the background; progress and failures: "
                 "evsel daemon status")
     if as_json:
@@ -219,11 +202,3 @@ def watch(ctx, folder, collection, list_watches, remove, as_json):
     else:
         verb = "watching" if result["added"] else "already watching"
         stderr.print(f"{verb} {escape(root)} (collection {escape(collection)}); {note}")
-
-
-def _local_watch_list() -> list[dict]:
-    from evsel.daemon import watcher
-    from evsel.store import Store
-
-    return watcher.watch_rows(Store().db)
-

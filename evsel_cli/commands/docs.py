@@ -1,25 +1,22 @@
 from __future__ import annotations
 
-import click
+from typing import Annotated, List
+
+import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from evsel.output import print_json, stderr, stdout
 
-from .common import collection_option, engine_from, json_option
+from .base import INT, App
+from .common import CollectionOption, JsonOption, engine_from
+
+app = App(help="List, inspect and remove ingested documents.")
 
 
-@click.group()
-def docs():
-    """List, inspect and remove ingested documents."""
-
-
-@docs.command("list")
-@collection_option
-@json_option
-@click.pass_context
-def docs_list(ctx, collection, as_json):
+@app.command("list")
+def docs_list(ctx: typer.Context, collection: CollectionOption = None, as_json: JsonOption = False):
     """List documents: id, collection, kind, title, chunks."""
     rows = engine_from(ctx).docs_list(collection)
     if as_json:
@@ -39,12 +36,13 @@ def docs_list(ctx, collection, as_json):
     console.print(table)
 
 
-@docs.command("show")
-@click.argument("doc_id", type=int, metavar="ID")
-@click.option("--chunks", "with_chunks", is_flag=True, help="Include every chunk with its provenance.")
-@json_option
-@click.pass_context
-def docs_show(ctx, doc_id, with_chunks, as_json):
+@app.command("show")
+def docs_show(
+    ctx: typer.Context,
+    doc_id: Annotated[int, typer.Argument(metavar="ID", parser=INT)],
+    with_chunks: Annotated[bool, typer.Option("--chunks", help="Include every chunk with its provenance.")] = False,
+    as_json: JsonOption = False,
+):
     """Show one document's details (and its chunks with --chunks)."""
     doc = engine_from(ctx).docs_show(doc_id, with_chunks)
     if as_json:
@@ -67,11 +65,12 @@ def docs_show(ctx, doc_id, with_chunks, as_json):
         stdout.print(escape(" ".join(chunk["text"].split())))
 
 
-@docs.command("rm")
-@click.argument("doc_ids", type=int, nargs=-1, required=True, metavar="ID...")
-@json_option
-@click.pass_context
-def docs_rm(ctx, doc_ids, as_json):
+@app.command("rm")
+def docs_rm(
+    ctx: typer.Context,
+    doc_ids: Annotated[List[int], typer.Argument(metavar="ID...", parser=INT)],
+    as_json: JsonOption = False,
+):
     """Remove documents and their chunks. Nothing is removed if any ID is unknown."""
     removed = engine_from(ctx).docs_rm(list(doc_ids))
     if as_json:

@@ -2,14 +2,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated, Optional
 
-import click
+import typer
 
-from evsel.chunker import DEFAULT_CHUNK_TOKENS
-from evsel.errors import EvselError
+from evsel.engine import DATASETS as DATASET_NAMES
+from evsel.engine import DEFAULT_CHUNK_TOKENS, RERANK_TOP
+from evsel.errors import EvselError, InputError
 from evsel.output import ProgressView, print_json, stderr, stdout, warning
 
-from .common import engine_from, json_option
+from .base import INT, path
+from .common import JsonOption, engine_from
 
 DATASETS = "locomo, fairytaleqa, musique, hotpotqa, mmlongbench, financebench, nocha, or a .jsonl file"
 
@@ -18,38 +21,49 @@ def _int_list(text: str, what: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"{what} must be comma-separated integers, e.g. 1,3,5,10") from None
+        raise typer.BadParameter(f"{what} must be comma-separated integers, e.g. 1,3,5,10") from None
     if not values or any(v < 1 for v in values):
-        raise click.BadParameter(f"{what} must be positive integers, e.g. 1,3,5,10")
+        raise typer.BadParameter(f"{what} must be positive integers, e.g. 1,3,5,10")
     return values
 
 
-@click.command("eval")
-@click.argument("dataset")
-@click.option("--methods", default="bm25,dense,random", show_default=True, metavar="LIST",
-              help="Comma-separated methods: any selector (bm25, dense, random, ...), rrf:OTHER (BM25 fused "
-                   "with OTHER), FIRST>RERANKER, or full (whole document to the generator; needs --generate).")
-@click.option("--k", "ks", default="1,3,5,10", show_default=True, metavar="LIST",
-              help="Cut-offs for recall@k.")
-@click.option("--generate", is_flag=True, help="Also answer each question with the backbone and score the answers.")
-@click.option("--limit", type=int, default=None, metavar="N",
-              help="Evaluate N questions, evenly spaced over the dataset.")
-@click.option("--split", default=None, metavar="NAME", help="FairytaleQA split: val (default) or train.")
-@click.option("--concat", type=int, default=0, show_default=True, metavar="N",
-              help="FairytaleQA: join every N stories into one long document (0: each story alone).")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None, envvar="EVSEL_DATA",
-              help="Folder with the benchmark data (env EVSEL_DATA; default ../shared/data beside the checkout).")
-@click.option("--top-n", type=int, default=5, show_default=True, help="Passages given to the generator.")
-@click.option("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, show_default=True,
-              help="Target chunk size in backbone tokens.")
-@click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Longest answer, in tokens.")
-@click.option("--per-question", is_flag=True, help="Include every question's record in the --json output.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="FILE.png", help="Write a recall@k chart comparing the methods.")
-@json_option
-@click.pass_context
-def eval_command(ctx, dataset, methods, ks, generate, limit, split, concat, data_dir, top_n, chunk_tokens,
-                 max_new_tokens, per_question, plot_path, as_json):
+def eval_command(
+    ctx: typer.Context,
+    dataset: Annotated[str, typer.Argument()],
+    methods: Annotated[str, typer.Option(
+        "--methods", metavar="LIST",
+        help="Comma-separated methods: any selector (bm25, dense, random, ...), rrf:OTHER (BM25 fused "
+             "with OTHER), FIRST>RERANKER, or full (whole document to the generator; needs --generate).")
+    ] = "bm25,dense,random",
+    ks: Annotated[str, typer.Option("--k", metavar="LIST", help="Cut-offs for recall@k.")] = "1,3,5,10",
+    generate: Annotated[bool, typer.Option(
+        "--generate", help="Also answer each question with the backbone and score the answers.")] = False,
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", metavar="N", parser=INT, help="Evaluate N questions, evenly spaced over the dataset.")] = None,
+    split: Annotated[Optional[str], typer.Option(
+        "--split", metavar="NAME", help="FairytaleQA split: val (default) or train.")] = None,
+    concat: Annotated[int, typer.Option(
+        "--concat", metavar="N", parser=INT,
+        help="FairytaleQA: join every N stories into one long document (0: each story alone).")] = 0,
+    data_dir: Annotated[Optional[Path], typer.Option(
+        "--data-dir", envvar="EVSEL_DATA", show_envvar=False, parser=path(file_okay=False, path_type=Path),
+        help="Folder with the benchmark data (env EVSEL_DATA; default ../shared/data beside the checkout).")
+    ] = None,
+    top_n: Annotated[int, typer.Option("--top-n", parser=INT, help="Passages given to the generator.")] = 5,
+    rerank_top: Annotated[int, typer.Option(
+        "--rerank-top", metavar="N", parser=INT,
+        help="How many first-stage candidates a FIRST>RERANKER method re-scores.")] = RERANK_TOP,
+    chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", parser=INT,
+                                              help="Target chunk size in backbone tokens.")] = DEFAULT_CHUNK_TOKENS,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=INT,
+                                                help="Longest answer, in tokens.")] = 32,
+    per_question: Annotated[bool, typer.Option(
+        "--per-question", help="Include every question's record in the --json output.")] = False,
+    plot_path: Annotated[Optional[Path], typer.Option(
+        "--plot", metavar="FILE.png", parser=path(dir_okay=False, path_type=Path),
+        help="Write a recall@k chart comparing the methods.")] = None,
+    as_json: JsonOption = False,
+):
     """Measure evidence selection (and answers) on a benchmark, every method on the same chunks.
 
     DATASET is one of: locomo, fairytaleqa, musique, hotpotqa, mmlongbench, financebench, nocha
@@ -60,7 +74,6 @@ def eval_command(ctx, dataset, methods, ks, generate, limit, split, concat, data
     all@k (every piece found), MRR and per-stage latency; with --generate, answer EM/F1 (SQuAD
     normalisation), LoCoMo's F1 and NoCha's pair accuracy.
     """
-    from evsel.evaluation import EvalConfig, load_dataset, run
     from evsel.evaluation.report import plot, run_info, tables
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
@@ -70,12 +83,16 @@ def eval_command(ctx, dataset, methods, ks, generate, limit, split, concat, data
         raise EvselError(f"--top-n {top_n} must be at least 1")
     if chunk_tokens < 16:
         raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
-    config = EvalConfig(methods=method_list, ks=_int_list(ks, "--k"), generate=generate, limit=limit, top_n=top_n,
-                        chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens, per_question=per_question)
-    data = load_dataset(dataset, data_dir, split=split, concat=concat)
-    engine = engine_from(ctx)
+    k_list = _int_list(ks, "--k")
+    if not (dataset.endswith(".jsonl") or Path(dataset).is_file() or dataset in DATASET_NAMES):
+        raise InputError(f"unknown dataset {dataset!r}",
+                         f"choose one of: {', '.join(DATASET_NAMES)}, or give a path to a .jsonl file")
+    engine = engine_from(ctx)  # eval runs where the model is resident: in the daemon when one runs
     with ProgressView(enabled=not as_json) as view:
-        result = run(data, config, engine, on_event=view)
+        result = engine.eval(dataset, method_list, ks=k_list, generate=generate, limit=limit, split=split,
+                             concat=concat, data_dir=str(data_dir) if data_dir else None, top_n=top_n,
+                             chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens, per_question=per_question,
+                             rerank_top=rerank_top, on_event=view)
     result["run"] = run_info(["evsel", *sys.argv[1:]] if sys.argv and "evsel" in Path(sys.argv[0]).name else None)
     if plot_path is not None:
         if plot(result, plot_path):

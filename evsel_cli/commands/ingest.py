@@ -1,30 +1,32 @@
 from __future__ import annotations
 
-import click
+from typing import Annotated, List, Literal, Optional
+
+import typer
 from rich.markup import escape
 
-from evsel.chunker import DEFAULT_CHUNK_TOKENS
+from evsel.engine import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, KINDS
 from evsel.output import ProgressView, print_json, stderr
-from evsel.parsers import KINDS
-from evsel.store import DEFAULT_COLLECTION
 
-from .common import engine_from, json_option
+from .base import INT, choice, path
+from .common import JsonOption, engine_from, settings
 
 
-@click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("--collection", metavar="NAME", default=DEFAULT_COLLECTION, show_default=True,
-              help="Collection to add the documents to.")
-@click.option("--kind", type=click.Choice(KINDS), default="auto", show_default=True,
-              help="How to read the files: auto picks by extension and content.")
-@click.option("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, show_default=True,
-              help="Target chunk size in backbone tokens.")
-@click.option("--encode/--no-encode", default=None,
-              help="Compute the chunks' UNREAL states now, so the first ask needs no encoding "
-                   "(default: on; env EVSEL_ENCODE=0 turns it off).")
-@json_option
-@click.pass_context
-def ingest(ctx, paths, collection, kind, chunk_tokens, encode, as_json):
+def ingest(
+    ctx: typer.Context,
+    paths: Annotated[List[str], typer.Argument(parser=path())],
+    collection: Annotated[str, typer.Option("--collection", metavar="NAME",
+                                            help="Collection to add the documents to.")] = DEFAULT_COLLECTION,
+    kind: Annotated[Literal[KINDS], typer.Option(
+        "--kind", parser=choice(KINDS), help="How to read the files: auto picks by extension and content.")] = "auto",
+    chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", parser=INT,
+                                              help="Target chunk size in backbone tokens.")] = DEFAULT_CHUNK_TOKENS,
+    encode: Annotated[Optional[bool], typer.Option(
+        "--encode/--no-encode",
+        help="Compute the chunks' UNREAL states now, so the first ask needs no encoding "
+             "(default: on; env EVSEL_ENCODE=0 turns it off).")] = None,
+    as_json: JsonOption = False,
+):
     """Add books, PDFs and dialogues to the store.
 
     PATHS are files or directories (searched recursively for .txt, .md, .epub, .pdf, .json and
@@ -32,11 +34,9 @@ def ingest(ctx, paths, collection, kind, chunk_tokens, encode, as_json):
     fails is reported on stderr and the others are still ingested; the exit code is 1 if any failed.
     """
     engine = engine_from(ctx)
+    if encode is None:  # EVSEL_ENCODE, resolved with the request's settings
+        encode = settings(ctx).encode
     with ProgressView() as view:
-        if encode is None:  # decided here, where the user's environment is, not in the daemon
-            import os
-
-            encode = os.environ.get("EVSEL_ENCODE", "1").strip().lower() not in ("0", "false", "no", "off")
         results = engine.ingest(list(paths), collection=collection, kind=kind, chunk_tokens=chunk_tokens,
                                 on_event=view, encode=encode)
     failed = [r for r in results if r["status"] == "failed"]
@@ -45,8 +45,10 @@ def ingest(ctx, paths, collection, kind, chunk_tokens, encode, as_json):
     else:
         for r in results:
             if r["status"] == "ingested":
+                later = "; chunk states are computed in the background (evsel daemon status)" \
+                    if r.get("states") == "background" else ""
                 stderr.print(f"ingested {escape(r['path'])}: {len(r['doc_ids'])} document(s), {r['chunks']} chunks "
-                             f"in {r['seconds']:.1f}s (id {', '.join(map(str, r['doc_ids']))})", emoji=False)
+                             f"in {r['seconds']:.1f}s (id {', '.join(map(str, r['doc_ids']))}){later}", emoji=False)
             elif r["status"] == "unchanged":
                 stderr.print(f"unchanged {escape(r['path'])} (id {', '.join(map(str, r['doc_ids']))})", emoji=False)
     if failed:

@@ -1,22 +1,18 @@
 from __future__ import annotations
 
-import click
+import typer
 from rich.markup import escape
 
 from evsel.output import print_json, stdout
 
-from .common import engine_from, json_option
+from .base import App
+from .common import JsonOption, engine_from
+
+app = App(help="Information about the backbone model.")
 
 
-@click.group()
-def models():
-    """Information about the backbone model."""
-
-
-@models.command("info")
-@json_option
-@click.pass_context
-def models_info(ctx, as_json):
+@app.command("info")
+def models_info(ctx: typer.Context, as_json: JsonOption = False):
     """Show the backbone, its file fingerprint, and the device and dtype with why they were chosen."""
     info = engine_from(ctx).models_info()
     if as_json:
@@ -26,7 +22,6 @@ def models_info(ctx, as_json):
         stdout.print(f"[bold]{key}:[/] {escape(str(value))}")
 
 
-@click.command()
 def sample():
     """Print the path of the bundled sample story (an original detective story, public domain).
 
@@ -34,4 +29,4 @@ def sample():
     """
     from evsel.paths import sample_story_path
 
-    click.echo(str(sample_story_path()))
+    typer.echo(str(sample_story_path()))

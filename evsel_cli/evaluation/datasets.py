@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import csv
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,10 +50,8 @@ class EvalDataset:
 
 
 def default_data_dir() -> Path:
-    """$EVSEL_DATA, else ../shared/data beside the checkout that holds this package."""
-    env = os.environ.get("EVSEL_DATA")
-    if env:
-        return Path(env).expanduser()
+    """../shared/data beside the checkout that holds this package (--data-dir / EVSEL_DATA, resolved
+    by the settings, come first)."""
     return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 

@@ -3,12 +3,13 @@
 Documents are parsed and chunked in memory exactly as `evsel ingest` would (same parsers, same
 chunker, the backbone's tokenizer), never written to the user's store. A method is any registered
 selector by name (`bm25`, `dense`, `random`, later `unreal`, ...), a fusion `rrf:OTHER`, a first
-stage followed by a reranker of its top 50 (`bm25>qrranker`), or `full`: the whole document read
+stage followed by a reranker of its top `rerank_top` (`bm25>unreal`), or `full`: the whole document read
 by the generator when it fits the context window (answers only, no ranking).
 
-Selectors get the engine as `engine=` (those that need the backbone use `engine.backbone`). A
-selector may define `prepare(chunks)` to build its index before the questions; that time is
-reported as index time, not per-question latency.
+Every method runs through `evsel.pipeline`, the path `evsel ask` takes, on a selector context whose
+state cache is eval's own (EVSEL_HOME/cache/eval.db), so the user's store is never written. A
+selector's `prepare(chunks)` (index, chunk states) is reported as index time, not per-question
+latency.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from typing import Callable
 
 from evsel import chunker
 from evsel.errors import EvselError, ModelError
+from evsel.pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order
 from evsel.store import ChunkRecord
 
 from . import metrics
 from .datasets import EvalDataset, EvalQuestion
 from .gold import resolve
 
-RERANK_DEPTH = 50  # candidates a reranker re-scores, as in QRRanker
 CLAIM_PROMPT = "Is this claim about the book true or false? Claim: {claim}\nAnswer with one word: True or False."
 
 
@@ -39,6 +40,7 @@ class EvalConfig:
     chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS
     max_new_tokens: int = 32
     per_question: bool = False  # keep each question's record in the result
+    rerank_top: int = RERANK_TOP  # first-stage candidates a FIRST>RERANKER method re-scores
 
 
 def _ignore(_event: dict) -> None:
@@ -63,36 +65,26 @@ def select_questions(questions: list[EvalQuestion], limit: int | None) -> list[E
 
 
 class Method:
-    """One method spec turned into selectors."""
+    """One method spec: `full`, or a pipeline spec (`FIRST` or `FIRST>RERANKER`) run through the
+    very pipeline `evsel ask` uses."""
 
-    def __init__(self, spec: str, engine):
+    def __init__(self, spec: str, context, config: "EvalConfig"):
         self.spec = spec
         self.full = spec == "full"
-        self.first = self.rerank = None
-        if self.full:
-            return
-        from evsel.models.selectors import get_selector
+        self.pipeline = None
+        if not self.full:
+            self.pipeline = Pipeline(PipelineSpec.parse(spec, rerank_top=config.rerank_top, top_n=config.top_n),
+                                     context)
 
-        first, _, rerank = spec.partition(">")
-        self.first = get_selector(first, engine=engine)
-        self.rerank = get_selector(rerank, engine=engine) if rerank else None
+    @property
+    def needs_model(self) -> bool:
+        return self.pipeline is not None and self.pipeline.needs_model
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
-        for selector in (self.first, self.rerank):
-            if selector is not None and hasattr(selector, "prepare"):
-                selector.prepare(chunks)
+        self.pipeline.prepare(chunks)
 
-    def rank(self, question: str, chunks: list[ChunkRecord]) -> tuple[list[ChunkRecord], dict[str, float]]:
-        timings = {}
-        t = time.perf_counter()
-        ranked = [s.chunk for s in self.first.rank(question, chunks)]
-        timings["select_s"] = time.perf_counter() - t
-        if self.rerank is not None:
-            t = time.perf_counter()
-            head = [s.chunk for s in self.rerank.rank(question, ranked[:RERANK_DEPTH])]
-            ranked = head + ranked[RERANK_DEPTH:]
-            timings["rerank_s"] = time.perf_counter() - t
-        return ranked, timings
+    def rank(self, question: str, chunks: list[ChunkRecord]) -> tuple[list, dict[str, float]]:
+        return self.pipeline.rank(question, chunks)
 
 
 @dataclass
@@ -146,18 +138,10 @@ def gold_units(question: EvalQuestion, corpus: Corpus, tally: dict[str, int]) ->
     return metrics.dedupe_units(units)
 
 
-def _generate(engine, question: EvalQuestion, passages: list[ChunkRecord], max_new_tokens: int,
-              claims: bool) -> dict:
-    from evsel.answer import build_messages
-    from evsel.models.selectors import Scored
-
+def _generate(engine, question: EvalQuestion, evidence: list, max_new_tokens: int, claims: bool) -> dict:
+    """The answer step of the ask pipeline, on the evidence (Scored) the pipeline chose."""
     text = CLAIM_PROMPT.format(claim=question.question) if claims else question.question
-    in_order = sorted(passages, key=lambda c: (c.doc_id, c.seq))
-    messages = build_messages(text, [Scored(c, 0.0, i) for i, c in enumerate(in_order, 1)])
-    t = time.perf_counter()
-    out = engine.backbone.generate(messages, max_new_tokens)
-    out["generate_s"] = time.perf_counter() - t
-    return out
+    return answer(engine.backbone, text, in_document_order(evidence), max_new_tokens)
 
 
 def _fits(engine, question: EvalQuestion, chunks: list[ChunkRecord], max_new_tokens: int) -> bool:
@@ -228,6 +212,8 @@ def _latency(records: list[dict]) -> dict:
 
 def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[dict], None] = _ignore) -> dict:
     """Evaluate `config.methods` on `dataset`. Returns a plain dict (see the --json output)."""
+    from evsel.models.selectors import Scored
+
     if not config.methods:
         raise EvselError("no methods to evaluate", "give --methods, e.g. bm25,dense,random")
     if any(k < 1 for k in config.ks) or not config.ks:
@@ -240,7 +226,8 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
     if "full" in config.methods and not config.generate:
         raise EvselError("the full-context baseline only reads, it does not rank", "add --generate or drop full")
     started = time.perf_counter()
-    methods = [Method(spec, engine) for spec in config.methods]
+    context = engine.selector_context(on_event, for_eval=True)
+    methods = [Method(spec, context, config) for spec in config.methods]
     questions = select_questions(dataset.questions, config.limit)
     keys = list(dict.fromkeys(k for q in questions for k in q.docs))
     corpus = build_corpus(dataset, keys, engine.backbone, config.chunk_tokens, on_event)
@@ -277,21 +264,21 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                         not_fitting += 1
                         records.append(record)
                         continue
-                    passages = chunks
+                    evidence = [Scored(c, 0.0, i) for i, c in enumerate(chunks, 1)]
                 else:
                     ranked, timings = method.rank(q.question, chunks)
                     record["timings"].update(timings)
-                    passages = ranked[: config.top_n]
-                    record["evidence_tokens"] = sum(c.n_tokens for c in passages)
+                    evidence = method.pipeline.evidence(ranked)
+                    record["evidence_tokens"] = sum(s.chunk.n_tokens for s in evidence)
                     if units[q.qid]:
-                        ids = [c.id for c in ranked]
+                        ids = [s.chunk.id for s in ranked]
                         record["ranking"] = metrics.ranking_metrics(ids, units[q.qid], ks)
                         if config.per_question:
                             record["top"] = ids[: max(ks)]
                             record["gold"] = [sorted(u) for u in units[q.qid]]
                 if config.generate:
                     try:
-                        out = _generate(engine, q, passages, config.max_new_tokens, claims)
+                        out = _generate(engine, q, evidence, config.max_new_tokens, claims)
                     except ModelError as exc:  # prompt over the window: say so, do not guess
                         record["error"] = exc.message
                     else:
@@ -338,11 +325,12 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
             "top_n": config.top_n,
             "chunk_tokens": config.chunk_tokens,
             "max_new_tokens": config.max_new_tokens,
+            "rerank_top": config.rerank_top,
         },
         "methods": results,
         "seconds": {"chunking": corpus.seconds, "total": time.perf_counter() - started},
     }
-    if config.generate or any(m.first is not None and m.first.needs_model for m in methods):
+    if config.generate or any(m.needs_model for m in methods):
         result["config"]["backbone"] = engine.backbone.name
         result["config"]["fingerprint"] = engine.backbone.fingerprint
     if config.per_question:

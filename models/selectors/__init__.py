@@ -10,7 +10,7 @@ from typing import Callable
 
 from evsel.errors import EvselError
 
-from .base import Scored, Selector
+from .base import Scored, Selector, SelectorContext
 
 _REGISTRY: dict[str, Callable[..., Selector]] = {}
 
@@ -34,7 +34,7 @@ HELP = ("bm25 (default; words), unreal (the backbone's own states with the train
         "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random")
 
 
-def get_selector(name: str, **kwargs) -> Selector:
+def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
     """A selector by spec: a registered name, or rrf:OTHER for BM25 fused with OTHER."""
     _load_builtins()
     base, _, arg = name.partition(":")
@@ -44,7 +44,7 @@ def get_selector(name: str, **kwargs) -> Selector:
         kwargs["other"] = arg
     if base not in _REGISTRY:
         raise EvselError(f"unknown selector {name!r}", f"choose one of: {', '.join(sorted(_REGISTRY))}, rrf:OTHER")
-    return _REGISTRY[base](**kwargs)
+    return _REGISTRY[base](context, **kwargs)
 
 
 def _load_builtins() -> None:
@@ -53,4 +53,4 @@ def _load_builtins() -> None:
     from . import intrinsic, unreal  # noqa: F401  (model-internal selection, seed 000)
 
 
-__all__ = ["HELP", "Scored", "Selector", "register", "available", "get_selector"]
+__all__ = ["HELP", "Scored", "Selector", "SelectorContext", "register", "available", "get_selector"]

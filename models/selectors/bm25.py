@@ -1,43 +1,22 @@
-"""BM25 (Okapi, rank-bm25) over the chunks in scope."""
+"""BM25 (Okapi, rank-bm25's BM25Okapi) over the chunks in scope.
+
+With a store (`evsel ask`), the scores come from the index persisted at ingest (evsel/bm25_index.py),
+equal to BM25Okapi's over the scope's chunks without tokenizing them; chunks that are not whole
+stored documents (a reranker's candidates) and eval's in-memory chunks get BM25Okapi built from
+their texts, kept between requests by the daemon's memo.
+"""
 
 from __future__ import annotations
 
-import re
-
 from rank_bm25 import BM25Okapi
 
+from evsel.bm25_index import STOPWORDS, chunk_tokens, tokenize
 from evsel.store import ChunkRecord
 
 from . import register
 from .base import Selector
 
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
-STOPWORDS = frozenset(
-    """a about above after again against all am an and any are as at be because been before being
-    below between both but by can could did do does doing down during each few for from further had
-    has have having he her here hers herself him himself his how i if in into is it its itself just
-    me more most my myself no nor not now of off on once only or other our ours ourselves out over own
-    same she should so some such than that the their theirs them themselves then there these they this
-    those through to too under until up very was we were what when where which while who whom why will
-    with would you your yours yourself yourselves s t don""".split()
-)
-
-
-def _stem(word: str) -> str:
-    """A light suffix stripper: enough to match 'killed'/'kill', 'letters'/'letter'."""
-    if word.endswith("'s"):
-        word = word[:-2]
-    for suffix in ("ingly", "edly", "ing", "ies", "ied", "ed", "es", "s", "ly"):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            stem = word[: -len(suffix)]
-            if suffix in ("ies", "ied"):
-                stem += "y"
-            return stem
-    return word
-
-
-def tokenize(text: str) -> list[str]:
-    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+__all__ = ["BM25Selector", "STOPWORDS", "tokenize"]
 
 
 @register("bm25")
@@ -45,22 +24,39 @@ class BM25Selector(Selector):
     name = "bm25"
     needs_model = False
 
-    def __init__(self, k1: float = 1.5, b: float = 0.75, engine=None, **_):
+    def __init__(self, context, k1: float = 1.5, b: float = 0.75, **_):
+        super().__init__(context)
         self.k1 = k1
         self.b = b
-        self.engine = engine
 
-    def index(self, chunks: list[ChunkRecord]) -> BM25Okapi:
-        def build() -> BM25Okapi:
-            return BM25Okapi([tokenize(c.text) or ["<empty>"] for c in chunks], k1=self.k1, b=self.b)
+    def index(self, chunks: list[ChunkRecord]):
+        """The scope's index: the one persisted in the store when the chunks are whole stored
+        documents, else BM25Okapi built from their texts. The daemon keeps either per scope."""
+        store = self.context.store
 
-        cached = getattr(self.engine, "cached", None)
-        if cached is None:
-            return build()
-        return cached("bm25", chunks, build, self.k1, self.b)  # the daemon keeps it per scope
+        def build():
+            if store is not None:
+                scope = store.bm25_scope(chunks)
+                if scope is not None:
+                    return scope
+            return self.build(chunks)
+
+        return self.context.memo("bm25", chunks, build, self.k1, self.b)
+
+    def build(self, chunks: list[ChunkRecord]) -> BM25Okapi:
+        return BM25Okapi([chunk_tokens(c.text) for c in chunks], k1=self.k1, b=self.b)
+
+    def prepare(self, chunks: list[ChunkRecord]) -> None:
+        self.index(chunks)
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
         query = tokenize(question)
         if not query:
             return [0.0] * len(chunks)
-        return [float(x) for x in self.index(chunks).get_scores(query)]
+        index = self.index(chunks)
+        if not isinstance(index, BM25Okapi):  # persisted
+            values = self.context.store.bm25_scores(index, query, self.k1, self.b)
+            if values is not None:
+                return values.tolist()
+            index = self.build(chunks)  # a document changed under the scope: score the chunks in hand
+        return [float(x) for x in index.get_scores(query)]

@@ -19,29 +19,31 @@ class IntrinsicSelector(Selector):
 
     name = "intrinsic"
     needs_model = True
-    on_event = None  # progress callback for chunks encoded at ask time (set by the engine)
     LAYERS = (1, 2, 3, 4, 5, 6)
 
-    def __init__(self, engine=None, layers: tuple[int, ...] | None = None, **_):
-        from evsel.engine import Engine
+    def __init__(self, context, layers: tuple[int, ...] | None = None, **_):
         from evsel.models import unreal
 
-        self.engine = engine or Engine()
+        super().__init__(context)
         self.layers = sorted(layers or self.LAYERS)
-        self.encoder = unreal.IntrinsicEncoder(self.engine.backbone, self.layers)
+        self.encoder = unreal.IntrinsicEncoder(context.backbone, self.layers)
         self._scope: tuple[tuple, np.ndarray] | None = None
 
-    def prepare(self, chunks: list[ChunkRecord], on_event=None) -> np.ndarray:
+    def prepare(self, chunks: list[ChunkRecord]) -> None:
+        self.keys(chunks)
+
+    def keys(self, chunks: list[ChunkRecord]) -> np.ndarray:
         from evsel.models import unreal
 
-        on_event = on_event or self.on_event
         key = tuple(c.content_hash for c in chunks)
         if self._scope is None or self._scope[0] != key:
-            self._scope = (key, unreal.intrinsic_states(self.engine, chunks, self.layers, on_event))
+            context = self.context
+            self._scope = (key, unreal.intrinsic_states(context.backbone, context.states, chunks, self.layers,
+                                                        context.on_event))
         return self._scope[1]
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
-        keys = self.prepare(chunks)
+        keys = self.keys(chunks)
         query = self.encoder.queries([question])[0]
         per_layer = self.encoder.layer_scores(query, keys)  # (N, |layers|)
         spread = per_layer.std(axis=0, keepdims=True)

@@ -19,7 +19,8 @@ class RandomSelector(Selector):
     name = "random"
     needs_model = False
 
-    def __init__(self, seed: int = DEFAULT_SEED, **_):
+    def __init__(self, context, seed: int = DEFAULT_SEED, **_):
+        super().__init__(context)
         self.seed = seed
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:

@@ -17,17 +17,18 @@ K = 60  # the constant of Cormack et al. (2009)
 class RRFSelector(Selector):
     name = "rrf"
 
-    def __init__(self, other: str = "dense", engine=None, **kwargs):
-        if other in ("rrf", "bm25"):
+    def __init__(self, context, other: str = "dense", **kwargs):
+        super().__init__(context)
+        if other in ("rrf", "bm25") or other.startswith("rrf:"):
             raise EvselError(f"rrf fuses bm25 with another selector, not {other!r}", "use e.g. rrf:dense")
         self.name = f"rrf:{other}"
-        self.parts = [get_selector("bm25", engine=engine), get_selector(other, engine=engine)]
+        # both parts share the context, so their progress (chunks encoded at ask time) is shown
+        self.parts = [get_selector("bm25", context), get_selector(other, context)]
         self.needs_model = any(p.needs_model for p in self.parts)
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         for part in self.parts:
-            if hasattr(part, "prepare"):
-                part.prepare(chunks)
+            part.prepare(chunks)
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
         fused = [0.0] * len(chunks)

@@ -4,10 +4,8 @@ C0, the passages the query pass reads before the question, are the top BM25 chun
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 
-import numpy as np
 
 from evsel.store import ChunkRecord
 
@@ -15,61 +13,62 @@ from . import get_selector, register
 from .base import Selector
 
 
-# Query vectors by (adapter, question, C0): `rrf:unreal` or a second method over the same
-# questions in one `evsel eval` run reuses the query pass instead of repeating it.
-_QUERIES: OrderedDict = OrderedDict()
-_MAX_QUERIES = 4096  # ~9 KB each
+MAX_QUERIES = 4096  # query vectors kept per selector (~9 KB each)
 
 
 @register("unreal")
 class UnrealSelector(Selector):
     name = "unreal"
     needs_model = True
-    on_event = None  # progress callback for chunks encoded at ask time (set by the engine)
 
-    def __init__(self, engine=None, adapter: str | None = None, **_):
-        from evsel.engine import Engine
+    def __init__(self, context, adapter: str | None = None, **_):
         from evsel.models import unreal
 
-        self.engine = engine or Engine()
-        self.adapter = unreal.default_adapter(self.engine.backbone, adapter)
-        self.query = unreal.UnrealQuery(self.engine.backbone, self.adapter)
-        self.bm25 = get_selector("bm25", engine=self.engine)
-        tensors = b"".join(t.detach().numpy().tobytes() for t in [*self.adapter.trainable(), self.adapter.stats])
-        self._adapter_id = hashlib.sha256(tensors).hexdigest()
+        super().__init__(context)
+        backbone = context.backbone
+        self.adapter = unreal.default_adapter(backbone, adapter or context.settings.unreal_adapter)
+        self.query = unreal.UnrealQuery(backbone, self.adapter)
+        self.bm25 = get_selector("bm25", context)
+        # query vectors by (question, C0): a second method over the same questions in one eval
+        # run (rrf:unreal beside unreal) reuses the query pass
+        self._queries: OrderedDict = OrderedDict()
+        self._adapter_id = self.adapter.digest()
         self._scope: tuple[tuple, object] | None = None  # last scope's keys
 
-    def prepare(self, chunks: list[ChunkRecord], on_event=None):
+    def prepare(self, chunks: list[ChunkRecord]) -> None:
+        self.keys(chunks)
+
+    def keys(self, chunks: list[ChunkRecord]):
         """The scope's chunk keys as scored (standardized fp32, N x L_p x d); the states are
         encoded now if not in the state cache (index time), and the daemon keeps the keys."""
         from evsel.models import unreal
 
-        on_event = on_event or self.on_event
+        context = self.context
         key = tuple(c.content_hash for c in chunks)
         if self._scope is None or self._scope[0] != key:
             cfg = self.adapter.config
 
             def build():
-                states = unreal.chunk_states(self.engine, chunks, cfg.layer, cfg.pool, on_event)
+                states = unreal.chunk_states(context.backbone, context.states, chunks, cfg.layer, cfg.pool,
+                                             context.on_event)
                 return self.query.chunk_keys(states)
 
-            cached = getattr(self.engine, "cached", None)
-            keys = cached("unreal", chunks, build, cfg.cache_key(), self._adapter_id) if cached else build()
+            keys = context.memo("unreal", chunks, build, cfg.cache_key(), self._adapter_id)
             self._scope = (key, keys)
         return self._scope[1]
 
-    def context(self, question: str, chunks: list[ChunkRecord]) -> list[str]:
+    def c0(self, question: str, chunks: list[ChunkRecord]) -> list[str]:
         """C0: the top BM25 chunks, best first."""
         return [s.chunk.text for s in self.bm25.rank(question, chunks, self.adapter.config.c0)]
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
-        keys = self.prepare(chunks)
-        context = self.context(question, chunks)
-        key = (self.engine.backbone.fingerprint, self._adapter_id, question, tuple(context))
-        queries = _QUERIES.get(key)
+        keys = self.keys(chunks)
+        c0 = self.c0(question, chunks)
+        key = (question, tuple(c0))
+        queries = self._queries.get(key)
         if queries is None:
-            queries = self.query.encode_question(question, context)
-            _QUERIES[key] = queries
-            while len(_QUERIES) > _MAX_QUERIES:
-                _QUERIES.popitem(last=False)
+            queries = self.query.encode_question(question, c0)
+            self._queries[key] = queries
+            while len(self._queries) > MAX_QUERIES:
+                self._queries.popitem(last=False)
         return self.query.score_keys(queries, keys).tolist()

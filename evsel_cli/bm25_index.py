@@ -1,0 +1,298 @@
+"""BM25's index persisted in the store (migration m004), and Okapi BM25 scores read from it.
+
+What `evsel ask --select bm25` needs from a scope of whole documents is written once, at ingest, in
+the same transaction as the chunks, so an in-process ask no longer tokenizes and indexes every chunk
+of its scope (seconds at 10^5 chunks):
+
+- `bm25_terms(id, term)`: the vocabulary of the store, one integer id per token;
+- `bm25_docs(doc_id, n_chunks, total_len, digest, lengths, term_ids, dfs)`: per document, the token
+  count of each chunk (in seq order), the document's vocabulary in first-occurrence order with each
+  term's chunk frequency inside the document, and a digest of its chunks' content hashes;
+- `bm25_postings(term_id, doc_id, data)`: per (term, document), the (chunk ordinal, term frequency)
+  pairs.
+
+Any scope that is a list of whole documents (the whole store, `--doc`, `--collection`) gets its
+statistics by adding up per-document rows: N and avgdl from the lengths, a query term's df from its
+postings, and the average idf over the scope's whole vocabulary (rank-bm25's floor for negative
+idf) from the documents' vocabularies. The scores are computed with rank-bm25's own arithmetic, in
+its order (vocabulary summed in first-occurrence order, one query token after another), so they are
+bit-for-bit those of `BM25Okapi` built on the scope's chunks. A chunk list that is not whole indexed
+documents (a reranker's candidates, chunks held only in memory) gets None: build in memory then.
+
+This module sits beside the store (the store calls it at ingest and removal); it imports nothing
+from evsel.models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from operator import attrgetter
+import sqlite3
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+EPSILON = 0.25  # BM25Okapi's default: negative idf becomes EPSILON * the scope's average idf
+EMPTY_TOKEN = "<empty>"  # a chunk without words is indexed as this one token (rank-bm25 needs one)
+_BATCH = 500  # bound parameters per IN (...) list, under SQLite's limit
+_I4 = np.dtype("<i4")
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being
+    below between both but by can could did do does doing down during each few for from further had
+    has have having he her here hers herself him himself his how i if in into is it its itself just
+    me more most my myself no nor not now of off on once only or other our ours ourselves out over own
+    same she should so some such than that the their theirs them themselves then there these they this
+    those through to too under until up very was we were what when where which while who whom why will
+    with would you your yours yourself yourselves s t don""".split()
+)
+
+
+def _stem(word: str) -> str:
+    """A light suffix stripper: enough to match 'killed'/'kill', 'letters'/'letter'."""
+    if word.endswith("'s"):
+        word = word[:-2]
+    for suffix in ("ingly", "edly", "ing", "ies", "ied", "ed", "es", "s", "ly"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            stem = word[: -len(suffix)]
+            if suffix in ("ies", "ied"):
+                stem += "y"
+            return stem
+    return word
+
+
+def tokenize(text: str) -> list[str]:
+    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+
+
+def chunk_tokens(text: str) -> list[str]:
+    """The tokens BM25 indexes for one chunk (as the in-memory BM25Okapi build gets them)."""
+    return tokenize(text) or [EMPTY_TOKEN]
+
+
+def digest(content_hashes: Iterable[str]) -> str:
+    """Identifies a document's chunk list: its chunks' content hashes, in order."""
+    return hashlib.sha1("\n".join(content_hashes).encode()).hexdigest()
+
+
+# schema and writes (inside the store's transactions) ------------------------------------------------
+
+SCHEMA = [
+    "create table bm25_terms (id integer primary key, term text not null unique)",
+    "create table bm25_docs (doc_id integer primary key references documents(id), n_chunks integer not null,"
+    " total_len integer not null, digest text not null, lengths blob not null, term_ids blob not null,"
+    " dfs blob not null)",
+    "create table bm25_postings (term_id integer not null, doc_id integer not null, data blob not null,"
+    " primary key (term_id, doc_id)) without rowid",
+]
+
+
+def _term_ids(conn: sqlite3.Connection, terms: Sequence[str]) -> list[int]:
+    conn.executemany("insert or ignore into bm25_terms (term) values (?)", [(t,) for t in terms])
+    ids: dict[str, int] = {}
+    for at in range(0, len(terms), _BATCH):
+        part = terms[at:at + _BATCH]
+        ids.update((term, i) for i, term in conn.execute(
+            f"select id, term from bm25_terms where term in ({', '.join('?' for _ in part)})", part))
+    return [ids[t] for t in terms]
+
+
+def index_document(conn: sqlite3.Connection, doc_id: int, chunks: Sequence[tuple[int, str, str]]) -> None:
+    """Write the BM25 rows of one document from its chunks' (seq, text, content_hash); the caller
+    holds the write transaction and has dropped the document's previous rows."""
+    chunks = sorted(chunks, key=lambda c: c[0])
+    lengths = []
+    postings: dict[str, list[int]] = {}  # term -> [ordinal, tf, ordinal, tf, ...]; first-occurrence order
+    for ordinal, (_seq, text, _hash) in enumerate(chunks):
+        tokens = chunk_tokens(text)
+        lengths.append(len(tokens))
+        frequencies: dict[str, int] = {}
+        for token in tokens:
+            frequencies[token] = frequencies.get(token, 0) + 1
+        for term, tf in frequencies.items():
+            postings.setdefault(term, []).extend((ordinal, tf))
+    terms = list(postings)
+    ids = _term_ids(conn, terms)
+    conn.execute(
+        "insert into bm25_docs (doc_id, n_chunks, total_len, digest, lengths, term_ids, dfs) values (?, ?, ?, ?, ?, ?, ?)",
+        [doc_id, len(chunks), sum(lengths), digest(c[2] for c in chunks), np.asarray(lengths, _I4).tobytes(),
+         np.asarray(ids, _I4).tobytes(), np.asarray([len(postings[t]) // 2 for t in terms], _I4).tobytes()],
+    )
+    conn.executemany(
+        "insert into bm25_postings (term_id, doc_id, data) values (?, ?, ?)",
+        [(i, doc_id, np.asarray(postings[t], _I4).tobytes()) for i, t in zip(ids, terms)],
+    )
+
+
+def drop_document(conn: sqlite3.Connection, doc_id: int) -> None:
+    """Delete one document's BM25 rows (its postings by their keys: no scan of the table)."""
+    row = conn.execute("select term_ids from bm25_docs where doc_id = ?", [doc_id]).fetchone()
+    if row is None:
+        return
+    conn.executemany("delete from bm25_postings where term_id = ? and doc_id = ?",
+                     [(int(i), doc_id) for i in np.frombuffer(row[0], _I4)])
+    conn.execute("delete from bm25_docs where doc_id = ?", [doc_id])
+
+
+def backfill(conn: sqlite3.Connection) -> int:
+    """Index every document without BM25 rows (a store from before m004). Returns how many."""
+    missing = [r[0] for r in conn.execute(
+        "select id from documents where id not in (select doc_id from bm25_docs) order by id").fetchall()]
+    for doc_id in missing:
+        index_document(conn, doc_id, conn.execute(
+            "select seq, text, content_hash from chunks where doc_id = ? order by seq", [doc_id]).fetchall())
+    return len(missing)
+
+
+# reads: scores over a scope of whole documents ------------------------------------------------------
+
+@dataclass
+class _Doc:
+    doc_id: int
+    offset: int  # position of its first chunk in the scope's chunk list
+    n_chunks: int
+    total_len: int
+    digest: str
+    lengths: bytes
+    term_ids: bytes
+    dfs: bytes
+
+
+def _runs(doc_ids: list[int]) -> list[tuple[int, int, int]] | None:
+    """(doc_id, start, end) of each run of equal doc ids; None when a document's chunks are not contiguous."""
+    n = len(doc_ids)
+    arr = np.fromiter(doc_ids, dtype=np.int64, count=n)
+    starts = np.concatenate(([0], np.flatnonzero(arr[1:] != arr[:-1]) + 1))
+    ends = np.concatenate((starts[1:], [n]))
+    docs = arr[starts]
+    if len(np.unique(docs)) != len(docs):
+        return None
+    return [(int(d), int(s), int(e)) for d, s, e in zip(docs, starts, ends)]
+
+
+def _in_batches(conn: sqlite3.Connection, sql: str, head: list, values: list) -> list[tuple]:
+    """Rows of `sql` (with one `{marks}` IN list) over `values` in batches under the parameter limit."""
+    out: list[tuple] = []
+    for at in range(0, len(values), _BATCH):
+        part = values[at:at + _BATCH]
+        out += conn.execute(sql.format(marks=", ".join("?" for _ in part)), [*head, *part]).fetchall()
+    return out
+
+
+def _scope_docs(conn: sqlite3.Connection, chunks: Sequence) -> list[_Doc] | None:
+    """The scope as whole indexed documents, each checked against the chunks it was given; else None."""
+    runs = _runs(list(map(attrgetter("doc_id"), chunks)))
+    if runs is None:
+        return None
+    hashes = list(map(attrgetter("content_hash"), chunks))
+    rows = {r[0]: r for r in _in_batches(
+        conn, "select doc_id, n_chunks, total_len, digest, lengths, term_ids, dfs from bm25_docs "
+              "where doc_id in ({marks})", [], [d for d, _, _ in runs])}
+    docs = []
+    for doc_id, start, end in runs:
+        row = rows.get(doc_id)
+        if row is None or row[1] != end - start:
+            return None
+        if digest(hashes[start:end]) != row[3]:
+            return None  # not this document's stored chunks (another version, or chunks made elsewhere)
+        docs.append(_Doc(doc_id, start, *row[1:]))
+    return docs
+
+
+class Scope:
+    """A scope of whole indexed documents: N, the chunk lengths and avgdl, read once; the average idf
+    when a query first needs it. Small, so the daemon's memo keeps it between requests; postings are
+    read from the store at every query."""
+
+    def __init__(self, docs: list[_Doc]):
+        self.docs = docs
+        self.doc_len = np.concatenate([np.frombuffer(d.lengths, _I4) for d in docs]).astype(np.int64)
+        self.n = len(self.doc_len)
+        self.avgdl = sum(d.total_len for d in docs) / self.n  # as rank-bm25: an int sum over N
+        self.offsets = {d.doc_id: d.offset for d in docs}
+        self._average_idf: float | None = None
+
+    def average_idf(self) -> float:
+        """rank-bm25's average idf over the scope's vocabulary: idf = ln(N - df + 0.5) - ln(df + 0.5)
+        per term, summed in the order the terms first occur in the scope, over the vocabulary size."""
+        if self._average_idf is None:
+            ids = np.concatenate([np.frombuffer(d.term_ids, _I4) for d in self.docs])
+            dfs = np.concatenate([np.frombuffer(d.dfs, _I4) for d in self.docs]).astype(np.int64)
+            # each document's vocabulary is stored in first-occurrence order and the documents come in
+            # scope order, so a term's first index in the concatenation orders the vocabulary as
+            # rank-bm25 inserts it into its dict
+            _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+            df = np.bincount(inverse.ravel(), weights=dfs).astype(np.int64)[np.argsort(first, kind="stable")]
+            values, where = np.unique(df, return_inverse=True)
+            n = self.n
+            idf = np.array([math.log(n - f + 0.5) - math.log(f + 0.5) for f in values.tolist()], dtype=np.float64)
+            # summed one after another, as rank-bm25's `idf_sum += idf` (np.sum adds pairwise: other roundings)
+            self._average_idf = float(np.add.accumulate(idf[where.ravel()])[-1]) / len(df)
+        return self._average_idf
+
+    def _frequencies(self, conn: sqlite3.Connection, terms: list[str]) -> dict[str, np.ndarray]:
+        """Per query term present in the scope: its frequency in every chunk (int64, scope order)."""
+        ids = dict(_in_batches(conn, "select term, id from bm25_terms where term in ({marks})", [], terms))
+        docs = list(self.offsets)
+        out = {}
+        for term in terms:
+            if term not in ids:
+                continue
+            if len(docs) <= _BATCH:
+                rows = conn.execute(f"select doc_id, data from bm25_postings where term_id = ? and doc_id in "
+                                    f"({', '.join('?' for _ in docs)})", [ids[term], *docs]).fetchall()
+            else:
+                rows = [r for r in conn.execute("select doc_id, data from bm25_postings where term_id = ?",
+                                                [ids[term]]) if r[0] in self.offsets]
+            if rows:
+                q_freq = np.zeros(self.n, dtype=np.int64)
+                for doc_id, data in rows:
+                    pairs = np.frombuffer(data, _I4).reshape(-1, 2)
+                    q_freq[self.offsets[doc_id] + pairs[:, 0]] = pairs[:, 1]
+                out[term] = q_freq
+        return out
+
+    def scores(self, conn: sqlite3.Connection, query: list[str], k1: float, b: float,
+               epsilon: float = EPSILON) -> np.ndarray | None:
+        """BM25Okapi(scope's chunk tokens, k1, b, epsilon).get_scores(query); None when one of the
+        documents changed in the store meanwhile (score the chunks in hand another way then)."""
+        freqs = self._frequencies(conn, list(dict.fromkeys(query)))
+        idf: dict[str, float] = {}
+        for term, q_freq in freqs.items():
+            df = int(np.count_nonzero(q_freq))
+            idf[term] = math.log(self.n - df + 0.5) - math.log(df + 0.5)
+            if idf[term] < 0:  # in more than half of the chunks: rank-bm25's floor
+                idf[term] = epsilon * self.average_idf()
+        score = np.zeros(self.n)
+        doc_len, avgdl = self.doc_len, self.avgdl
+        for q in query:  # rank-bm25's get_scores, query token after query token
+            if q not in freqs:
+                continue  # a term absent from the scope adds 0 everywhere
+            q_freq = freqs[q]
+            score += (idf[q] or 0) * (q_freq * (k1 + 1) / (q_freq + k1 * (1 - b + b * doc_len / avgdl)))
+        now = dict(_in_batches(conn, "select doc_id, digest from bm25_docs where doc_id in ({marks})", [],
+                               list(self.offsets)))
+        if any(now.get(d.doc_id) != d.digest for d in self.docs):
+            return None
+        return score
+
+
+def open_scope(conn: sqlite3.Connection, chunks: Sequence) -> Scope | None:
+    """The persisted index of `chunks`; None unless they are whole indexed documents of this store,
+    each in order (a reranker's candidates, chunks that exist only in memory)."""
+    if not chunks:
+        return None
+    docs = _scope_docs(conn, chunks)
+    return None if docs is None else Scope(docs)
+
+
+def scores(conn: sqlite3.Connection, chunks: Sequence, query: list[str], k1: float, b: float,
+           epsilon: float = EPSILON) -> np.ndarray | None:
+    """BM25Okapi(chunk tokens of `chunks`, k1, b, epsilon).get_scores(query), from the persisted
+    index; None when `chunks` are not whole indexed documents of this store."""
+    scope = open_scope(conn, chunks)
+    return None if scope is None else scope.scores(conn, query, k1, b, epsilon)

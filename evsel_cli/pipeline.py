@@ -1,0 +1,99 @@
+"""The one path from a question to evidence and an answer, shared by `ask`, `eval`, the daemon and
+the training recipes, so eval measures exactly what a user runs:
+
+    scope -> first stage (--select) -> optional rerank of its top candidates (--rerank,
+    --rerank-top) -> top-n evidence in document order -> answer
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .errors import EvselError
+from .store import ChunkRecord
+
+RERANK_TOP = 50  # first-stage candidates a reranker re-scores, as in QRRanker
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    select: str = "bm25"
+    rerank: str | None = None
+    rerank_top: int = RERANK_TOP
+    top_n: int = 5
+
+    def __post_init__(self) -> None:
+        if self.top_n < 1:
+            raise EvselError(f"--top-n {self.top_n} must be at least 1")
+        if self.rerank is not None and self.rerank_top < 1:
+            raise EvselError(f"--rerank-top {self.rerank_top} must be at least 1")
+
+    @classmethod
+    def parse(cls, spec: str, **kwargs) -> "PipelineSpec":
+        """`FIRST` or `FIRST>RERANKER` (eval's method names)."""
+        first, _, rerank = spec.partition(">")
+        if not first.strip() or (">" in spec and not rerank.strip()):
+            raise EvselError(f"method {spec!r} is not FIRST or FIRST>RERANKER", "e.g. bm25 or bm25>unreal")
+        return cls(select=first.strip(), rerank=rerank.strip() or None, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.select if self.rerank is None else f"{self.select}>{self.rerank}"
+
+
+class Pipeline:
+    """Selectors for one spec, built once per request (or once per eval method) on a context."""
+
+    def __init__(self, spec: PipelineSpec, context):
+        from evsel.models.selectors import get_selector
+
+        self.spec = spec
+        self.context = context
+        self.first = get_selector(spec.select, context)
+        self.reranker = get_selector(spec.rerank, context) if spec.rerank else None
+
+    @property
+    def needs_model(self) -> bool:
+        return self.first.needs_model or (self.reranker is not None and self.reranker.needs_model)
+
+    def prepare(self, chunks: list[ChunkRecord]) -> None:
+        """Index time: what the selectors build for a scope before its questions."""
+        self.first.prepare(chunks)
+        if self.reranker is not None:
+            self.reranker.prepare(chunks)
+
+    def rank(self, question: str, chunks: list[ChunkRecord]) -> tuple[list, dict[str, float]]:
+        """The whole scope ranked (Scored, rank 1 = best): the reranker's order over the first
+        stage's top `rerank_top`, then the rest of the first stage's order. And stage timings."""
+        from evsel.models.selectors import Scored
+
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        ranked = self.first.rank(question, chunks)
+        timings["select_s"] = time.perf_counter() - started
+        if self.reranker is not None and ranked:
+            started = time.perf_counter()
+            head = self.reranker.rank(question, [s.chunk for s in ranked[: self.spec.rerank_top]])
+            rest = ranked[self.spec.rerank_top:]
+            ranked = [Scored(s.chunk, s.score, rank) for rank, s in enumerate(head + rest, 1)]
+            timings["rerank_s"] = time.perf_counter() - started
+        return ranked, timings
+
+    def evidence(self, ranked: list) -> list:
+        """The top-n, in document order (the order the generator reads them)."""
+        return in_document_order(ranked[: self.spec.top_n])
+
+
+def in_document_order(scored: list) -> list:
+    return sorted(scored, key=lambda s: (s.chunk.doc_id, s.chunk.seq))
+
+
+def answer(backbone, question: str, evidence: list, max_new_tokens: int) -> dict:
+    """The generator's answer from the evidence (Scored, in the order given): text, token counts."""
+    from .answer import build_messages
+
+    started = time.perf_counter()
+    out = backbone.generate(build_messages(question, evidence), max_new_tokens)
+    out["generate_s"] = time.perf_counter() - started
+    return out

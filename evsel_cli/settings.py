@@ -1,0 +1,165 @@
+"""One settings object per request: CLI options, then EVSEL_* variables, then defaults.
+
+This is the only module that reads evsel's environment variables. The CLI resolves a `Settings`
+once (in the client's working directory, so relative paths are made absolute here) and passes it
+down; the daemon receives it as plain data with the request and hands it to the engine, so nothing
+deeper in the stack looks at `os.environ` and the daemon never swaps its environment or directory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Mapping
+
+from .errors import EvselError
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in TRUE:
+        return True
+    if raw in FALSE:
+        return False
+    raise EvselError(f"{name}={env[name]!r} is not a yes/no value", f"set {name}=1 or {name}=0, or unset it")
+
+
+def _absolute(value: str | None, cwd: Path) -> str | None:
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else cwd / path)
+
+
+def _threads(env: Mapping[str, str]) -> int | None:
+    raw = env.get("EVSEL_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise EvselError(f"EVSEL_THREADS={raw!r} is not a positive whole number",
+                         "unset it or set e.g. EVSEL_THREADS=1")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one request runs with. Paths are absolute (resolved where the user typed them)."""
+
+    model: str | None = None  # --model / EVSEL_MODEL; None: the bundled SmolLM2
+    model_as_given: str | None = None  # for error messages: the path exactly as typed
+    device: str = "auto"  # --device / EVSEL_DEVICE
+    no_daemon: bool = False  # --no-daemon / EVSEL_NO_DAEMON
+    encode: bool = True  # EVSEL_ENCODE: per-chunk model states at ingest (in the daemon: in the background)
+    threads: int | None = None  # EVSEL_THREADS: torch CPU threads where the model runs
+    unreal_adapter: str | None = None  # EVSEL_UNREAL_ADAPTER: an adapter folder instead of the shipped one
+    data_dir: str | None = None  # EVSEL_DATA: benchmark data for eval and train
+    debug: bool = False  # EVSEL_DEBUG: tracebacks instead of one-line errors
+
+    @classmethod
+    def resolve(cls, *, model: str | None = None, device: str | None = None, no_daemon: bool | None = None,
+                env: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> "Settings":
+        """CLI options (None: not given) over the environment over defaults."""
+        env = os.environ if env is None else env
+        if cwd is None:
+            try:
+                cwd = os.getcwd()
+            except OSError:  # the directory was deleted under us
+                cwd = "/"
+        cwd = Path(cwd)
+        model = model or env.get("EVSEL_MODEL") or None
+        device = (device or env.get("EVSEL_DEVICE") or "auto").strip().lower()
+        if device not in DEVICES:
+            raise EvselError(f"device {device!r} is not one of {', '.join(DEVICES)}",
+                             "use --device auto|cpu|cuda (or EVSEL_DEVICE)")
+        return cls(
+            model=_absolute(model, cwd),
+            model_as_given=model,
+            device=device,
+            no_daemon=_flag(env, "EVSEL_NO_DAEMON", False) if no_daemon is None else bool(no_daemon),
+            encode=_flag(env, "EVSEL_ENCODE", True),
+            threads=_threads(env),
+            unreal_adapter=_absolute(env.get("EVSEL_UNREAL_ADAPTER"), cwd),
+            data_dir=_absolute(env.get("EVSEL_DATA"), cwd),
+            debug=_flag(env, "EVSEL_DEBUG", False),
+        )
+
+    def with_(self, **changes) -> "Settings":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping | None) -> "Settings":
+        """From a request's plain data; unknown keys (a newer client) are an error, not ignored."""
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise EvselError(f"unknown settings {', '.join(unknown)}",
+                             "a client of another evsel version? run: evsel daemon stop")
+        return cls(**data)
+
+
+def evsel_home(env: Mapping[str, str] | None = None) -> Path | None:
+    """$EVSEL_HOME as given (None: unset). The home is the process's, not a request's: one daemon
+    serves one home."""
+    env = os.environ if env is None else env
+    raw = env.get("EVSEL_HOME")
+    return Path(raw).expanduser() if raw else None
+
+
+def model_cache(env: Mapping[str, str] | None = None) -> Path | None:
+    """$EVSEL_MODEL_CACHE as given (None: unset)."""
+    env = os.environ if env is None else env
+    raw = env.get("EVSEL_MODEL_CACHE")
+    return Path(raw).expanduser() if raw else None
+
+
+def debug(env: Mapping[str, str] | None = None) -> bool:
+    """$EVSEL_DEBUG, for the top-level error handler (before any Settings exists)."""
+    env = os.environ if env is None else env
+    return env.get("EVSEL_DEBUG", "").strip().lower() not in ("", *FALSE)
+
+
+# The daemon's own variables: about the process, not a request.
+def daemon_idle_timeout(default: float, env: Mapping[str, str] | None = None) -> float:
+    """$EVSEL_DAEMON_IDLE: seconds without work before the daemon exits (0: never)."""
+    return _seconds(env, "EVSEL_DAEMON_IDLE", default)
+
+
+def daemon_start_timeout(env: Mapping[str, str] | None = None) -> float:
+    """$EVSEL_DAEMON_START_TIMEOUT: how long a client waits for a daemon it started."""
+    return _seconds(env, "EVSEL_DAEMON_START_TIMEOUT", 120.0)
+
+
+def watch_debounce(env: Mapping[str, str] | None = None) -> float:
+    """$EVSEL_WATCH_DEBOUNCE: quiet seconds before a changed watched file is ingested."""
+    return _seconds(env, "EVSEL_WATCH_DEBOUNCE", 1.0)
+
+
+def daemon_build_tag(env: Mapping[str, str] | None = None) -> str | None:
+    """$EVSEL_DAEMON_BUILD: replaces the source digest in the build id (tests pin it)."""
+    env = os.environ if env is None else env
+    return env.get("EVSEL_DAEMON_BUILD") or None
+
+
+def _seconds(env: Mapping[str, str] | None, name: str, default: float) -> float:
+    env = os.environ if env is None else env
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EvselError(f"{name}={raw!r} is not a number of seconds", f"set e.g. {name}=30, or unset it") from None
+    if value < 0:
+        raise EvselError(f"{name}={raw!r} is negative", f"set e.g. {name}=30, or unset it")
+    return value
