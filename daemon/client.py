@@ -108,9 +108,14 @@ def _absolute(value, cwd: str):
     return value
 
 
-def resolve_paths(method: str, params: dict) -> dict:
-    """Params with their paths made absolute (the daemon runs in /, not in the user's directory)."""
+def resolve_paths(method: str, params: dict, typed: dict[str, str] | None = None) -> dict:
+    """Params with their paths made absolute (the daemon runs in /, not in the user's directory).
+    `typed`, when given, collects {absolute: as typed}, to name paths in messages as the user did."""
     names = PATH_PARAMS.get(method, ())
+    if method == "eval" and isinstance(params.get("dataset"), str):
+        dataset = params["dataset"]
+        if dataset.endswith(".jsonl") or os.path.isfile(dataset):
+            names = (*names, "dataset")
     if not names:
         return params
     try:
@@ -121,11 +126,26 @@ def resolve_paths(method: str, params: dict) -> dict:
     for name in names:
         if name in out:
             out[name] = _absolute(out[name], cwd)
-    if method == "eval" and isinstance(out.get("dataset"), str):
-        dataset = out["dataset"]
-        if dataset.endswith(".jsonl") or os.path.isfile(dataset):
-            out["dataset"] = _absolute(dataset, cwd)
+            if typed is not None:
+                given = params[name] if isinstance(params[name], list) else [params[name]]
+                made = out[name] if isinstance(out[name], list) else [out[name]]
+                typed.update({a: g for a, g in zip(made, given) if isinstance(a, str) and a != g})
     return out
+
+
+def _as_typed(value, typed: dict[str, str]):
+    """A result with the absolute paths the client made named as typed again, where in-process
+    they are too: a target that is not a regular file (missing, a directory that failed). A file
+    is named by its resolved path in both modes."""
+    if not typed:
+        return value
+    if isinstance(value, str):
+        return typed[value] if value in typed and not os.path.isfile(value) else value
+    if isinstance(value, list):
+        return [_as_typed(v, typed) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_typed(v, typed) if k in ("path", "error") else v for k, v in value.items()}
+    return value
 
 
 # finding, starting and stopping the daemon
@@ -299,12 +319,22 @@ class DaemonClient:
     def call(self, method: str, params: dict, on_event=_ignore):
         connection = self.connect(on_event)
         self.last_meta = {}
+        typed: dict[str, str] = {}
+        params = resolve_paths(method, params, typed)
+
+        def relay(event: dict) -> None:
+            on_event(_as_typed(event, typed) if event.get("type") == "file" else event)
+
         try:
-            return connection.request(method, resolve_paths(method, params), on_event,
-                                      settings=self.settings.to_dict(), meta=self.last_meta)
+            result = connection.request(method, params, relay, settings=self.settings.to_dict(), meta=self.last_meta)
+        except EvselError as exc:
+            self._connection = None
+            exc.path = _as_typed(exc.path, typed)
+            raise
         except BaseException:
             self._connection = None  # a cancelled or broken connection is not reused
             raise
+        return _as_typed(result, typed)
 
     def request(self, method: str, **params):
         """A daemon request that is not an engine method (status, watch_add, ...)."""

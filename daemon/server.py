@@ -631,7 +631,7 @@ class Daemon:
         entry = {"id": job.id, "method": job.label, "client_pid": job.client_pid, "received_at": job.received_at,
                  **{k: v for k, v in self._meta(job).items() if k != "received_at"}, "status": status}
         self.recent.append(entry)
-        level = logging.INFO if status in ("ok", "cancelled") else logging.WARNING
+        level = logging.INFO if status in ("ok", "cancelled", "yielded") else logging.WARNING
         log.log(level, "%s %s (client %s): %s, queued %.2fs, ran %.2fs", job.label, job.id, job.client_pid, status,
                 entry["queue_s"], entry["run_s"])
 

@@ -224,9 +224,12 @@ class Scope:
             dfs = np.concatenate([np.frombuffer(d.dfs, _I4) for d in self.docs]).astype(np.int64)
             # each document's vocabulary is stored in first-occurrence order and the documents come in
             # scope order, so a term's first index in the concatenation orders the vocabulary as
-            # rank-bm25 inserts it into its dict
-            _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-            df = np.bincount(inverse.ravel(), weights=dfs).astype(np.int64)[np.argsort(first, kind="stable")]
+            # rank-bm25 inserts it into its dict (dense arrays over term ids: linear, no sort of all rows)
+            first = np.full(int(ids.max()) + 1, len(ids), dtype=np.int64)
+            np.minimum.at(first, ids, np.arange(len(ids), dtype=np.int64))
+            total = np.bincount(ids, weights=dfs, minlength=len(first)).astype(np.int64)  # exact below 2^53
+            present = np.flatnonzero(first < len(ids))
+            df = total[present[np.argsort(first[present], kind="stable")]]
             values, where = np.unique(df, return_inverse=True)
             n = self.n
             idf = np.array([math.log(n - f + 0.5) - math.log(f + 0.5) for f in values.tolist()], dtype=np.float64)
@@ -248,11 +251,12 @@ class Scope:
             else:
                 rows = [r for r in conn.execute("select doc_id, data from bm25_postings where term_id = ?",
                                                 [ids[term]]) if r[0] in self.offsets]
-            if rows:
+            if rows:  # every document's (ordinal, tf) pairs at once, shifted to the document's offset
+                pairs = np.frombuffer(b"".join([data for _, data in rows]), _I4).reshape(-1, 2)
+                shift = np.repeat(np.array([self.offsets[doc_id] for doc_id, _ in rows], dtype=np.int64),
+                                  [len(data) // 8 for _, data in rows])
                 q_freq = np.zeros(self.n, dtype=np.int64)
-                for doc_id, data in rows:
-                    pairs = np.frombuffer(data, _I4).reshape(-1, 2)
-                    q_freq[self.offsets[doc_id] + pairs[:, 0]] = pairs[:, 1]
+                q_freq[shift + pairs[:, 0]] = pairs[:, 1]
                 out[term] = q_freq
         return out
 

@@ -114,9 +114,17 @@ def _check_sources(sources: list[str]) -> None:
 
 def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = None,
             on_event: Callable[[dict], None] = _ignore) -> dict:
-    """Write the common-format folder `out` from the built-in sources. Returns meta.json's dict."""
+    """Write the common-format folder `out` from the built-in sources. Returns meta.json's dict.
+
+    C0 is what `evsel ask --select unreal` reads before the question: the first stage of the ask
+    pipeline (BM25) over the question's document, so training sees the context asking will."""
     from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.runner import build_corpus, gold_units
+    from evsel.models.selectors import SelectorContext
+    from evsel.pipeline import Pipeline, PipelineSpec
+
+    first_stage = Pipeline(PipelineSpec(select="bm25", top_n=config.c0),
+                           SelectorContext(load_backbone=lambda: backbone, states=None))
 
     _check_sources(config.sources)
     out = Path(out)
@@ -156,10 +164,11 @@ def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = Non
             if not units:
                 continue
             split = split_of[q.docs[0]]
+            ranked, _ = first_stage.rank(q.question, corpus.chunks[q.docs[0]])
             queries[split].append({
                 "id": f"{source}/{q.qid}", "source": source, "doc": f"{source}/{q.docs[0]}",
                 "question": q.question, "units": [sorted(local[c] for c in u) for u in units],
-                "answers": q.answers,
+                "answers": q.answers, "c0": [local[s.chunk.id] for s in ranked[: config.c0]],
             })
             kept[split] += 1
         counts[source] = {"documents": len(keys), "chunks": len(chunks) - offset, **kept, "gold": tally}
@@ -179,24 +188,16 @@ def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = Non
 
 
 def _mine(chunks: list[dict], queries: list[dict], config: DataConfig, on_event) -> None:
-    """C0 (top BM25 chunks of the query's own document) and hard negatives (BM25 over all
-    training chunks seeded with each oracle text, top `skip` dropped, pooled across seeds,
-    never a chunk with an oracle's text), written into each query."""
-    by_doc: dict[str, list[int]] = defaultdict(list)
-    for c in chunks:
-        by_doc[c["doc"]].append(c["id"])
+    """Hard negatives (BM25 over all training chunks seeded with each oracle text, top `skip`
+    dropped, pooled across seeds, never a chunk with an oracle's text), written into each query.
+    An inverted index, not the ask pipeline's BM25: thousands of passage-long seed queries over
+    ~10k chunks take seconds this way."""
     texts = [c["text"] for c in chunks]
     everything = InvertedBM25(texts)
-    doc_index: dict[str, InvertedBM25] = {}
     for n, q in enumerate(queries):
         if n % 200 == 0:
-            on_event({"type": "progress", "task": "mine", "label": "mining C0 and hard negatives", "done": n,
+            on_event({"type": "progress", "task": "mine", "label": "mining hard negatives", "done": n,
                       "total": len(queries)})
-        ids = by_doc[q["doc"]]
-        if q["doc"] not in doc_index:
-            doc_index[q["doc"]] = InvertedBM25([texts[i] for i in ids])
-        local = doc_index[q["doc"]].scores(q["question"])
-        q["c0"] = [ids[i] for i in np.argsort(-local, kind="stable")[: config.c0]]
         oracle = sorted({c for unit in q["units"] for c in unit})
         oracle_hashes = {chunks[c]["hash"] for c in oracle}
         pools = []

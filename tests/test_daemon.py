@@ -47,7 +47,7 @@ def test_lifecycle_start_status_stop(daemon_home):
     info = evsel_json("daemon", "status")
     assert info["running"] and info["pid"] == pid_of(daemon_home)
     assert info["home"] == str(daemon_home) and info["documents"] == 0
-    assert info["queue"] == {"running": None, "waiting": []}
+    assert info["queue"] == {"running": None, "waiting": [], "background": []}
     assert "already running" in evsel("daemon", "start", "--no-preload").stderr
     assert evsel_json("daemon", "status")["pid"] == info["pid"]  # not restarted
 

@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from daemon_helpers import daemon_home, evsel, evsel_json, pid_of, status, wait_for  # noqa: F401
+from daemon_helpers import alive, daemon_home, evsel, evsel_json, pid_of, status, wait_for  # noqa: F401
 from evsel.paths import sample_story_path
 
 pytestmark = pytest.mark.model
@@ -65,8 +65,7 @@ def test_ingest_returns_then_states_come_in_the_background(daemon_home, monkeypa
     wait_for(lambda: any(b["running"] for b in status(daemon_home)["queue"]["background"]), timeout=300,
              what="the background encode to start")
     os.kill(pid_of(daemon_home), signal.SIGKILL)
-    wait_for(lambda: not (daemon_home / "daemon.sock").exists() or status(daemon_home) is None, timeout=30,
-             what="the daemon to die")
+    wait_for(lambda: not alive(daemon_home), timeout=30, what="the daemon to die")
     assert _pending(daemon_home) == 1 and _missing_states(daemon_home) > 0
     evsel("daemon", "start")
     resumed = status(daemon_home)["resumed"]
