@@ -128,7 +128,8 @@ class Engine:
         if self._backbone is None:
             from evsel.models.backbone import Backbone
 
-            self._backbone = Backbone(self.settings.model, self.settings.device, threads=self.settings.threads)
+            self._backbone = Backbone(self.settings.model, self.settings.device, threads=self.settings.threads,
+                                      model_as_given=self.settings.model_as_given)
         return self._backbone
 
     @property
@@ -360,7 +361,7 @@ class Engine:
             timings["load_s"] = time.perf_counter() - t
         on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({spec.name})",
                   "done": 0, "total": 1})
-        ranked, stage_timings = pipeline.rank(question, chunks)
+        ranked, stage_timings = pipeline.rank(question, chunks, pipeline.depth)
         timings.update(stage_timings)
         evidence = pipeline.evidence(ranked)
 

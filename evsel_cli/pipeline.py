@@ -63,14 +63,20 @@ class Pipeline:
         if self.reranker is not None:
             self.reranker.prepare(chunks)
 
-    def rank(self, question: str, chunks: list[ChunkRecord]) -> tuple[list, dict[str, float]]:
-        """The whole scope ranked (Scored, rank 1 = best): the reranker's order over the first
-        stage's top `rerank_top`, then the rest of the first stage's order. And stage timings."""
+    @property
+    def depth(self) -> int:
+        """How much of the ranking the evidence needs: the top-n, or the reranker's candidates."""
+        return max(self.spec.top_n, self.spec.rerank_top if self.reranker is not None else 0)
+
+    def rank(self, question: str, chunks: list[ChunkRecord], depth: int | None = None) -> tuple[list, dict[str, float]]:
+        """The scope ranked (Scored, rank 1 = best), its top `depth` (None: all of it, as eval
+        scores recall): the reranker's order over the first stage's top `rerank_top`, then the rest
+        of the first stage's order. And stage timings."""
         from evsel.models.selectors import Scored
 
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        ranked = self.first.rank(question, chunks)
+        ranked = self.first.rank(question, chunks, depth)
         timings["select_s"] = time.perf_counter() - started
         if self.reranker is not None and ranked:
             started = time.perf_counter()

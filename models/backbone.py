@@ -43,14 +43,15 @@ def default_model_path() -> Path:
     return path
 
 
-def configured_model_path(model: str | None = None) -> Path:
-    """--model / EVSEL_MODEL (resolved by the settings), else the bundled default."""
+def configured_model_path(model: str | None = None, as_given: str | None = None) -> Path:
+    """--model / EVSEL_MODEL (made absolute by the settings), else the bundled default. Errors
+    name the path `as_given` (as the user typed it) when known."""
     chosen = model
     if not chosen:
         return default_model_path()
     path = Path(chosen).expanduser()
     if not path.exists():
-        raise ModelError(f"model path {path} does not exist", "give a local GGUF file or a Hugging Face model folder")
+        raise ModelError(f"model path {as_given or path} does not exist", "give a local GGUF file or a Hugging Face model folder")
     if path.is_dir() and not (path / "config.json").is_file():
         raise ModelError(f"{path} is not a model folder (no config.json)", "give a GGUF file or an HF model folder")
     if path.is_file() and path.suffix.lower() != ".gguf":
@@ -139,10 +140,11 @@ def choose_device(requested: str = "auto") -> DevicePlan:
 class Backbone:
     """Tokenizer and frozen model of one weights file. The model loads on first use."""
 
-    def __init__(self, model: str | None = None, device: str = "auto", threads: int | None = None):
+    def __init__(self, model: str | None = None, device: str = "auto", threads: int | None = None,
+                 model_as_given: str | None = None):
         """`threads`: CPU threads for torch (EVSEL_THREADS; None: torch's default, one per core).
         On a busy machine one thread can be several times faster than two that fight other jobs."""
-        self.path = configured_model_path(model)
+        self.path = configured_model_path(model, model_as_given)
         self.is_default = model is None
         self.threads = threads
         self.requested_device = device

@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 from evsel.settings import Settings
 from evsel.store import ChunkRecord
 
@@ -89,10 +91,10 @@ class Selector(ABC):
         """Chunks by descending score; ties keep document order (a stable sort)."""
         if not chunks:
             return []
-        values = self.scores(question, chunks)
+        values = np.asarray(self.scores(question, chunks), dtype=np.float64)
         if len(values) != len(chunks):
             raise RuntimeError(f"{self.name} returned {len(values)} scores for {len(chunks)} chunks")
-        order = sorted(range(len(chunks)), key=lambda i: -values[i])
+        order = np.argsort(-values, kind="stable")  # ties keep document order
         if top_n is not None:
             order = order[:top_n]
-        return [Scored(chunks[i], float(values[i]), rank) for rank, i in enumerate(order, 1)]
+        return [Scored(chunks[i], float(values[i]), rank) for rank, i in enumerate(order.tolist(), 1)]
