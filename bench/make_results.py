@@ -310,6 +310,33 @@ def daemon_section(result: dict) -> list[str]:
     return out + [""]
 
 
+def ingest_section(result: dict) -> list[str]:
+    out = ["## Ingest through the daemon, chunk states in the background (bench/ingest.py)", ""]
+    out += provenance(result["run"])
+    runs = [r for r in result["runs"] if r["mode"] == "background"]
+    out += [f"- book: `{Path(result['book']).name}` ({runs[0]['chunks']} chunks); OMP_NUM_THREADS="
+            f"{result['omp_num_threads']}; each run in a fresh EVSEL_HOME with a started, preloaded daemon, after "
+            "one untimed warm-up ingest; modes alternate", "",
+            "Whole-process `evsel ingest BOOK` as a user runs it: `--no-encode` (parse, chunk, store) against the "
+            "default (the same, then the UNREAL chunk states computed by the daemon in the background).", "",
+            "| ingest | runs (s) | median (s) |", "|---|---|---|"]
+    import statistics
+
+    for label, key in (("`--no-encode` (baseline)", "no_encode_s"), ("default: states in the background", "background_s")):
+        values = result[key]
+        out.append(f"| {label} | {', '.join(f'{v:.2f}' for v in values)} | {statistics.median(values):.2f} |")
+    if "inline_encode_s" in result:
+        out.append(f"| `--no-daemon ingest --encode` (states before it returns) | {result['inline_encode_s']:.2f} | "
+                   f"{result['inline_encode_s']:.2f} |")
+    out += ["", f"Default / `--no-encode`: **{result['ratio_background_to_no_encode']:.2f}x** (target ≤ "
+            f"{result['target_ratio']:g}x). The background encode then took "
+            f"{', '.join(str(r['background_encode_s']) for r in runs)} s, shown in `evsel daemon status` "
+            f"({all(r['background_seen_in_status'] for r in runs)}); `evsel ask --select unreal` afterwards took "
+            f"{', '.join(str(r['ask_unreal_s']) for r in runs)} s (whole process, warm daemon) and cited evidence "
+            f"about the band: {all(r['ask_unreal_mentions_band'] for r in runs)}."]
+    return out + [""]
+
+
 def headline(evals: dict[str, dict], throughput: dict | None) -> list[str]:
     out = ["## Headline", ""]
     for name in ("locomo", "locomo-unreal", "fairytaleqa", "fairytaleqa-unreal"):
@@ -342,6 +369,7 @@ def main() -> int:
     scaling = json.loads((RESULTS / "scaling.json").read_text()) if (RESULTS / "scaling.json").exists() else None
     throughput = json.loads((RESULTS / "throughput.json").read_text()) if (RESULTS / "throughput.json").exists() else None
     daemon = json.loads((RESULTS / "daemon.json").read_text()) if (RESULTS / "daemon.json").exists() else None
+    ingest = json.loads((RESULTS / "ingest.json").read_text()) if (RESULTS / "ingest.json").exists() else None
     unreal_speed = json.loads((RESULTS / "unreal.json").read_text()) if (RESULTS / "unreal.json").exists() else None
     # the BM25 store benchmark: from its own run (--only bm25-store) or a full throughput run, the newer
     bm25_runs = [r for r in (json.loads((RESULTS / "bm25.json").read_text()) if (RESULTS / "bm25.json").exists() else None,
@@ -371,6 +399,8 @@ def main() -> int:
         lines += unreal_section(unreal_speed)
     if daemon:
         lines += daemon_section(daemon)
+    if ingest:
+        lines += ingest_section(ingest)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines).rstrip() + "\n")
     print(f"wrote {OUT}", file=sys.stderr)

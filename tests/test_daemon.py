@@ -298,3 +298,25 @@ def test_daemon_run_stays_in_the_foreground_until_sigterm(daemon_home):
     assert process.returncode == 0
     assert "evsel daemon: daemon started" in err and "evsel daemon: stopped" in err  # the log, on stderr too
     assert not (daemon_home / "daemon.sock").exists() and not alive(daemon_home)
+
+
+def test_eval_runs_in_the_daemon_and_leaves_the_store_alone(daemon_home, tmp_path):
+    """eval is a request like ask: it runs where the model is resident, with relative paths
+    resolved by the client, and never writes the user's store (its states go to cache/eval.db)."""
+    places = {"Lighthouse": "The lighthouse keeper lit the lamp at dusk.", "Orchard": "The gardener grafted pears.",
+              "Harbour": "Boats brought mackerel and herring.", "School": "The teacher loved geography.",
+              "Mill": "The mill ground barley until the river froze in January."}
+    body = "\n\n".join(f"## {name}\n\n{text} " + "Nothing else happened. " * 8 for name, text in places.items())
+    (tmp_path / "notes.md").write_text(f"# Notes\n\n{body}\n", encoding="utf-8")
+    (tmp_path / "mine.jsonl").write_text(json.dumps({
+        "question": "What did the mill do with the barley?", "answer": "ground it", "document": "notes.md",
+        "evidence": ["until the river froze in January"]}) + "\n", encoding="utf-8")
+    evsel("ingest", evsel("sample").stdout.strip())
+    db = sqlite3.connect(daemon_home / "evsel.db")
+    before = db.execute("select count(*), (select count(*) from chunk_states) from chunks").fetchone()
+    result = evsel_json("eval", "mine.jsonl", "--methods", "bm25", "--k", "1", cwd=str(tmp_path))
+    assert result["methods"]["bm25"]["recall@1"] == 1.0
+    assert db.execute("select count(*), (select count(*) from chunk_states) from chunks").fetchone() == before
+    db.close()
+    recent = [r for r in status(daemon_home)["recent"] if r["method"] == "eval"]
+    assert recent and recent[-1]["status"] == "ok"
