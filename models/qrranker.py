@@ -1,0 +1,583 @@
+"""QRRanker (seed 003): listwise reranking with the backbone's query-focused retrieval (QR) heads.
+
+Prompt (the seed's template, Appx. J.3, in the backbone's chat format):
+
+    <chat header> Here are some retrieved chunks:      <- prefix (shared; the KV everything reuses)
+    \\n\\n[1] chunk text                                  <- candidate 1: its span is "[1] chunk text"
+    ...
+    \\n\\n[K] chunk text
+    \\n\\nPlease find ... in the chunks above.\\n\\nQuery: {question}<chat footer>   <- suffix
+
+The query span is the suffix after its separator: the closing instruction, "Query: q" and the
+assistant header, as QRHead defines it. Pieces are tokenized one by one and concatenated, so a
+candidate's tokens are the same whichever encoding or slot holds it.
+
+Score of candidate c for head (l, h): the attention of each query-span token onto c's tokens
+(softmax over everything the token sees, as the model computes it: post-RoPE q.k times the
+layer's scaling, KV head h // group for query head h), averaged over the query-span tokens;
+calibrated per token by subtracting the same quantity for the null query "N/A" run over the same
+context KV (only the suffix is recomputed); summed over the selected heads per token; tokens
+below mean - 2 std of the candidate's calibrated values dropped; the rest summed. No T x T map
+is ever built: the suffix runs over the context's KV cache, its queries are taken from the
+q_proj outputs of the layers needed (RoPE applied here, checked against the cache's keys), and
+only the suffix rows of the softmax are computed. The forward pass stops after the deepest
+selected layer (truncation).
+
+Two candidate encodings:
+- causal: one prefill of prefix + all candidates (the seed);
+- block: every candidate attends to the prefix and itself only, RoPE positions restarting
+  right after the prefix for each one (`encode_blocks`, one batch over the cached prefix); the
+  suffix attends to everything (prefix, all candidates, itself) and starts at the position after
+  the longest candidate (`BlockStates.context`). A block's KV depends only on the prefix and its
+  own tokens. This part (`encode_prefix`, `encode_blocks`, `BlockStates`, `query_attention`) is
+  written to be shared with BlockSearch.
+
+Beyond the context window (causal: prefix + candidates + suffix > the model's positions; block:
+the keys one query reads), candidates go in groups of equal size sharing the prefix, each group
+scored by its own query and null-query passes. Scores stay comparable because each is a
+calibrated share of one softmax whose denominator is dominated by the shared prefix (the sink
+alone takes most of the mass) and by candidates of a group of the same size and length budget;
+with block encoding a candidate's own states are identical in every group, so only that
+denominator differs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from evsel.errors import ModelError
+from evsel.models.backbone import run_layers
+
+METHOD = "qrranker"
+HEADS_FILE = "heads.json"
+ENCODINGS = ("block", "causal")
+DEFAULT_ENCODING = "block"
+HEADS_FORMAT = "evsel-qrranker-heads/1"
+
+
+# ---------------------------------------------------------------------------------------------
+# heads
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    """'14-3,17-0' -> [(14, 3), (17, 0)]: (layer, head), layer 0-based as in model.layers and
+    the seed's 'l-h' notation."""
+    out = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)-(\d+)\s*", part)
+        if not match:
+            raise ModelError(f"{text!r} is not a head list like 14-3,17-0", "give LAYER-HEAD pairs, 0-based")
+        out.append((int(match.group(1)), int(match.group(2))))
+    return out
+
+
+def format_heads(heads: list[tuple[int, int]]) -> str:
+    return ",".join(f"{layer}-{head}" for layer, head in heads)
+
+
+def shipped_heads_dir(fingerprint: str) -> Path:
+    """Where the package keeps the detected heads for a backbone (by fingerprint prefix)."""
+    return Path(__file__).parent / "adapters" / fingerprint[:16] / METHOD
+
+
+def load_head_file(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / HEADS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read a QR head list from {path}: {exc}",
+                         "give a heads.json written by: evsel train qrranker --detect-heads") from exc
+    if data.get("format") != HEADS_FORMAT or not data.get("heads"):
+        raise ModelError(f"{path} is not a QR head list ({HEADS_FORMAT})",
+                         "give a heads.json written by: evsel train qrranker --detect-heads")
+    return data
+
+
+def heads_of(data: dict, encoding: str | None = None) -> list[tuple[int, int]]:
+    """The head list of a heads.json for an encoding (its own list when detected under it)."""
+    chosen = (data.get("by_encoding") or {}).get(encoding) if encoding else None
+    return [(int(h["layer"]), int(h["head"])) for h in (chosen or data["heads"])]
+
+
+def resolve_heads(backbone, setting: str | None, encoding: str | None = None) -> tuple[list[tuple[int, int]], str]:
+    """The heads to use and where they came from: `setting` (EVSEL_QRRANKER_HEADS: a head list
+    like 14-3,17-0, or a heads.json / its folder), else the list shipped for this backbone."""
+    if setting:
+        if re.fullmatch(r"\s*\d+-\d+\s*(,\s*\d+-\d+\s*)*", setting):
+            return parse_heads(setting), "EVSEL_QRRANKER_HEADS"
+        return heads_of(load_head_file(setting), encoding), str(setting)
+    shipped = shipped_heads_dir(backbone.fingerprint) / HEADS_FILE
+    if not shipped.is_file():
+        raise ModelError(
+            f"no QR head list ships for this backbone (fingerprint {backbone.fingerprint[:16]})",
+            "detect one with: evsel train qrranker --detect-heads --out DIR, then set EVSEL_QRRANKER_HEADS=DIR",
+        )
+    return heads_of(load_head_file(shipped), encoding), str(shipped)
+
+
+def check_heads(model, heads: list[tuple[int, int]]) -> None:
+    cfg = model.config
+    for layer, head in heads:
+        if not (0 <= layer < cfg.num_hidden_layers and 0 <= head < cfg.num_attention_heads):
+            raise ModelError(f"head {layer}-{head} is not in this model ({cfg.num_hidden_layers} layers, "
+                             f"{cfg.num_attention_heads} heads; layers are 0-based)",
+                             "detect heads for this backbone: evsel train qrranker --detect-heads")
+
+
+# ---------------------------------------------------------------------------------------------
+# the prompt, as token pieces
+
+
+@dataclass
+class PromptConfig:
+    instruction: str = "Here are some retrieved chunks:"
+    closing: str = "Please find information that is relevant to the following query in the chunks above."
+    query_label: str = "Query:"
+    separator: str = "\n\n"
+    null_query: str = "N/A"
+    max_chunk_tokens: int = 384  # a longer candidate is cut (evsel's chunks are ~140 tokens)
+    memory_label: str = "Here are some summaries that may help answer the query:"
+
+
+class Prompt:
+    """Token ids of the prompt's pieces for one backbone."""
+
+    def __init__(self, tokenizer, config: PromptConfig | None = None):
+        self.tok = tokenizer
+        self.config = config or PromptConfig()
+        self.header, self.footer = self._chat_frame()
+        self._sep = self.ids(self.config.separator)
+
+    def _chat_frame(self) -> tuple[list[int], list[int]]:
+        """The chat template's text before and after one user message (the assistant header
+        included), or a plain frame when the tokenizer has no template."""
+        marker = "\u2063QRRANKER\u2063"
+        try:
+            text = self.tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
+                                                tokenize=False)
+        except Exception:  # no chat template: a plain frame
+            text = None
+        if not text or marker not in text:
+            text = f"User: {marker}\nAssistant:"
+        before, after = text.split(marker, 1)
+        return self.ids(before), self.ids(after)
+
+    def ids(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def prefix(self, memory: str | None = None) -> list[int]:
+        """Chat header, optional memory prefix, instruction: shared by every candidate and query."""
+        ids = list(self.header)
+        if memory:
+            ids += self.ids(f"{self.config.memory_label}\n{memory}") + self._sep
+        return ids + self.ids(self.config.instruction)
+
+    def candidate(self, label: int, text: str) -> tuple[list[int], int]:
+        """(separator + '[label] text', where the span '[label] text' starts)."""
+        body = self.ids(f"[{label}] {text.strip()}")[: self.config.max_chunk_tokens]
+        return self._sep + body, len(self._sep)
+
+    def suffix(self, question: str) -> tuple[list[int], int]:
+        """(separator + closing instruction + 'Query: q' + chat footer, where the query span starts)."""
+        c = self.config
+        body = self.ids(f"{c.closing}{c.separator}{c.query_label} {question.strip()}") + self.footer
+        return self._sep + body, len(self._sep)
+
+
+# ---------------------------------------------------------------------------------------------
+# encoders (KV of the context a query reads); lists are per layer, 0-based, up to `depth` layers
+
+
+@dataclass
+class Context:
+    """What a query pass runs over: per-layer (K, V), each (1, kv_heads, T, head_dim), the token
+    ranges of the candidates' spans in it, and the position id of the first suffix token."""
+
+    kv: list[tuple]
+    spans: list[tuple[int, int]]
+    next_position: int
+
+    @property
+    def length(self) -> int:
+        return int(self.kv[0][0].shape[-2])
+
+
+def _cache(kv: list[tuple]):
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])
+
+
+def _cache_kv(cache, depth: int) -> list[tuple]:
+    return [(cache.layers[i].keys, cache.layers[i].values) for i in range(depth)]
+
+
+def _device(model):
+    return next(model.parameters()).device
+
+
+def encode_prefix(model, ids: list[int], depth: int) -> list[tuple]:
+    """KV of a causal prefix at positions 0..P-1 for the first `depth` layers."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    x = torch.tensor([ids], dtype=torch.long, device=_device(model))
+    with torch.inference_mode():
+        run_layers(model, [depth], input_ids=x, cache=cache)
+    return _cache_kv(cache, depth)
+
+
+def encode_causal(model, prefix: list[int], blocks: list[list[int]], spans: list[int], depth: int) -> Context:
+    """One causal prefill of prefix + blocks (the seed's encoding)."""
+    ids = list(prefix)
+    ranges = []
+    for block, start in zip(blocks, spans):
+        ranges.append((len(ids) + start, len(ids) + len(block)))
+        ids += block
+    kv = encode_prefix(model, ids, depth)
+    return Context(kv, ranges, len(ids))
+
+
+@dataclass
+class BlockStates:
+    """Prefix KV plus each block's own KV (kv_heads, L_i, head_dim per layer), block-sparse: a
+    block saw only the prefix and itself, its positions P..P+L_i-1."""
+
+    prefix: list[tuple]  # per layer (1, kv, P, d)
+    blocks: list[list[tuple]]  # per block, per layer (kv, L_i, d)
+
+    @property
+    def prefix_len(self) -> int:
+        return int(self.prefix[0][0].shape[-2])
+
+    def lengths(self) -> list[int]:
+        return [int(b[0][0].shape[-2]) for b in self.blocks]
+
+    def context(self, which: list[int] | None = None, spans: list[int] | None = None,
+                next_position: int | None = None) -> Context:
+        """The context a query reads: prefix then the chosen blocks (all, in order, by default),
+        concatenated; the query's positions start after the longest block (or `next_position`)."""
+        import torch
+
+        which = list(range(len(self.blocks))) if which is None else list(which)
+        starts = spans or [0] * len(self.blocks)
+        lengths = self.lengths()
+        kv, ranges, at = [], [], self.prefix_len
+        for i in which:
+            ranges.append((at + starts[i], at + lengths[i]))
+            at += lengths[i]
+        for layer, (pk, pv) in enumerate(self.prefix):
+            keys = torch.cat([pk] + [self.blocks[i][layer][0][None] for i in which], dim=2)
+            values = torch.cat([pv] + [self.blocks[i][layer][1][None] for i in which], dim=2)
+            kv.append((keys, values))
+        if next_position is None:
+            next_position = self.prefix_len + max((lengths[i] for i in which), default=0)
+        return Context(kv, ranges, next_position)
+
+
+def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_tokens: int = 4096,
+                  pad_id: int = 0) -> BlockStates:
+    """Encode `blocks` block-sparse after a prefix whose KV is `prefix_kv` (from `encode_prefix`):
+    each block attends to the prefix and itself, at positions P..P+L_i-1, independent of every
+    other block. Batched by similar length, right-padded (under the causal mask no real token
+    sees a pad), at most `batch_tokens` block tokens (padding included) a batch."""
+    import torch
+
+    depth = len(prefix_kv)
+    device = prefix_kv[0][0].device
+    p = int(prefix_kv[0][0].shape[-2])
+    order = sorted(range(len(blocks)), key=lambda i: len(blocks[i]))
+    batches, current = [], []
+    for i in order:
+        longest = max([len(blocks[j]) for j in current] + [len(blocks[i])])
+        if current and longest * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    out: list = [None] * len(blocks)
+    for batch in batches:
+        width = max(len(blocks[i]) for i in batch)
+        if width == 0:
+            raise ModelError("an empty block cannot be encoded")
+        x = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        for row, i in enumerate(batch):
+            x[row, : len(blocks[i])] = torch.tensor(blocks[i])
+        positions = (torch.arange(width) + p).expand(len(batch), width)
+        cache = _cache([(k.expand(len(batch), -1, -1, -1).contiguous(), v.expand(len(batch), -1, -1, -1).contiguous())
+                        for k, v in prefix_kv])
+        with torch.inference_mode():
+            run_layers(model, [depth], input_ids=x.to(device), cache=cache, position_ids=positions.to(device))
+        kv = _cache_kv(cache, depth)
+        for row, i in enumerate(batch):
+            n = len(blocks[i])
+            out[i] = [(k[row, :, p:p + n].clone(), v[row, :, p:p + n].clone()) for k, v in kv]
+    return BlockStates(prefix_kv, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the query pass
+
+
+def _rotate(x, cos, sin):
+    """RoPE as Llama applies it: x * cos + rotate_half(x) * sin."""
+    import torch
+
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def query_attention(model, context: Context, suffix: list[int], span_start: int, layers: list[int],
+                    check_rope: bool = False) -> dict:
+    """Run `suffix` over `context` (only the suffix is computed; the context KV is not changed)
+    and return {layer: (heads, T_ctx) float32}: the attention of each query-span token (suffix
+    tokens from `span_start` on) onto each context token, averaged over those tokens. Softmax rows
+    over everything a suffix token sees (context, earlier suffix tokens, itself), as the model
+    computes them; only those rows are built. `layers` are 0-based; the pass stops after the
+    deepest. `check_rope`: also verify that our RoPE of k_proj reproduces the cache's keys."""
+    import torch
+
+    inner = model.model
+    depth = max(layers) + 1
+    if depth > len(context.kv):
+        raise ModelError(f"the context holds {len(context.kv)} layers, the query needs {depth}")
+    taps = {}
+    for layer in layers:
+        taps[("q", layer)] = inner.layers[layer].self_attn.q_proj
+        if check_rope:
+            taps[("k", layer)] = inner.layers[layer].self_attn.k_proj
+    device = context.kv[0][0].device
+    s = len(suffix)
+    positions = (torch.arange(s) + context.next_position)[None].to(device)
+    x = torch.tensor([suffix], dtype=torch.long, device=device)
+    cache = _cache(context.kv[:depth])
+    with torch.inference_mode():
+        got = run_layers(model, [depth], taps=taps, input_ids=x, cache=cache, position_ids=positions)
+        t_ctx = context.length
+        cos, sin = inner.rotary_emb(context.kv[0][0], positions)  # (1, S, d), the model's dtype
+        cos, sin = cos[:, None], sin[:, None]
+        allowed = torch.ones(s, t_ctx + s, dtype=torch.bool, device=device)
+        allowed[:, t_ctx:] = torch.tril(torch.ones(s, s, dtype=torch.bool, device=device))
+        out = {}
+        for layer in layers:
+            attn = inner.layers[layer].self_attn
+            keys = cache.layers[layer].keys[0]  # (kv, T_ctx + S, d), post-RoPE
+            n_heads = model.config.num_attention_heads
+            head_dim = keys.shape[-1]
+            q = got[("q", layer)].view(1, s, n_heads, head_dim).transpose(1, 2)
+            q = _rotate(q, cos, sin)[0].float()  # (H, S, d)
+            if check_rope:
+                k = got[("k", layer)].view(1, s, keys.shape[0], head_dim).transpose(1, 2)
+                k = _rotate(k, cos, sin)[0]
+                if not torch.allclose(k.float(), keys[:, t_ctx:].float(), atol=1e-2, rtol=1e-2):
+                    raise ModelError("this backbone's attention is not Llama-style RoPE attention; QRRanker cannot "
+                                     "read its heads", "use a Llama-family backbone (e.g. the bundled SmolLM2)")
+            group = n_heads // keys.shape[0]
+            k_all = keys.float().repeat_interleave(group, dim=0)  # query head h uses KV head h // group
+            logits = torch.matmul(q[:, span_start:], k_all.transpose(1, 2)) * float(attn.scaling)
+            logits = logits.masked_fill(~allowed[span_start:], float("-inf"))
+            weights = torch.softmax(logits, dim=-1)  # (H, S_q, T_ctx + S)
+            out[layer] = weights[:, :, :t_ctx].mean(dim=1)  # (H, T_ctx)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring
+
+
+def trimmed_sum(values, dim: int = -1):
+    """Sum along `dim`, leaving out entries below mean - 2 std (unbiased std, as QRHead) of that
+    slice; a slice of one entry is kept whole."""
+    import torch
+
+    values = torch.as_tensor(values)
+    if values.shape[dim] < 2:
+        return values.sum(dim=dim)
+    threshold = values.mean(dim=dim, keepdim=True) - 2 * values.std(dim=dim, keepdim=True)
+    return torch.where(values > threshold, values, torch.zeros_like(values)).sum(dim=dim)
+
+
+def calibrated(real: dict, null: dict) -> dict:
+    """Per layer: attention under the question minus attention under the null query."""
+    return {layer: real[layer] - null[layer] for layer in real}
+
+
+def chunk_scores(cal: dict, spans: list[tuple[int, int]], heads: list[tuple[int, int]]):
+    """QRHead's chunk score: per token the calibrated values summed over `heads`, trimmed within
+    each candidate (mean - 2 std), summed over the candidate's span. Returns (N,) float64 numpy."""
+    import torch
+
+    per_token = sum(cal[layer][head] for layer, head in heads)  # (T_ctx,)
+    return np.array([float(trimmed_sum(per_token[a:b])) for a, b in spans], dtype=np.float64)
+
+
+def head_scores(cal: dict, spans: list[tuple[int, int]]):
+    """Every head's own chunk scores (trimmed per head): (N, len(cal) layers, heads) numpy, layers
+    in sorted order of `cal`'s keys."""
+    import torch
+
+    stack = torch.stack([cal[layer] for layer in sorted(cal)])  # (L, H, T)
+    return np.stack([trimmed_sum(stack[:, :, a:b]).numpy() for a, b in spans]).astype(np.float64)
+
+
+def groups_for(lengths: list[int], fixed: int, window: int) -> list[list[int]]:
+    """Candidates (by index) in the fewest groups of equal count whose tokens plus `fixed`
+    (prefix + suffix) fit `window`; one group when they all fit."""
+    n = len(lengths)
+    for k in range(1, n + 1):
+        size = -(-n // k)
+        groups = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+        if all(fixed + sum(lengths[i] for i in g) <= window for g in groups):
+            return groups
+    raise ModelError(f"a candidate of {max(lengths)} tokens does not fit the model's {window}-token window")
+
+
+# ---------------------------------------------------------------------------------------------
+# the scorer
+
+
+@dataclass
+class ScorerConfig:
+    encoding: str = DEFAULT_ENCODING  # block | causal
+    truncate: bool = True  # stop after the deepest layer read (False: run the whole stack)
+    batch_tokens: int = 4096  # block encoding: block tokens per batch
+    window: int | None = None  # tokens a query may read (None: the model's positions)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ModelError(f"unknown QRRanker encoding {self.encoding!r}", f"use one of {', '.join(ENCODINGS)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class QRScorer:
+    """Scores candidate texts for a question with a head set, one encoding. Keeps the last
+    context (the candidates' KV), so several questions over the same candidates (detection over
+    one story, the null query) encode them once."""
+
+    def __init__(self, backbone, heads: list[tuple[int, int]] | None, config: ScorerConfig | None = None):
+        self.backbone = backbone
+        self.model = backbone.model
+        self.config = config or ScorerConfig()
+        self.heads = list(heads) if heads else []
+        if self.heads:
+            check_heads(self.model, self.heads)
+        self.prompt = Prompt(backbone.tokenizer, self.config.prompt)
+        self.n_layers = self.model.config.num_hidden_layers
+        self.window = self.config.window or int(self.model.config.max_position_embeddings)
+        self._contexts: OrderedDict = OrderedDict()
+        self._rope_checked = False
+
+    @property
+    def layers(self) -> list[int]:
+        """Layers read (0-based): those of the heads, or all for detection."""
+        return sorted({layer for layer, _ in self.heads}) if self.heads else list(range(self.n_layers))
+
+    @property
+    def depth(self) -> int:
+        """Layers the forward passes run: up to the deepest read layer, or all without truncation."""
+        return max(self.layers) + 1 if self.config.truncate else self.n_layers
+
+    def _pieces(self, texts: list[str], memory: str | None):
+        prefix = self.prompt.prefix(memory)
+        pieces = [self.prompt.candidate(i + 1, t) for i, t in enumerate(texts)]
+        return prefix, [p[0] for p in pieces], [p[1] for p in pieces]
+
+    def contexts(self, texts: list[str], memory: str | None = None) -> list[tuple[list[int], Context]]:
+        """[(candidate indices, context)] per group, cached for the last few candidate lists."""
+        key = (tuple(texts), memory, self.depth)
+        hit = self._contexts.get(key)
+        if hit is not None:
+            self._contexts.move_to_end(key)
+            return hit
+        prefix, blocks, starts = self._pieces(texts, memory)
+        fixed = len(prefix) + 128  # the suffix: closing instruction, question, footer
+        groups = groups_for([len(b) for b in blocks], fixed, self.window)
+        made = []
+        if self.config.encoding == "causal":
+            for group in groups:
+                made.append((group, encode_causal(self.model, prefix, [blocks[i] for i in group],
+                                                  [starts[i] for i in group], self.depth)))
+        else:
+            prefix_kv = encode_prefix(self.model, prefix, self.depth)
+            states = encode_blocks(self.model, prefix_kv, blocks, self.config.batch_tokens,
+                                   self.backbone.tokenizer.pad_token_id or 0)
+            longest = max(states.lengths(), default=0)
+            for group in groups:  # one query position for every group: after the longest block
+                made.append((group, states.context(group, starts, states.prefix_len + longest)))
+        self._contexts[key] = made
+        while len(self._contexts) > 2:
+            self._contexts.popitem(last=False)
+        return made
+
+    def calibrated(self, question: str, context: Context, layers: list[int]) -> dict:
+        check = not self._rope_checked
+        suffix, start = self.prompt.suffix(question)
+        real = query_attention(self.model, context, suffix, start, layers, check_rope=check)
+        self._rope_checked = True
+        null_suffix, null_start = self.prompt.suffix(self.prompt.config.null_query)
+        null = query_attention(self.model, context, null_suffix, null_start, layers)
+        return calibrated(real, null)
+
+    def scores(self, question: str, texts: list[str], memory: str | None = None) -> np.ndarray:
+        """One score per text with the selected heads, higher is better."""
+        if not self.heads:
+            raise ModelError("no QR heads selected", "give heads or detect them first")
+        out = np.zeros(len(texts), dtype=np.float64)
+        if not texts:
+            return out
+        for group, context in self.contexts(texts, memory):
+            cal = self.calibrated(question, context, self.layers)
+            out[group] = chunk_scores(cal, context.spans, self.heads)
+        return out
+
+    def all_head_scores(self, question: str, texts: list[str], memory: str | None = None) -> np.ndarray:
+        """(N, layers, heads) per-head calibrated chunk scores of every head of the model (for
+        detection; layers 0-based, the whole stack)."""
+        out = np.zeros((len(texts), self.n_layers, self.model.config.num_attention_heads))
+        for group, context in self.contexts(texts, memory):
+            cal = self.calibrated(question, context, list(range(self.n_layers)))
+            out[group] = head_scores(cal, context.spans)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# position bias
+
+
+def order_correlation(score, question: str, texts: list[str], seed: int = 0) -> dict:
+    """Position bias: `score(question, texts)` for the same candidates in two random orders;
+    Pearson and Spearman correlation of each candidate's two scores (1.0: no order effect)."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.permutation(len(texts)), rng.permutation(len(texts))
+    sa = np.empty(len(texts))
+    sb = np.empty(len(texts))
+    sa[a] = score(question, [texts[i] for i in a])
+    sb[b] = score(question, [texts[i] for i in b])
+    return {"pearson": _pearson(sa, sb), "spearman": _pearson(_ranks(sa), _ranks(sb))}
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    return ranks
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    if len(x) < 2 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])

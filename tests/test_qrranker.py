@@ -1,0 +1,245 @@
+"""QRRanker (seed 003) on a tiny random Llama with SmolLM2's head grouping (6 query heads over 2 KV
+heads, so query head h reads KV head h // 3), loaded through the real Backbone: head scores
+against an explicit eager-attention computation (output_attentions) for both encodings, the
+block-sparse encoder against an explicit masked full-attention pass, calibration and trimming by
+hand, head detection writing a valid head list; and one end-to-end check with the real model."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from evsel.models import qrranker as qr
+
+WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
+         "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil",
+         "who", "killed", "what", "where", "Query", "N", "A", "User", "Assistant", "[", "]", ":", "?", "/"]
+
+
+@pytest.fixture(scope="session")
+def gqa_model_dir(tmp_path_factory) -> Path:
+    """A random-weight Llama: 3 layers, hidden 48, 6 query heads over 2 KV heads (groups of 3, as
+    SmolLM2's 9 over 3), head_dim 8, with a word-level tokenizer and no chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-gqa-llama")
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
+    for word in WORDS + [str(i) for i in range(60)]:
+        vocab.setdefault(word, len(vocab))
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", unk_token="<unk>")
+    tok.save_pretrained(folder)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2048,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def tiny_backbone(gqa_model_dir):
+    from evsel.models.backbone import Backbone
+
+    backbone = Backbone(str(gqa_model_dir), "cpu")
+    backbone.model.float()  # fp32: hand computations compare to 1e-5
+    return backbone
+
+
+def _eager(backbone):
+    ref = copy.deepcopy(backbone.model)
+    ref.set_attn_implementation("eager")
+    return ref
+
+
+def _text(seed: int, n: int) -> str:
+    rng = np.random.default_rng(seed)
+    return " ".join(rng.choice(WORDS[:24], size=n))
+
+
+TEXTS = [_text(1, 9), _text(2, 4), _text(3, 13), _text(4, 6), _text(5, 1)]
+QUESTION = "who killed the keeper ?"
+HEADS = [(0, 4), (1, 0), (1, 5), (2, 2)]
+
+
+def _reference_attention(ref, ids: list[int], rows: range, mask=None, positions=None) -> list:
+    """Per layer (H, T) attention of `rows` averaged, from the eager model's own attention maps."""
+    x = torch.tensor([ids])
+    kwargs = {}
+    if mask is not None:
+        kwargs.update(attention_mask=mask, position_ids=positions)
+    with torch.no_grad():
+        out = ref(input_ids=x, output_attentions=True, **kwargs)
+    return [a[0][:, list(rows)].mean(dim=1) for a in out.attentions], out
+
+
+def _reference_scores(per_layer_real, per_layer_null, spans, heads):
+    per_token = sum(per_layer_real[l][h] - per_layer_null[l][h] for l, h in heads)
+    out = []
+    for a, b in spans:
+        v = per_token[a:b]
+        keep = v > v.mean() - 2 * v.std()  # unbiased std
+        out.append(float((v * keep).sum()))
+    return np.array(out)
+
+
+def _causal_pieces(prompt, texts, question):
+    prefix = prompt.prefix()
+    ids, spans = list(prefix), []
+    for i, t in enumerate(texts):
+        block, start = prompt.candidate(i + 1, t)
+        spans.append((len(ids) + start, len(ids) + len(block)))
+        ids += block
+    suffix, s0 = prompt.suffix(question)
+    return ids, spans, suffix, s0
+
+
+def test_causal_head_scores_equal_eager_attention(tiny_backbone):
+    scorer = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="causal"))
+    got = scorer.scores(QUESTION, TEXTS)
+
+    ref = _eager(tiny_backbone)
+    ctx, spans, suffix, s0 = _causal_pieces(scorer.prompt, TEXTS, QUESTION)
+    null_suffix, n0 = scorer.prompt.suffix("N/A")
+    real, _ = _reference_attention(ref, ctx + suffix, range(len(ctx) + s0, len(ctx) + len(suffix)))
+    null, _ = _reference_attention(ref, ctx + null_suffix, range(len(ctx) + n0, len(ctx) + len(null_suffix)))
+    want = _reference_scores(real, null, spans, HEADS)
+    assert np.allclose(got, want, atol=1e-5, rtol=1e-4)
+    # every head's own score (detection) agrees too
+    per_head = scorer.all_head_scores(QUESTION, TEXTS)
+    for layer, head in HEADS:
+        assert np.allclose(per_head[:, layer, head], _reference_scores(real, null, spans, [(layer, head)]),
+                           atol=1e-5, rtol=1e-4)
+
+
+def _block_reference(scorer, texts, question):
+    """The block-sparse prompt as one explicit sequence: hand-built mask and position ids."""
+    prompt = scorer.prompt
+    prefix = prompt.prefix()
+    p = len(prefix)
+    blocks = [prompt.candidate(i + 1, t) for i, t in enumerate(texts)]
+    suffix, s0 = prompt.suffix(question)
+    ids, positions, owner, spans = list(prefix), list(range(p)), [-1] * p, []
+    for i, (block, start) in enumerate(blocks):
+        spans.append((len(ids) + start, len(ids) + len(block)))
+        ids += block
+        positions += list(range(p, p + len(block)))
+        owner += [i] * len(block)
+    q0 = p + max(len(b) for b, _ in blocks)
+    ctx_len = len(ids)
+    ids += suffix
+    positions += list(range(q0, q0 + len(suffix)))
+    owner += [-2] * len(suffix)
+    t = len(ids)
+    allowed = torch.zeros(t, t, dtype=torch.bool)
+    for r in range(t):
+        for c in range(r + 1):
+            if owner[r] == -1 or owner[r] == -2:  # prefix: causal; suffix: everything before it
+                allowed[r, c] = True
+            else:  # a block: the prefix and itself
+                allowed[r, c] = owner[c] == -1 or owner[c] == owner[r]
+    mask = torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return ids, torch.tensor([positions]), mask, spans, ctx_len, s0, p
+
+
+def test_block_sparse_encoding_equals_masked_full_attention(tiny_backbone):
+    scorer = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block", batch_tokens=24))  # several batches
+    ref = _eager(tiny_backbone)
+    ids, positions, mask, spans, ctx_len, s0, p = _block_reference(scorer, TEXTS, QUESTION)
+    with torch.no_grad():
+        out = ref(input_ids=torch.tensor([ids]), attention_mask=mask, position_ids=positions, use_cache=True,
+                  output_attentions=True)
+    # (b) each block's K/V equal the explicit computation's
+    prefix_kv = qr.encode_prefix(scorer.model, ids[:p], 3)
+    blocks = [scorer.prompt.candidate(i + 1, t)[0] for i, t in enumerate(TEXTS)]
+    states = qr.encode_blocks(scorer.model, prefix_kv, blocks, batch_tokens=24)
+    at = p
+    for i, block in enumerate(blocks):
+        for layer in range(3):
+            k_ref = out.cache.layers[layer].keys[0, :, at:at + len(block)]
+            v_ref = out.cache.layers[layer].values[0, :, at:at + len(block)]
+            assert torch.allclose(states.blocks[i][layer][0], k_ref, atol=1e-5)
+            assert torch.allclose(states.blocks[i][layer][1], v_ref, atol=1e-5)
+        at += len(block)
+    # ... and the head scores equal those read from the explicit pass's attention maps
+    got = scorer.scores(QUESTION, TEXTS)
+    real = [a[0][:, ctx_len + s0:].mean(dim=1) for a in out.attentions]
+    null_ids, null_pos, null_mask, _, _, n0, _ = _block_reference(scorer, TEXTS, "N/A")
+    null, _ = _reference_attention(ref, null_ids, range(ctx_len + n0, len(null_ids)), null_mask, null_pos)
+    want = _reference_scores(real, null, spans, HEADS)
+    assert np.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_block_sparse_is_order_free_but_causal_is_not(tiny_backbone):
+    block = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block"))
+    causal = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="causal"))
+    texts = [_text(10 + i, 5 + i % 4) for i in range(8)]
+    # a block's states do not depend on the other blocks (labels aside: same label, same states)
+    prompt = block.prompt
+    kv = qr.encode_prefix(block.model, prompt.prefix(), 3)
+    one = qr.encode_blocks(block.model, kv, [prompt.candidate(1, texts[0])[0]])
+    many = qr.encode_blocks(block.model, kv, [prompt.candidate(1, texts[0])[0]] +
+                            [prompt.candidate(1, t)[0] for t in texts[1:]])
+    assert torch.allclose(one.blocks[0][2][0], many.blocks[0][2][0], atol=1e-6)
+    b = qr.order_correlation(block.scores, QUESTION, texts, seed=1)
+    c = qr.order_correlation(causal.scores, QUESTION, texts, seed=1)
+    assert set(b) == {"pearson", "spearman"} and -1 <= c["pearson"] <= 1
+    assert b["pearson"] > c["pearson"] - 0.05  # labels still follow the slot, so not exactly 1
+
+
+def test_truncation_changes_cost_not_scores(tiny_backbone):
+    heads = [(0, 1), (1, 3)]  # deepest layer 1: the pass stops after two of three layers
+    short = qr.QRScorer(tiny_backbone, heads, qr.ScorerConfig(encoding="block"))
+    full = qr.QRScorer(tiny_backbone, heads, qr.ScorerConfig(encoding="block", truncate=False))
+    assert short.depth == 2 and full.depth == 3
+    assert np.allclose(short.scores(QUESTION, TEXTS), full.scores(QUESTION, TEXTS), atol=1e-6)
+    ctx = short.contexts(TEXTS)[0][1]
+    assert len(ctx.kv) == 2
+
+
+def test_calibration_and_trimming_by_hand():
+    # one layer, two heads, 8 context tokens; candidates at tokens 1..5 and 5..8
+    real = {0: torch.tensor([[0.50, 0.10, 0.12, 0.11, 0.09, 0.02, 0.03, 0.03],
+                             [0.40, 0.05, 0.05, 0.05, 0.05, 0.10, 0.20, 0.10]])}
+    null = {0: torch.tensor([[0.60, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.10],
+                             [0.50, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.20]])}
+    cal = qr.calibrated(real, null)
+    assert torch.allclose(cal[0][0], torch.tensor([-0.10, 0.05, 0.07, 0.06, 0.04, -0.03, -0.02, -0.07]))
+    spans = [(1, 5), (5, 8)]
+    # head 0 alone: [0.05, 0.07, 0.06, 0.04] mean 0.055, std 0.0129 -> nothing below 0.029: 0.22;
+    # [-0.03, -0.02, -0.07] all kept (threshold -0.083): -0.12
+    assert np.allclose(qr.chunk_scores(cal, spans, [(0, 0)]), [0.22, -0.12])
+    # both heads: per token [0.05, 0.07, 0.06, 0.04] and [0.02, 0.13, -0.17]
+    assert np.allclose(qr.chunk_scores(cal, spans, [(0, 0), (0, 1)]), [0.22, -0.02])
+    # an outlier is dropped: 9 tokens of 1.0 and one of -5 -> mean 0.4, std 1.897, threshold -3.39
+    values = torch.tensor([1.0] * 9 + [-5.0])
+    assert float(qr.trimmed_sum(values)) == pytest.approx(9.0)
+    assert float(qr.trimmed_sum(torch.tensor([-5.0]))) == -5.0  # a single token is kept
+    per_head = qr.head_scores(cal, spans)
+    assert per_head.shape == (2, 1, 2) and np.allclose(per_head[:, 0, 0], [0.22, -0.12])
+
+
+def test_groups_share_the_prefix_and_fit_the_window(tiny_backbone):
+    assert qr.groups_for([10, 10, 10, 10], fixed=5, window=100) == [[0, 1, 2, 3]]
+    assert qr.groups_for([10, 10, 10, 10, 10], fixed=5, window=30) == [[0, 1], [2, 3], [4]]
+    texts = [_text(20 + i, 12) for i in range(6)]
+    for encoding in qr.ENCODINGS:
+        small = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding=encoding, window=80))
+        groups = small.contexts(texts)
+        assert len(groups) > 1 and sorted(i for g, _ in groups for i in g) == list(range(6))
+        assert np.isfinite(small.scores(QUESTION, texts)).all()
+
+
+def test_head_lists(tmp_path):
+    assert qr.parse_heads("14-3, 17-0") == [(14, 3), (17, 0)]
+    assert qr.format_heads([(14, 3), (17, 0)]) == "14-3,17-0"
+    with pytest.raises(Exception):
+        qr.parse_heads("14:3")
