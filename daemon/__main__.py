@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args(argv)
+    os.umask(os.umask(0o077) | 0o077)  # the store, log and socket are the user's alone (0600, 0700)
     if args.detach:
         if os.fork() > 0:
             return 0  # the launcher: the client waits for the socket, not for us

@@ -153,6 +153,9 @@ def try_connect(daemon_files: DaemonFiles) -> Connection | None:
     """A connection to a listening daemon, or None (cleaning a dead daemon's socket and pid file)."""
     if not daemon_files.socket.exists():
         return None
+    # before connecting: in a home others can write, the socket may be anyone's (the daemon makes
+    # the same check); connect_unix then checks that the peer runs as our user
+    runtime.check_home_private(daemon_files.home)
     try:
         sock = runtime.connect_unix(daemon_files.socket, timeout=None)
     except (FileNotFoundError, ConnectionRefusedError):
@@ -180,8 +183,9 @@ def spawn(daemon_files: DaemonFiles, model: str | None = None, device: str = "au
         command += ["--idle-timeout", str(idle_timeout)]
     if not preload:
         command.append("--no-preload")
-    with open(daemon_files.err, "w") as err:
-        os.chmod(daemon_files.err, 0o600)
+    fd = runtime.open_private(daemon_files.err, os.O_WRONLY)  # never through a planted symlink
+    os.ftruncate(fd, 0)
+    with os.fdopen(fd, "w") as err:
         subprocess.run(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, cwd="/", check=False,
                        start_new_session=True)
 

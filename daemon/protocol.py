@@ -31,34 +31,52 @@ def _plain(value):
 
 
 def encode(message: dict) -> bytes:
-    return (json.dumps(message, ensure_ascii=False, default=_plain) + "\n").encode()
+    """One message as a line of ASCII JSON. Non-ASCII text travels as \\uXXXX escapes, which keeps
+    lone surrogates too: a file name that is not UTF-8 (os.fsdecode gives `caf\\udce9.txt`) is sent
+    and `json.loads` restores exactly that str, so `os.fsencode` on the far side gives the same bytes."""
+    return (json.dumps(message, ensure_ascii=True, default=_plain) + "\n").encode("ascii")
 
 
 class LineReader:
-    """Reads newline-terminated JSON messages from a socket."""
+    """Reads newline-terminated JSON messages from a socket.
 
-    def __init__(self, sock: socket.socket):
+    The size limit is enforced while reading: a line longer than `max_line` (default MAX_LINE) is
+    refused once that many bytes have arrived, without reading the rest. Each read searches only
+    the bytes that arrived since the last search, so a long line costs linear time.
+    """
+
+    def __init__(self, sock: socket.socket, max_line: int | None = None):
         self.sock = sock
-        self.buffer = b""
+        self.buffer = bytearray()
+        self.max_line = max_line
 
     def pending(self) -> bool:
         return b"\n" in self.buffer
 
     def read(self) -> dict | None:
         """The next message, or None at end of stream."""
-        while b"\n" not in self.buffer:
+        limit = self.max_line if self.max_line is not None else MAX_LINE
+        searched = 0  # bytes of the buffer already known to hold no newline
+        while True:
+            end = self.buffer.find(b"\n", searched)
+            if end >= 0:
+                break
+            searched = len(self.buffer)
+            if searched > limit:
+                raise ProtocolError(f"message too large (over {limit} bytes)")
             chunk = self.sock.recv(1 << 16)
             if not chunk:
                 if self.buffer.strip():
                     raise ProtocolError("the stream ended in the middle of a message")
                 return None
             self.buffer += chunk
-            if len(self.buffer) > MAX_LINE:
-                raise ProtocolError("message too large")
-        line, _, self.buffer = self.buffer.partition(b"\n")
+        if end > limit:
+            raise ProtocolError(f"message too large (over {limit} bytes)")
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
         try:
             message = json.loads(line)
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError included
             raise ProtocolError(f"not JSON: {exc}") from None
         if not isinstance(message, dict):
             raise ProtocolError("a message must be a JSON object")

@@ -10,9 +10,13 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
+import logging.handlers
 import os
 import socket
 import stat
+import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,9 +102,74 @@ def check_home_private(home: Path) -> None:
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise DaemonError(
-            f"EVSEL_HOME {home} is writable by other users, so the daemon will not start there",
+            f"EVSEL_HOME {home} is writable by other users, so evsel will not start or talk to a daemon there",
             f"run: chmod go-w {home}   (or use --no-daemon)",
         )
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a connected Unix socket (for a daemon: the one
+    that called listen), or None where the platform cannot say."""
+    if hasattr(socket, "SO_PEERCRED"):  # Linux: struct ucred {pid_t pid; uid_t uid; gid_t gid}
+        data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", data)[1]
+    if sys.platform == "darwin" and hasattr(socket, "LOCAL_PEERCRED"):
+        # struct xucred {u_int cr_version; uid_t cr_uid; short cr_ngroups; gid_t cr_groups[16]}
+        data = sock.getsockopt(getattr(socket, "SOL_LOCAL", 0), socket.LOCAL_PEERCRED, struct.calcsize("IIh16I"))
+        return struct.unpack_from("II", data)[1]
+    return None
+
+
+def check_peer(sock: socket.socket, path: Path) -> None:
+    """Refuse a socket served by another user: it would receive our questions and settings."""
+    uid = peer_uid(sock)
+    if uid is not None and uid != os.getuid():
+        raise DaemonError(
+            f"the socket {path} is served by another user (uid {uid}, you are uid {os.getuid()}), "
+            "so evsel will not talk to it",
+            f"remove it (rm {path}) and make EVSEL_HOME private (chmod 700 {path.parent}), or use --no-daemon",
+        )
+
+
+def open_private(path: Path, flags: int) -> int:
+    """A file descriptor for a file of ours in EVSEL_HOME, created 0600, never through a symbolic link.
+
+    Refuses a symlink (O_NOFOLLOW), something that is not a regular file, a file of another user,
+    or a file with other hard links (all of which someone may have planted to make us write
+    elsewhere), before anything is written or truncated. The file ends up mode 0600.
+    """
+    try:
+        fd = os.open(path, flags | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_NONBLOCK", 0), 0o600)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise DaemonError(f"{path} is a symbolic link, so evsel will not write through it",
+                              f"remove it: rm {path}") from None
+        raise DaemonError(f"cannot open {path}: {exc.strerror}", "check EVSEL_HOME's permissions") from None
+    try:
+        info = os.fstat(fd)
+        why = ("is not a regular file" if not stat.S_ISREG(info.st_mode) else
+               f"belongs to another user (uid {info.st_uid})" if info.st_uid != os.getuid() else
+               "has other hard links" if info.st_nlink > 1 else None)
+        if why:
+            raise DaemonError(f"{path} {why}, so evsel will not write to it", f"remove it: rm {path}")
+        if stat.S_IMODE(info.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class PrivateLogHandler(logging.handlers.RotatingFileHandler):
+    """daemon.log, opened (and reopened at each rotation) with `open_private`: never through a
+    symlink planted in the home."""
+
+    def _open(self):
+        fd = open_private(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND)
+        return os.fdopen(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
 
 
 class HomeLock:
@@ -111,7 +180,13 @@ class HomeLock:
         self.fd: int | None = None
 
     def acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as exc:
+            if os.path.islink(self.path):
+                raise DaemonError(f"{self.path} is a symbolic link, so evsel will not use it",
+                                  f"remove it: rm {self.path}") from None
+            raise DaemonError(f"cannot open {self.path}: {exc.strerror}", "check EVSEL_HOME's permissions") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -163,8 +238,10 @@ def read_pid_file(daemon_files: DaemonFiles) -> dict | None:
 
 def write_pid_file(daemon_files: DaemonFiles, data: dict) -> None:
     tmp = daemon_files.pid.with_name(f"daemon.pid.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.chmod(tmp, 0o600)
+    fd = open_private(tmp, os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(data))
     tmp.replace(daemon_files.pid)
 
 
@@ -195,6 +272,18 @@ def bind_unix(path: Path) -> socket.socket:
 
 
 def connect_unix(path: Path, timeout: float | None = None) -> socket.socket:
+    """A socket connected to `path`, checked to be served by our own user (`check_peer`) before
+    anything is sent on it."""
+    sock = _connect_unix(path, timeout)
+    try:
+        check_peer(sock, Path(path))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _connect_unix(path: Path, timeout: float | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     directory, name = _short_path(path)

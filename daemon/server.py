@@ -86,6 +86,7 @@ class Job:
         self.enqueued = time.perf_counter()
         self.started: float | None = None
         self.last_event: dict | None = None
+        self.watch_root: str | None = None  # a watch folder's sync: cancelled when the watch is removed
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancel_reason = reason
@@ -192,10 +193,10 @@ class Daemon:
         log.propagate = False
         for handler in list(log.handlers):
             log.removeHandler(handler)
-        handler = logging.handlers.RotatingFileHandler(self.files.log, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS)
+        # opened 0600 with O_NOFOLLOW (at start and at each rotation): a symlink planted in the home is refused
+        handler = runtime.PrivateLogHandler(self.files.log, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
-        os.chmod(self.files.log, 0o600)
         if self.foreground:
             stream = logging.StreamHandler()
             stream.setFormatter(logging.Formatter("evsel daemon: %(message)s"))
@@ -271,6 +272,7 @@ class Daemon:
         for root in set(current) - set(rows):
             log.info("watch %s: no longer in the store", root)
             self.watcher.unwatch(root)
+            self._cancel_watch_jobs(root)
 
     def _socket_is_ours(self) -> bool:
         try:
@@ -336,7 +338,15 @@ class Daemon:
                         "hint": "restart the daemon: evsel daemon stop"}})
                     break
                 self._handle(conn, reader, message)
-        except (OSError, ProtocolError) as exc:
+        except ProtocolError as exc:  # not JSON, not an object, too large: say so, then close
+            log.info("client connection closed: %s", exc)
+            try:
+                _send(conn, _error_message(None, {"type": "ProtocolError", "message": f"bad message: {exc}",
+                                                  "hint": "messages are JSON objects, one per line; see "
+                                                          "daemon/PROTOCOL.md"}))
+            except OSError:
+                pass
+        except OSError as exc:
             log.info("client connection closed: %s", exc)
         except Exception:  # noqa: BLE001  a bug here ends one connection, never the daemon
             log.error("client connection failed:\n%s", traceback.format_exc())
@@ -358,6 +368,12 @@ class Daemon:
             _send(conn, _error_message(request_id, {"type": "ProtocolError", "message": "a request needs a method "
                                                     "name and a params object", "hint": "see daemon/PROTOCOL.md"}))
             return
+        if method in REQUESTS:
+            error = check_params(method, params)
+            if error is not None:
+                self.counts["errors"] += 1
+                _send(conn, _error_message(request_id, error))
+                return
         if method in FAST_METHODS:
             started = time.perf_counter()
             try:
@@ -462,6 +478,7 @@ class Daemon:
         root = paths.watched_path(path)
         removed_row = self.fast_store.remove_watch(root)
         stopped = self.watcher.unwatch(root)
+        self._cancel_watch_jobs(root)
         if not (removed_row or stopped):
             raise NotFoundError(f"{root} is not watched", "list watched folders with: evsel watch --list")
         log.info("watch %s: removed", root)
@@ -534,19 +551,13 @@ class Daemon:
             "recent": list(self.recent)[-10:],
             "watches": watches,
             "resumed": self.resumed,
+            # a home looser than 0700 or a store/log file looser than 0600 (made by an older evsel or by hand)
+            "home_mode_warning": paths.permission_warning(self.files.home),
         }
 
     # engine requests
     def _check_engine_method(self, method: str, params: dict) -> dict | None:
-        fn = getattr(Engine, method, None)
-        if method not in REQUESTS or not inspect.isfunction(fn):
-            return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
-                    "hint": "a client of another evsel version? run: evsel daemon stop"}
-        try:
-            _bind(fn, params, with_self=True)
-        except EvselError as exc:
-            return exc.to_dict()
-        return None
+        return check_params(method, params)
 
     def _enqueue(self, job: Job) -> int:
         with self.waiting_lock:
@@ -665,7 +676,7 @@ class Daemon:
             encode = params.pop("encode", None)
             encode = job.settings.encode if encode is None else bool(encode)
             # stored now, encoded in the background: the client gets its answer in seconds
-            result = self._ingest_tracked(engine, {**params, "encode": False})
+            result = self._ingest_tracked(engine, {**params, "encode": False}, encode=encode, settings=job.settings)
             if encode:
                 ids = [i for r in result if r.get("status") == "ingested" for i in r["doc_ids"]]
                 if ids:
@@ -719,29 +730,40 @@ class Daemon:
             self.memo.invalidate(changed)
 
     # crash safety for ingest
-    def _ingest_tracked(self, engine: Engine, params: dict, rows: dict[str, list[int]] | None = None):
+    def _ingest_tracked(self, engine: Engine, params: dict, rows: dict[str, list[int]] | None = None,
+                        encode: bool = False, settings: Settings | None = None):
         """Run engine.ingest with a `pending_ingests` row per file until that file is done.
 
         Each file is stored in one transaction, so a crash leaves the store consistent; the rows a
-        crash leaves behind are re-ingested at the next start (`_resume_pending`).
+        crash leaves behind are re-ingested at the next start (`_resume_pending`), with the
+        request's every option (`encode`: whether its states were to be computed afterwards) and
+        its settings.
         """
         db = self.worker_store.db
         collection = params.get("collection", DEFAULT_COLLECTION)
         kind = params.get("kind", "auto")
         chunk_tokens = params.get("chunk_tokens")
+        resolve_links = params.get("resolve_links", True)
+        options = {k: v for k, v in params.items() if k not in ("targets", "on_event", "encode")}
+        options["encode"] = bool(encode)
         rows = dict(rows or {})
         if not rows:
             files = []
             for target in params.get("targets") or []:
                 try:
-                    files.extend(str(p.resolve()) for p in collect_files(Path(target).expanduser()))
+                    files.extend(str(p.resolve() if resolve_links else Path(os.path.abspath(p)))
+                                 for p in collect_files(Path(target).expanduser()))
                 except (EvselError, OSError):
                     pass  # the engine reports it in its results
             now = time.time()
+            settings_json = json.dumps((settings or engine.settings).to_dict())
             for path in dict.fromkeys(files):
+                if not _storable(path):
+                    continue  # a name that is not UTF-8 (caf\udce9.txt): the engine fails that file alone
                 cursor = db.execute(
-                    "insert into pending_ingests (path, collection, kind, chunk_tokens, created_at) "
-                    "values (?, ?, ?, ?, ?)", [path, collection, kind, chunk_tokens, now])
+                    "insert into pending_ingests (path, collection, kind, chunk_tokens, options, settings, created_at) "
+                    "values (?, ?, ?, ?, ?, ?, ?)",
+                    [path, collection, kind, chunk_tokens, json.dumps(options), settings_json, now])
                 rows.setdefault(path, []).append(cursor.lastrowid)
         emit = params.get("on_event")
 
@@ -761,29 +783,55 @@ class Daemon:
                     db.execute("delete from pending_ingests where id = ?", [row_id])
 
     def _resume_pending(self) -> None:
+        """Queue the files a crash left in `pending_ingests`, each with the options and settings of
+        the request it belonged to (rows from before m006 have none: their collection, kind and
+        chunk size, the daemon's settings, and no encoding)."""
         pending = list(self.worker_store.db.query("select * from pending_ingests order by id"))
         for row in pending:
-            params = {"targets": [row["path"]], "collection": row["collection"], "kind": row["kind"]}
+            params = {"collection": row["collection"], "kind": row["kind"]}
             if row["chunk_tokens"] is not None:
                 params["chunk_tokens"] = row["chunk_tokens"]
+            settings = self.settings
+            try:
+                options = json.loads(row.get("options") or "{}")
+                if row.get("settings"):
+                    settings = Settings.from_dict(json.loads(row["settings"]))
+            except (ValueError, TypeError, EvselError) as exc:
+                log.warning("pending ingest of %s: unreadable options (%s); resuming with the defaults",
+                            row["path"], exc)
+                options = {}
+            if isinstance(options, dict):
+                params.update({k: v for k, v in options.items() if k != "encode"})
+            encode = bool(options.get("encode", False)) if isinstance(options, dict) else False
+            params = {k: v for k, v in params.items() if k in _INGEST_OPTIONS}
+            params["targets"] = [row["path"]]
+            if check_params("ingest", params) is not None:  # a row this version cannot use as it is
+                params = {"targets": [row["path"]], "collection": row["collection"] or DEFAULT_COLLECTION}
             self.resumed.append(row["path"])
             log.info("resuming the ingest of %s, interrupted by a crash", row["path"])
 
-            def task(engine, emit, params=params, row=row):
-                result = self._ingest_tracked(engine, {**params, "on_event": emit}, {row["path"]: [row["id"]]})
+            def task(engine, emit, params=params, row=row, encode=encode, settings=settings):
+                result = self._ingest_tracked(engine, {**params, "encode": False, "on_event": emit},
+                                              {row["path"]: [row["id"]]})
                 self._invalidate(result)
                 for r in result:
                     why = f" ({from_dict(r['error']).line()})" if r.get("error") else ""
                     log.info("resumed ingest of %s: %s%s", r["path"], r["status"], why)
+                ids = [i for r in result if r.get("status") == "ingested" for i in r["doc_ids"]]
+                if encode and ids:
+                    self._submit_encode(ids, settings)
                 return result
 
-            self._enqueue(Job("ingest", params, self.settings, task=task, label="resume ingest"))
+            self._enqueue(Job("ingest", params, settings, task=task, label="resume ingest"))
 
     # watch folders
     def _submit_watch(self, root: str, collection: str, paths: list[str] | None) -> None:
         def task(engine, emit):
             def quiet(event: dict) -> None:  # nobody is listening; still honour cancellation
                 emit(event)
+
+            if root not in self.watcher.roots:  # removed while this sync was on its way to the queue
+                raise RequestCancelled("watch removed")
 
             encode = engine.settings.encode
             engine.settings = engine.settings.with_(encode=False)  # stored now, encoded in the background
@@ -804,11 +852,131 @@ class Daemon:
             return outcome
 
         label = f"watch sync {root}" if paths is None else f"watch {len(paths)} file(s) in {root}"
-        self._enqueue(Job("watch", {}, self.settings, task=task, label=label))
+        job = Job("watch", {}, self.settings, task=task, label=label)
+        job.watch_root = root
+        self._enqueue(job)
+
+    def _cancel_watch_jobs(self, root: str) -> int:
+        """Drop the queued syncs of a folder no longer watched and cancel its running one (it stops
+        at its next progress event, before the next file). Returns how many were cancelled."""
+        with self.waiting_lock:
+            dropped = [j for j in self.waiting if j.watch_root == root]
+            for job in dropped:
+                job.cancel("watch removed")
+                self.waiting.remove(job)  # the worker skips it when it comes up
+            running = self.running if self.running is not None and self.running.watch_root == root else None
+            if running is not None:
+                running.cancel("watch removed")
+        cancelled = len(dropped) + (running is not None)
+        if cancelled:
+            log.info("watch %s: cancelled %d sync(s)", root, cancelled)
+        return cancelled
 
     def _internal_error(self, exc: BaseException) -> dict:
         return {"type": "EvselError", "message": user_message(exc).split("; rerun with")[0],
                 "hint": f"the daemon's log has the traceback: {self.files.log}"}
+
+
+# Request params: types from the engine methods' annotations, and the params that are paths (the
+# client makes them absolute where the user typed them; the daemon runs in / and never guesses).
+PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
+               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "watch_add": ("path",),
+               "watch_remove": ("path",)}
+_INGEST_OPTIONS = frozenset(inspect.signature(Engine.ingest).parameters) - {"self", "on_event"}
+_HINTS: dict[str, dict] = {}
+
+
+def _hints(method: str) -> dict:
+    if method not in _HINTS:
+        import typing
+
+        _HINTS[method] = typing.get_type_hints(getattr(Engine, method))
+    return _HINTS[method]
+
+
+def _conforms(value, tp) -> bool:
+    import types
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is typing.Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if origin is list or tp is list:
+        return isinstance(value, list) and (not args or all(_conforms(v, args[0]) for v in value))
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    return True  # nothing a client can send (callbacks are refused by name)
+
+
+def _describe(tp) -> str:
+    import types
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if tp is type(None):
+        return "null"
+    if origin is list:
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
+    return names.get(origin or tp, getattr(tp, "__name__", str(tp)))
+
+
+def _json_type(value) -> str:
+    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+                       (list, "a list"), (dict, "an object"), (type(None), "null")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def check_params(method: str, params: dict) -> dict | None:
+    """The error reply for params an engine request cannot take (unknown or missing names, a value
+    of the wrong type, a relative path), or None. Checked before anything runs or is queued."""
+    fn = getattr(Engine, method, None)
+    if method not in REQUESTS or not inspect.isfunction(fn):
+        return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
+                "hint": "a client of another evsel version? run: evsel daemon stop"}
+    try:
+        _bind(fn, params, with_self=True)
+    except EvselError as exc:
+        return exc.to_dict()
+    hint = "a client of another evsel version? run: evsel daemon stop"
+    hints = _hints(method)
+    for name, value in params.items():
+        if name in hints and not _conforms(value, hints[name]):
+            shown = json.dumps(value, ensure_ascii=False, default=str)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            return EvselError(f"bad request for {method}: {name} must be {_describe(hints[name])}, "
+                              f"not {_json_type(value)} ({shown})", hint).to_dict()
+    names = PATH_PARAMS.get(method, ())
+    dataset = params.get("dataset") if method == "eval" else None
+    if isinstance(dataset, str) and (dataset.endswith(".jsonl") or os.sep in dataset):
+        names = (*names, "dataset")
+    for name in names:
+        value = params.get(name)
+        for item in value if isinstance(value, list) else [value]:
+            if item is None:
+                continue
+            if not isinstance(item, str) or not os.path.isabs(item):
+                what = "must hold absolute paths only" if isinstance(value, list) else "must be an absolute path"
+                return InputError(f"bad request for {method}: {name} {what}, not {item!r}",
+                                  "the client resolves paths where they were typed; a client of another evsel "
+                                  "version? run: evsel daemon stop").to_dict()
+    return None
 
 
 def _bind(fn, params: dict, with_self: bool = False) -> None:
@@ -821,6 +989,15 @@ def _bind(fn, params: dict, with_self: bool = False) -> None:
     except TypeError as exc:
         raise EvselError(f"bad request for {fn.__name__}: {exc}", "a client of another evsel version? "
                          "run: evsel daemon stop") from None
+
+
+def _storable(text: str) -> bool:
+    """False for a str SQLite cannot hold: lone surrogates, from file names that are not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _send(conn: socket.socket, message: dict) -> None:

@@ -40,7 +40,10 @@ def sync_paths(engine, root: str, collection: str, paths: list[str], on_event) -
     """Ingest the listed files that exist; remove the documents of those that are gone."""
     present = [p for p in paths if os.path.isfile(p)]
     gone = [p for p in paths if not os.path.exists(p)]
-    results = engine.ingest(present, collection=collection, on_event=on_event) if present else []
+    # a symlink is tracked by its own path in the folder (not its target's), so deleting the link
+    # removes its document; a dangling link is gone
+    present = [os.path.abspath(p) for p in present]
+    results = engine.ingest(present, collection=collection, on_event=on_event, resolve_links=False) if present else []
     removed = _remove_paths(engine, collection, gone)
     return {"root": root, "files": results, "removed": removed, "gone": gone}
 
@@ -51,7 +54,7 @@ def full_sync(engine, root: str, collection: str, on_event) -> dict:
         raise InputError("the watched folder is gone", f"stop watching it with: evsel watch --remove {root}",
                          path=root)
     try:
-        on_disk = [str(p.resolve()) for p in collect_files(Path(root))]
+        on_disk = [os.path.abspath(p) for p in collect_files(Path(root))]  # links by their own path
     except InputError:  # an empty folder is fine for a watch
         on_disk = []
     collection_id = engine.store.collection_id(collection)
@@ -60,7 +63,7 @@ def full_sync(engine, root: str, collection: str, on_event) -> dict:
         prefix = root.rstrip(os.sep) + os.sep
         stored = {d["path"] for d in engine.store.documents(collection) if d["path"].startswith(prefix)}
     gone = sorted(p for p in stored if not os.path.exists(p))
-    results = engine.ingest(on_disk, collection=collection, on_event=on_event) if on_disk else []
+    results = engine.ingest(on_disk, collection=collection, on_event=on_event, resolve_links=False) if on_disk else []
     removed = _remove_paths(engine, collection, gone)
     return {"root": root, "files": results, "removed": removed, "gone": gone, "full": True}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Literal, Optional
 
@@ -71,6 +72,8 @@ cli = typer.main.get_command(app)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # everything evsel writes holds the user's text or questions: the home 0700, its files 0600
+    os.umask(os.umask(0o077) | 0o077)
     try:
         # without standalone mode the command returns ctx.exit(n)'s code instead of raising it
         code = cli.main(args=argv, prog_name="evsel", standalone_mode=False)

@@ -55,7 +55,7 @@ def evidence_label(item: dict) -> str:
 
 # The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
 REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
-            "train_convert", "train_unreal", "watch_add", "watch_remove", "watch_list")
+            "train_convert", "train_unreal", "train_qrranker", "watch_add", "watch_remove", "watch_list")
 
 Event = dict
 EventSink = Callable[[Event], None]
@@ -175,12 +175,16 @@ class Engine:
         chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
         on_event: EventSink = _ignore,
         encode: bool | None = None,
+        resolve_links: bool = True,
     ) -> list[dict]:
         """Ingest files and directories. A failing file is reported and skipped; others go on.
 
         With `encode` (default: the settings' EVSEL_ENCODE, on) the chunks' UNREAL states are
         computed right after each file is stored, so the first `ask --select unreal` needs no
-        encoding. (The daemon stores first and encodes in the background: `encode_states`.)"""
+        encoding. (The daemon stores first and encodes in the background: `encode_states`.)
+        Each file is stored under its resolved path (symlinks followed); with `resolve_links`
+        off, under its absolute path as found (a watched folder tracks a link by its own name, so
+        deleting the link removes the document)."""
         if encode is None:
             encode = self.settings.encode
         if chunk_tokens < 16:
@@ -193,11 +197,16 @@ class Engine:
             except EvselError as exc:
                 results.append(FileResult(str(target), "failed", error=exc.to_dict()))
                 on_event({"type": "file", **results[-1].to_dict()})
+        import os
+
+        def where(f: Path) -> Path:
+            return f.resolve() if resolve_links else Path(os.path.abspath(f))
+
         seen = set()
-        unique = [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+        unique = [f for f in files if not (where(f) in seen or seen.add(where(f)))]
         for index, path in enumerate(unique):
             on_event({"type": "progress", "task": "files", "label": path.name, "done": index, "total": len(unique)})
-            result = self._ingest_file(path.resolve(), collection, kind, chunk_tokens, on_event)
+            result = self._ingest_file(where(path), collection, kind, chunk_tokens, on_event)
             if encode and result.status == "ingested":
                 self._encode_states(result, on_event)
             results.append(result)
@@ -245,6 +254,13 @@ class Engine:
     ) -> FileResult:
         started = time.perf_counter()
         warnings: list[str] = []
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:  # a name the store (UTF-8 text) cannot record as it is
+            error = InputError("the file name is not valid UTF-8, so the store cannot record it",
+                               "rename the file (e.g. convmv -f latin1 -t utf8), then ingest it again",
+                               path=str(path))
+            return FileResult(str(path), "failed", error=error.to_dict(), seconds=time.perf_counter() - started)
         try:
             sha = file_sha256(path)
             config = self._chunker_config(chunk_tokens)
@@ -364,6 +380,17 @@ class Engine:
         ranked, stage_timings = pipeline.rank(question, chunks, pipeline.depth)
         timings.update(stage_timings)
         evidence = pipeline.evidence(ranked)
+        # BM25 alone: when no word of the question is in any passage, every score is 0 (or, in a
+        # scope of a document or two, negative idf) and the passages shown are not evidence; say so
+        no_match = False
+        if select == "bm25" and rerank is None and evidence and all(s.score <= 0 for s in ranked):
+            from .bm25_index import tokenize
+
+            words = set(tokenize(question))
+            no_match = not any(words & set(tokenize(s.chunk.text)) for s in evidence)
+        if no_match:
+            on_event({"type": "warning", "message": "no passage shares a word with the question; the passages "
+                      "shown are not evidence (rephrase it, or try --select dense)"})
 
         text = None
         usage = {}
@@ -377,6 +404,8 @@ class Engine:
         method = {"select": select, "top_n": top_n, "candidates": len(chunks)}
         if rerank is not None:
             method.update(rerank=rerank, rerank_top=rerank_top)
+        if no_match:
+            method["no_match"] = True
         result = {
             "question": question,
             "answer": text,
@@ -442,6 +471,17 @@ class Engine:
 
         return recipe.run_recipe(self, out, recipe_name, data, sources or [], options or {}, command,
                                  self.settings.data_dir, on_event)
+
+    def train_qrranker(self, out: str, detect_heads: bool = False, options: dict | None = None,
+                       command: str | None = None, on_event: EventSink = _ignore) -> dict:
+        """`evsel train qrranker`: with `detect_heads`, QR-head detection on a training seed set
+        (OUT/heads.json)."""
+        if not detect_heads:
+            raise EvselError("training QRRanker's heads is not available yet",
+                             "detect them with: evsel train qrranker --detect-heads --out DIR")
+        from evsel.recipes import qrranker as recipe
+
+        return recipe.run_detection(self, out, options or {}, command, self.settings.data_dir, on_event)
 
     # documents
     def docs_list(self, collection: str | None = None) -> list[dict]:

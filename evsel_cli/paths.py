@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import stat
 from pathlib import Path
 
 import platformdirs
@@ -12,8 +15,73 @@ from . import settings
 def evsel_home() -> Path:
     """The state directory: $EVSEL_HOME, else the platform's user data dir. Created on demand."""
     home = settings.evsel_home() or Path(platformdirs.user_data_dir("evsel"))
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not home.is_dir():
+        try:
+            home.mkdir(mode=0o700, parents=True)
+        except FileExistsError:
+            pass  # another process made it a moment ago
+        else:
+            os.chmod(home, 0o700)  # exactly 0700 whatever the umask: it holds the ingested text
     return home
+
+
+# files in EVSEL_HOME that hold the user's text or say what they asked (checked by `permission_warning`)
+PRIVATE_FILES = ("evsel.db", "evsel.db-wal", "evsel.db-shm", "daemon.log", "daemon.err", "daemon.pid",
+                 "cache/eval.db")
+
+
+def create_private_file(path) -> bool:
+    """Create `path` empty with mode 0600 (never through a symlink) when it does not exist yet.
+    True when this call created it; False when it existed or is not a plain path (":memory:")."""
+    text = str(path)
+    if not text or text == ":memory:" or text.startswith("file:"):
+        return False
+    try:
+        fd = os.open(text, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return False  # it exists (or cannot be made: then its opener says why)
+    os.close(fd)
+    return True
+
+
+def make_private(*files) -> None:
+    """chmod 0600 the files of these that exist and are regular files (not through symlinks)."""
+    for name in files:
+        try:
+            info = os.lstat(name)
+            if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) & 0o077:
+                os.chmod(name, 0o600)
+        except OSError:
+            pass
+
+
+def permission_warning(home: Path | None = None) -> str | None:
+    """One line when the home is looser than 0700 or a file of it holding the user's text looser
+    than 0600 (a home made by an older evsel, or by hand), saying what to run; else None."""
+    home = Path(home) if home is not None else evsel_home()
+    try:
+        home_mode = stat.S_IMODE(home.stat().st_mode)
+    except OSError:
+        return None
+    parts, loose = [], []
+    if home_mode & 0o077:
+        parts.append(f"EVSEL_HOME {home} is {home_mode:04o}")
+    for name in PRIVATE_FILES:
+        try:
+            info = os.lstat(home / name)
+        except OSError:
+            continue
+        mode = stat.S_IMODE(info.st_mode)
+        if stat.S_ISREG(info.st_mode) and mode & 0o077:
+            loose.append(home / name)
+            parts.append(f"{name} is {mode:04o}")
+    if not parts:
+        return None
+    fix = [f"chmod 700 {shlex.quote(str(home))}"] if home_mode & 0o077 else []
+    if loose:
+        fix.append("chmod 600 " + " ".join(shlex.quote(str(p)) for p in loose))
+    return (f"{', '.join(parts)}: other users may read your documents and questions "
+            f"(evsel makes its home 0700 and its files 0600); run: {' && '.join(fix)}")
 
 
 def db_path() -> Path:

@@ -38,6 +38,15 @@ def _absolute(value: str | None, cwd: Path) -> str | None:
     return str(path if path.is_absolute() else cwd / path)
 
 
+def _heads_or_path(value: str | None, cwd: Path) -> str | None:
+    """A head list like 14-3,17-0 as given, else a path made absolute."""
+    import re
+
+    if value and re.fullmatch(r"\s*\d+-\d+\s*(,\s*\d+-\d+\s*)*", value):
+        return value.strip()
+    return _absolute(value, cwd)
+
+
 def _threads(env: Mapping[str, str]) -> int | None:
     raw = env.get("EVSEL_THREADS", "").strip()
     if not raw:
@@ -59,6 +68,7 @@ class Settings:
     encode: bool = True  # EVSEL_ENCODE: per-chunk model states at ingest (in the daemon: in the background)
     threads: int | None = None  # EVSEL_THREADS: torch CPU threads where the model runs
     unreal_adapter: str | None = None  # EVSEL_UNREAL_ADAPTER: an adapter folder instead of the shipped one
+    qrranker_heads: str | None = None  # EVSEL_QRRANKER_HEADS: a head list (14-3,17-0) or a heads.json / its folder
     data_dir: str | None = None  # EVSEL_DATA: benchmark data for eval and train
     debug: bool = False  # EVSEL_DEBUG: tracebacks instead of one-line errors
 
@@ -86,6 +96,7 @@ class Settings:
             encode=_flag(env, "EVSEL_ENCODE", True),
             threads=_threads(env),
             unreal_adapter=_absolute(env.get("EVSEL_UNREAL_ADAPTER"), cwd),
+            qrranker_heads=_heads_or_path(env.get("EVSEL_QRRANKER_HEADS"), cwd),
             data_dir=_absolute(env.get("EVSEL_DATA"), cwd),
             debug=_flag(env, "EVSEL_DEBUG", False),
         )

@@ -127,6 +127,50 @@ def m005_pending_encodes(db: sqlite_utils.Database) -> None:
     )
 
 
+@migration
+def m006_pending_ingest_options(db: sqlite_utils.Database) -> None:
+    # Every option of the ingest request a pending file belongs to (JSON: Engine.ingest's keyword
+    # arguments, `encode` resolved) and the request's settings, so a resumed ingest does exactly
+    # what was asked (a --no-encode ingest stays one). Rows from before this migration have none:
+    # they resume with their collection, kind and chunk size, and without encoding.
+    db.execute("alter table pending_ingests add column options text")
+    db.execute("alter table pending_ingests add column settings text")
+
+
+@migration
+def m007_document_ids_never_reused(db: sqlite_utils.Database) -> None:
+    # `documents.id` becomes AUTOINCREMENT, so the id of a removed document is never given to
+    # another one (`--doc 2` in a script keeps meaning one document). SQLite's table rebuild: the
+    # rows keep their ids; chunks and bm25_docs reference documents(id) by name, so they point at
+    # the new table once it is renamed. Runs with foreign keys off (the drop would otherwise delete
+    # every chunk's parent) and checked with foreign_key_check before its commit (`migrate`).
+    sql = db.execute("select sql from sqlite_master where type = 'table' and name = 'documents'").fetchone()[0]
+    if "autoincrement" in sql.lower():
+        return
+    import re
+
+    new_sql, n = re.subn(r"([\[\"]?id[\]\"]?\s+INTEGER\s+PRIMARY\s+KEY)", r"\1 AUTOINCREMENT", sql, count=1, flags=re.I)
+    if n != 1:
+        raise StoreError("cannot find the documents table's id column", "the store's schema is not evsel's")
+    new_sql = re.sub(r"^CREATE TABLE\s+(\[documents\]|\"documents\"|documents)", "CREATE TABLE documents_m007",
+                     new_sql, count=1, flags=re.I)
+    indexes = [r[0] for r in db.execute(
+        "select sql from sqlite_master where type = 'index' and tbl_name = 'documents' and sql is not null")]
+    db.execute(new_sql)
+    db.execute("insert into documents_m007 select * from documents")
+    db.execute("drop table documents")
+    db.execute("alter table documents_m007 rename to documents")
+    for index in indexes:
+        db.execute(index)
+    top = db.execute("select max(id) from documents").fetchone()[0]
+    if top is not None:
+        db.execute("delete from sqlite_sequence where name = 'documents'")
+        db.execute("insert into sqlite_sequence (name, seq) values ('documents', ?)", [top])
+
+
+m007_document_ids_never_reused.without_foreign_keys = True  # type: ignore[attr-defined]
+
+
 def migrate(db: sqlite_utils.Database) -> list[str]:
     """Apply the migrations not yet applied, each in its own transaction. Returns their names."""
     db.execute(
@@ -144,18 +188,31 @@ def migrate(db: sqlite_utils.Database) -> list[str]:
     for name, fn in MIGRATIONS:
         if name in done:
             continue
-        db.conn.execute("begin immediate")
+        # a table rebuild (m007) runs with foreign keys off (a no-op inside a transaction, so set
+        # before it) and is checked before it commits
+        fk_off = getattr(fn, "without_foreign_keys", False)
+        fk_was = db.execute("pragma foreign_keys").fetchone()[0] if fk_off else None
+        if fk_off:
+            db.conn.execute("pragma foreign_keys = off")
         try:
-            # another process may have applied it while we waited for the write lock
-            if db.execute("select 1 from _evsel_migrations where name = ?", [name]).fetchone():
+            db.conn.execute("begin immediate")
+            try:
+                # another process may have applied it while we waited for the write lock
+                if db.execute("select 1 from _evsel_migrations where name = ?", [name]).fetchone():
+                    db.conn.execute("commit")
+                    continue
+                fn(db)
+                if fk_off and db.execute("pragma foreign_key_check").fetchone() is not None:
+                    raise StoreError(f"migration {name} would break the store's references",
+                                     "report it; the store was left as it was")
+                db.execute("insert into _evsel_migrations values (?, ?)", [name, time.time()])
                 db.conn.execute("commit")
-                continue
-            fn(db)
-            db.execute("insert into _evsel_migrations values (?, ?)", [name, time.time()])
-            db.conn.execute("commit")
-        except BaseException:
-            db.conn.execute("rollback")
-            raise
+            except BaseException:
+                db.conn.execute("rollback")
+                raise
+        finally:
+            if fk_off and fk_was:
+                db.conn.execute("pragma foreign_keys = on")
         applied.append(name)
     return applied
 
@@ -164,11 +221,14 @@ def connect(path: Path | None = None) -> sqlite_utils.Database:
     """Open the store in WAL mode with a generous busy timeout, migrated to the current schema."""
     path = path or paths.db_path()
     try:
+        created = paths.create_private_file(path)  # 0600 from the start: it holds the ingested text
         conn = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
         conn.execute("pragma busy_timeout = 60000")
         db = sqlite_utils.Database(conn)
         if db.journal_mode != "wal":
             db.enable_wal()
+        if created:  # SQLite gives -wal and -shm the database's mode; make sure of it
+            paths.make_private(path, f"{path}-wal", f"{path}-shm")
         db.execute("pragma foreign_keys = on")
         db.execute("pragma synchronous = normal")
         migrate(db)

@@ -144,6 +144,7 @@ class PromptConfig:
     separator: str = "\n\n"
     null_query: str = "N/A"
     max_chunk_tokens: int = 384  # a longer candidate is cut (evsel's chunks are ~140 tokens)
+    max_query_tokens: int = 96  # a longer question is cut
     memory_label: str = "Here are some summaries that may help answer the query:"
 
 
@@ -188,8 +189,13 @@ class Prompt:
     def suffix(self, question: str) -> tuple[list[int], int]:
         """(separator + closing instruction + 'Query: q' + chat footer, where the query span starts)."""
         c = self.config
-        body = self.ids(f"{c.closing}{c.separator}{c.query_label} {question.strip()}") + self.footer
+        question = self.ids(f" {question.strip()}")[: c.max_query_tokens]
+        body = self.ids(f"{c.closing}{c.separator}{c.query_label}") + question + self.footer
         return self._sep + body, len(self._sep)
+
+    def suffix_budget(self) -> int:
+        """The most tokens a suffix takes (the longest question allowed)."""
+        return len(self.suffix("")[0]) + self.config.max_query_tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,6 +331,83 @@ def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_
     return BlockStates(prefix_kv, out)
 
 
+class BlockKVCache:
+    """Per-block KV of block-sparse encodings, least recently used first out, bounded by bytes.
+    A block's KV depends only on the model, the prefix, the block's tokens and the depth encoded,
+    which is the key; a resident daemon keeps one for its lifetime, so candidates that come back
+    (another question over the same book) are not encoded again."""
+
+    def __init__(self, max_bytes: int = 768 << 20):
+        import threading
+
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(*parts) -> str:
+        import hashlib
+
+        digest = hashlib.blake2b(digest_size=16)
+        for part in parts:
+            if isinstance(part, (list, tuple)):
+                digest.update(np.asarray(part, dtype=np.int64).tobytes())
+            else:
+                digest.update(str(part).encode())
+            digest.update(b"|")
+        return digest.hexdigest()
+
+    def get(self, key: str):
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._items.move_to_end(key)
+            return item[0]
+
+    def put(self, key: str, value: list[tuple]) -> None:
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in value)
+        with self._lock:
+            if key in self._items or size > self.max_bytes:
+                return
+            self._items[key] = (value, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, old) = self._items.popitem(last=False)
+                self.bytes -= old
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def encode_blocks_cached(model, prefix_ids: list[int], blocks: list[list[int]], depth: int,
+                         cache: BlockKVCache | None, batch_tokens: int = 4096, pad_id: int = 0,
+                         model_key: str = "") -> BlockStates:
+    """`encode_prefix` + `encode_blocks`, taking the prefix's and every block's KV from `cache`
+    when there, encoding only the rest (one batch over the prefix) and caching them."""
+    if cache is None:
+        return encode_blocks(model, encode_prefix(model, prefix_ids, depth), blocks, batch_tokens, pad_id)
+    pkey = cache.key("prefix", model_key, depth, prefix_ids)
+    prefix_kv = cache.get(pkey)
+    if prefix_kv is None:
+        prefix_kv = encode_prefix(model, prefix_ids, depth)
+        cache.put(pkey, prefix_kv)
+    keys = [cache.key("block", model_key, depth, prefix_ids, b) for b in blocks]
+    found = [cache.get(k) for k in keys]
+    missing = [i for i, kv in enumerate(found) if kv is None]
+    if missing:
+        fresh = encode_blocks(model, prefix_kv, [blocks[i] for i in missing], batch_tokens, pad_id)
+        for i, kv in zip(missing, fresh.blocks):
+            found[i] = kv
+            cache.put(keys[i], kv)
+    return BlockStates(prefix_kv, found)
+
+
 # ---------------------------------------------------------------------------------------------
 # the query pass
 
@@ -346,6 +429,14 @@ def query_attention(model, context: Context, suffix: list[int], span_start: int,
     over everything a suffix token sees (context, earlier suffix tokens, itself), as the model
     computes them; only those rows are built. `layers` are 0-based; the pass stops after the
     deepest. `check_rope`: also verify that our RoPE of k_proj reproduces the cache's keys."""
+    return query_attentions(model, context, [(suffix, span_start)], layers, check_rope)[0]
+
+
+def query_attentions(model, context: Context, suffixes: list[tuple[list[int], int]], layers: list[int],
+                     check_rope: bool = False) -> list[dict]:
+    """`query_attention` for several suffixes (the question and the null query) in one batched
+    pass over the same context: [(ids, span_start)] -> one {layer: (heads, T_ctx)} each. Shorter
+    suffixes are right-padded; under the causal mask no real token sees a pad."""
     import torch
 
     inner = model.model
@@ -358,37 +449,41 @@ def query_attention(model, context: Context, suffix: list[int], span_start: int,
         if check_rope:
             taps[("k", layer)] = inner.layers[layer].self_attn.k_proj
     device = context.kv[0][0].device
-    s = len(suffix)
-    positions = (torch.arange(s) + context.next_position)[None].to(device)
-    x = torch.tensor([suffix], dtype=torch.long, device=device)
-    cache = _cache(context.kv[:depth])
+    b, width = len(suffixes), max(len(ids) for ids, _ in suffixes)
+    x = torch.zeros(b, width, dtype=torch.long)
+    for row, (ids, _) in enumerate(suffixes):
+        x[row, : len(ids)] = torch.tensor(ids)
+    positions = (torch.arange(width) + context.next_position)[None].expand(b, width).to(device)
+    cache = _cache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in context.kv[:depth]])
+    n_heads = model.config.num_attention_heads
     with torch.inference_mode():
-        got = run_layers(model, [depth], taps=taps, input_ids=x, cache=cache, position_ids=positions)
+        got = run_layers(model, [depth], taps=taps, input_ids=x.to(device), cache=cache, position_ids=positions)
         t_ctx = context.length
-        cos, sin = inner.rotary_emb(context.kv[0][0], positions)  # (1, S, d), the model's dtype
+        cos, sin = inner.rotary_emb(context.kv[0][0], positions[:1])  # (1, W, d), the model's dtype
         cos, sin = cos[:, None], sin[:, None]
-        allowed = torch.ones(s, t_ctx + s, dtype=torch.bool, device=device)
-        allowed[:, t_ctx:] = torch.tril(torch.ones(s, s, dtype=torch.bool, device=device))
-        out = {}
+        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=device))
+        out: list[dict] = [{} for _ in suffixes]
         for layer in layers:
-            attn = inner.layers[layer].self_attn
-            keys = cache.layers[layer].keys[0]  # (kv, T_ctx + S, d), post-RoPE
-            n_heads = model.config.num_attention_heads
+            scaling = float(inner.layers[layer].self_attn.scaling)
+            keys = cache.layers[layer].keys  # (B, kv, T_ctx + W, d), post-RoPE
             head_dim = keys.shape[-1]
-            q = got[("q", layer)].view(1, s, n_heads, head_dim).transpose(1, 2)
-            q = _rotate(q, cos, sin)[0].float()  # (H, S, d)
+            group = n_heads // keys.shape[1]
+            q_all = _rotate(got[("q", layer)].view(b, width, n_heads, head_dim).transpose(1, 2), cos, sin)
             if check_rope:
-                k = got[("k", layer)].view(1, s, keys.shape[0], head_dim).transpose(1, 2)
-                k = _rotate(k, cos, sin)[0]
-                if not torch.allclose(k.float(), keys[:, t_ctx:].float(), atol=1e-2, rtol=1e-2):
+                k = _rotate(got[("k", layer)].view(b, width, keys.shape[1], head_dim).transpose(1, 2), cos, sin)
+                n = len(suffixes[0][0])
+                if not torch.allclose(k[0, :, :n].float(), keys[0, :, t_ctx:t_ctx + n].float(), atol=1e-2, rtol=1e-2):
                     raise ModelError("this backbone's attention is not Llama-style RoPE attention; QRRanker cannot "
                                      "read its heads", "use a Llama-family backbone (e.g. the bundled SmolLM2)")
-            group = n_heads // keys.shape[0]
-            k_all = keys.float().repeat_interleave(group, dim=0)  # query head h uses KV head h // group
-            logits = torch.matmul(q[:, span_start:], k_all.transpose(1, 2)) * float(attn.scaling)
-            logits = logits.masked_fill(~allowed[span_start:], float("-inf"))
-            weights = torch.softmax(logits, dim=-1)  # (H, S_q, T_ctx + S)
-            out[layer] = weights[:, :, :t_ctx].mean(dim=1)  # (H, T_ctx)
+            for row, (ids, start) in enumerate(suffixes):
+                n = len(ids)
+                q = q_all[row, :, start:n].float()  # (H, S_q, d)
+                k_all = keys[row, :, : t_ctx + n].float().repeat_interleave(group, dim=0)  # head h reads KV h // group
+                logits = torch.matmul(q, k_all.transpose(1, 2)) * scaling  # (H, S_q, T_ctx + n)
+                allowed = torch.cat([torch.ones(n - start, t_ctx, dtype=torch.bool, device=device),
+                                     causal[start:n, :n]], dim=1)
+                weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+                out[row][layer] = weights[:, :, :t_ctx].mean(dim=1)  # (H, T_ctx)
     return out
 
 
@@ -452,12 +547,16 @@ class ScorerConfig:
     encoding: str = DEFAULT_ENCODING  # block | causal
     truncate: bool = True  # stop after the deepest layer read (False: run the whole stack)
     batch_tokens: int = 4096  # block encoding: block tokens per batch
+    block_labels: str = "same"  # block encoding: "same" ([1] on every block, as if each were alone
+    # after the prefix, so a block's KV depends on its text only and is cached per chunk) or "slot"
     window: int | None = None  # tokens a query may read (None: the model's positions)
     prompt: PromptConfig = field(default_factory=PromptConfig)
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
             raise ModelError(f"unknown QRRanker encoding {self.encoding!r}", f"use one of {', '.join(ENCODINGS)}")
+        if self.block_labels not in ("same", "slot"):
+            raise ModelError(f"unknown block label scheme {self.block_labels!r}", "use same or slot")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -468,8 +567,11 @@ class QRScorer:
     context (the candidates' KV), so several questions over the same candidates (detection over
     one story, the null query) encode them once."""
 
-    def __init__(self, backbone, heads: list[tuple[int, int]] | None, config: ScorerConfig | None = None):
+    def __init__(self, backbone, heads: list[tuple[int, int]] | None, config: ScorerConfig | None = None,
+                 kv_cache: BlockKVCache | None = None):
+        """`kv_cache`: per-block KV kept between calls (block encoding); None: a private one."""
         self.backbone = backbone
+        self.kv_cache = kv_cache if kv_cache is not None else BlockKVCache()
         self.model = backbone.model
         self.config = config or ScorerConfig()
         self.heads = list(heads) if heads else []
@@ -480,6 +582,9 @@ class QRScorer:
         self.window = self.config.window or int(self.model.config.max_position_embeddings)
         self._contexts: OrderedDict = OrderedDict()
         self._rope_checked = False
+        # what cached block KV depends on besides the tokens: the weights and their dtype (a
+        # scorer over changed q/k weights must extend it)
+        self.model_key = f"{backbone.fingerprint}:{next(self.model.parameters()).dtype}"
 
     @property
     def layers(self) -> list[int]:
@@ -493,7 +598,8 @@ class QRScorer:
 
     def _pieces(self, texts: list[str], memory: str | None):
         prefix = self.prompt.prefix(memory)
-        pieces = [self.prompt.candidate(i + 1, t) for i, t in enumerate(texts)]
+        same = self.config.encoding == "block" and self.config.block_labels == "same"
+        pieces = [self.prompt.candidate(1 if same else i + 1, t) for i, t in enumerate(texts)]
         return prefix, [p[0] for p in pieces], [p[1] for p in pieces]
 
     def contexts(self, texts: list[str], memory: str | None = None) -> list[tuple[list[int], Context]]:
@@ -504,7 +610,7 @@ class QRScorer:
             self._contexts.move_to_end(key)
             return hit
         prefix, blocks, starts = self._pieces(texts, memory)
-        fixed = len(prefix) + 128  # the suffix: closing instruction, question, footer
+        fixed = len(prefix) + self.prompt.suffix_budget()
         groups = groups_for([len(b) for b in blocks], fixed, self.window)
         made = []
         if self.config.encoding == "causal":
@@ -512,9 +618,9 @@ class QRScorer:
                 made.append((group, encode_causal(self.model, prefix, [blocks[i] for i in group],
                                                   [starts[i] for i in group], self.depth)))
         else:
-            prefix_kv = encode_prefix(self.model, prefix, self.depth)
-            states = encode_blocks(self.model, prefix_kv, blocks, self.config.batch_tokens,
-                                   self.backbone.tokenizer.pad_token_id or 0)
+            states = encode_blocks_cached(self.model, prefix, blocks, self.depth, self.kv_cache,
+                                          self.config.batch_tokens, self.backbone.tokenizer.pad_token_id or 0,
+                                          self.model_key)
             longest = max(states.lengths(), default=0)
             for group in groups:  # one query position for every group: after the longest block
                 made.append((group, states.context(group, starts, states.prefix_len + longest)))
@@ -524,12 +630,13 @@ class QRScorer:
         return made
 
     def calibrated(self, question: str, context: Context, layers: list[int]) -> dict:
+        """Per layer (heads, T_ctx): the question's attention minus the null query's, both
+        suffixes run in one batched pass over the context."""
         check = not self._rope_checked
-        suffix, start = self.prompt.suffix(question)
-        real = query_attention(self.model, context, suffix, start, layers, check_rope=check)
+        real, null = query_attentions(self.model, context, [self.prompt.suffix(question),
+                                                            self.prompt.suffix(self.prompt.config.null_query)],
+                                      layers, check_rope=check)
         self._rope_checked = True
-        null_suffix, null_start = self.prompt.suffix(self.prompt.config.null_query)
-        null = query_attention(self.model, context, null_suffix, null_start, layers)
         return calibrated(real, null)
 
     def scores(self, question: str, texts: list[str], memory: str | None = None) -> np.ndarray:

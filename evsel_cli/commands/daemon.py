@@ -74,6 +74,10 @@ def daemon_status(ctx: typer.Context, as_json: JsonOption = False):
         else:
             stderr.print("the evsel daemon is not running; start it with: evsel daemon start")
         ctx.exit(NOT_RUNNING_EXIT)
+    if info.get("home_mode_warning"):
+        from evsel.output import warning
+
+        warning(info["home_mode_warning"])  # stderr, so --json's stdout stays one document
     if as_json:
         print_json(info)
         return

@@ -15,6 +15,12 @@ app = App(help="Information about the backbone model.")
 def models_info(ctx: typer.Context, as_json: JsonOption = False):
     """Show the backbone, its file fingerprint, and the device and dtype with why they were chosen."""
     info = engine_from(ctx).models_info()
+    from evsel.output import warning
+    from evsel.paths import permission_warning
+
+    loose = permission_warning()  # a home or store file others can read: say so (stderr)
+    if loose:
+        warning(loose)
     if as_json:
         print_json(info)
         return

@@ -150,3 +150,52 @@ def train_unreal(
     else:
         stderr.print(f"done: {summary['steps']} steps, best dev recall@{summary['k']} {summary['best_dev']:.3f}; "
                      f"adapter in {out_path / 'best'}")
+
+
+@app.command("qrranker")
+def train_qrranker(
+    ctx: typer.Context,
+    out: Annotated[str, typer.Option(
+        "--out", parser=path(file_okay=False), help="Folder to write: heads.json (with --detect-heads).")],
+    detect_heads: Annotated[bool, typer.Option(
+        "--detect-heads", help="Detect QR heads: every head's QR score on a seed set, the top ones kept.")] = False,
+    sources: Annotated[Optional[List[str]], typer.Option(
+        "--source", help="Seed-set source (repeatable): fairytaleqa-train (default), musique, hotpotqa. "
+                         "LoCoMo and FairytaleQA val are refused.")] = None,
+    documents: Annotated[Optional[int], typer.Option(
+        "--documents", parser=INT, help="Documents sampled per source (default 32 FairytaleQA train stories).")] = None,
+    questions_per_document: Annotated[Optional[int], typer.Option(
+        "--questions-per-document", parser=INT, help="Questions per document (default 3).")] = None,
+    max_questions: Annotated[Optional[int], typer.Option(
+        "--max-questions", parser=INT, help="At most this many seed questions in all.")] = None,
+    candidates: Annotated[Optional[int], typer.Option(
+        "--candidates", parser=INT, help="BM25 top-k of the question's document scored (default 50).")] = None,
+    keep: Annotated[Optional[int], typer.Option("--keep", parser=INT, help="Heads kept (default 16).")] = None,
+    encoding: Annotated[Literal["both", "block", "causal"], typer.Option(
+        "--encoding", parser=choice(["both", "block", "causal"]),
+        help="Candidate encoding(s) to detect under: a head list for each.")] = "both",
+    minutes: Annotated[Optional[float], typer.Option(
+        "--minutes", parser=FLOAT, help="Stop taking seed questions after this many minutes.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", parser=INT, help="CPU threads for torch.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", parser=INT)] = None,
+    as_json: JsonOption = False,
+):
+    """QRRanker's retrieval heads (seed 003). With --detect-heads: the QR score of every attention
+    head (mean calibrated attention mass on the gold chunks among a question's BM25 candidates,
+    QRHead's score) over a seed set from training splits only; the top heads and every head's
+    score go to OUT/heads.json. Use them with EVSEL_QRRANKER_HEADS=OUT."""
+    options = {"sources": list(sources) if sources else None, "documents": documents,
+               "questions_per_document": questions_per_document, "max_questions": max_questions,
+               "candidates": candidates, "keep": keep,
+               "encodings": ["block", "causal"] if encoding == "both" else [encoding], "minutes": minutes,
+               "threads": threads, "seed": seed}
+    engine = engine_from(ctx)  # runs where the model is resident: in the daemon when one runs
+    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    with ProgressView(enabled=not as_json) as view:
+        summary = engine.train_qrranker(str(Path(out).absolute()), detect_heads, options, command, on_event=view)
+    if as_json:
+        print_json(summary)
+    else:
+        for name, heads in summary["heads"].items():
+            stderr.print(f"{name}: {', '.join(heads)}")
+        stderr.print(f"wrote {summary['out']} from {summary['questions']} seed questions in {summary['seconds']:.0f} s")

@@ -49,6 +49,15 @@ class DialogueBuilder:
         )
 
 
+def json_error(exc: json.JSONDecodeError, line: int | None = None) -> str:
+    """json's message as a phrase: "unterminated string starting at line 204 column 9", not
+    json's "Unterminated string starting at" followed by our own "at line ..."."""
+    msg = exc.msg[:1].lower() + exc.msg[1:]
+    if msg.endswith(" at"):
+        msg = msg[:-3]
+    return f"{msg} at line {line or exc.lineno} column {exc.colno}"
+
+
 def _malformed(path: Path, what: str) -> InputError:
     return InputError(
         f"malformed dialogue JSON: {what}",
@@ -96,7 +105,7 @@ def parse_json_dialogue(path: Path, text: str) -> list[ParsedDocument]:
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data" and text.lstrip().startswith("{"):  # JSONL saved as .json
             return parse_jsonl_dialogue(path, text)
-        raise _malformed(path, f"{exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+        raise _malformed(path, json_error(exc)) from exc
     if isinstance(data, dict) and "conversation" in data:
         return [parse_locomo_sample(path, data, 0)]
     if isinstance(data, list) and data and all(isinstance(x, dict) and "conversation" in x for x in data):
@@ -143,7 +152,7 @@ def parse_jsonl_dialogue(path: Path, text: str) -> list[ParsedDocument]:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise _malformed(path, f"line {line_no}: {exc.msg}") from exc
+            raise _malformed(path, json_error(exc, line_no)) from exc
         if not isinstance(item, dict):
             raise _malformed(path, f"line {line_no} is not a JSON object")
         messages.append(item)

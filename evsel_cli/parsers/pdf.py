@@ -23,7 +23,8 @@ def _open(path: Path, filetype: str) -> pymupdf.Document:
     if path.stat().st_size == 0:
         raise InputError("the file is empty", "give a non-empty file", path=str(path))
     damaged = InputError(
-        f"cannot read this {filetype.upper()}: it is damaged or not a {filetype.upper()}",
+        f"cannot read this {filetype.upper()}: it is damaged or not {'an' if filetype.lower() == 'epub' else 'a'} "
+        f"{filetype.upper()} file",
         "re-export or re-download the file",
         path=str(path),
     )

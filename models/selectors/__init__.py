@@ -31,7 +31,8 @@ def available() -> list[str]:
 # What `--select` / `--methods` accept, for help texts (kept in step with the registry by a test).
 HELP = ("bm25 (default; words), unreal (the backbone's own states with the trained adapter), "
         "intrinsic (its untrained attention floor), dense (MiniLM bi-encoder), "
-        "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random")
+        "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random, "
+        "qrranker (a reranker: the backbone's QR attention heads, e.g. --rerank qrranker)")
 
 
 def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
@@ -51,6 +52,7 @@ def _load_builtins() -> None:
     from . import bm25  # noqa: F401  (registers itself)
     from . import dense, random_order, rrf  # noqa: F401  (baselines for evsel eval)
     from . import intrinsic, unreal  # noqa: F401  (model-internal selection, seed 000)
+    from . import qrranker  # noqa: F401  (reranking with QR heads, seed 003)
 
 
 __all__ = ["HELP", "Scored", "Selector", "SelectorContext", "register", "available", "get_selector"]

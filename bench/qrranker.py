@@ -1,0 +1,189 @@
+"""QRRanker on this machine: latency of one 50-candidate rerank (warm model) for both encodings,
+truncated vs full depth, with BM25 alone in the same run; recall@k on a FairytaleQA val sample for
+bm25 vs bm25>qrranker (the detected, untrained heads) per encoding; position bias per encoding.
+
+    python bench/qrranker.py [--out bench/results/qrranker.json] [--questions 100] [--bias 20] [--quick]
+
+Latency: the bundled sample story, its BM25 top 50 for a few questions; "cold" = the candidates'
+KV is not cached (every candidate encoded), "warm KV" = the candidates' block KV is cached from an
+earlier question (block encoding only; the causal prefill depends on the whole ordered list).
+Recall: the same questions, chunks and gold mapping as `evsel eval fairytaleqa --limit N`
+(questions evenly spaced), the reranker's order over BM25's top 50 then BM25's rest, exactly as
+the pipeline combines them. Position bias: `models.qrranker.order_correlation` over each
+question's BM25 top 50 in two random orders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+QUESTIONS = ["Who killed Ambrose Tenterden?", "What did the keeper find on the stairs?",
+             "Where was the knife hidden?", "Who sent the letter?", "What happened to the lamp oil?",
+             "When did the storm begin?", "Why did the boat leave early?"]
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench/results/qrranker.json")
+    parser.add_argument("--questions", type=int, default=100, help="FairytaleQA val questions for recall")
+    parser.add_argument("--bias", type=int, default=20, help="questions for the position-bias correlation")
+    parser.add_argument("--reps", type=int, default=5, help="reranks timed per configuration")
+    parser.add_argument("--no-slot", action="store_true", help="skip the block encoding with slot labels")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a check that the script runs)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.questions, args.bias, args.reps = 6, 2, 2
+
+    import torch
+
+    from evsel.engine import Engine
+    from evsel.evaluation import metrics
+    from evsel.evaluation.datasets import load_dataset
+    from evsel.evaluation.report import run_info
+    from evsel.evaluation.runner import build_corpus, gold_units, select_questions
+    from evsel.models import qrranker as qr
+    from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.paths import sample_story_path
+    from evsel.settings import Settings
+    from evsel.store import ChunkRecord
+    from evsel import chunker
+    from evsel.parsers import parse_file
+
+    engine = Engine(Settings.resolve())
+    backbone = engine.backbone
+    _ = backbone.model
+    context = SelectorContext(load_backbone=lambda: backbone, states=None)  # BM25 needs no state cache
+    bm25 = get_selector("bm25", context)
+    heads_data = qr.load_head_file(qr.shipped_heads_dir(backbone.fingerprint))
+    heads = {e: qr.heads_of(heads_data, e) for e in qr.ENCODINGS}
+    n_layers = backbone.model.config.num_hidden_layers
+    result: dict = {
+        "run": run_info(["python", "bench/qrranker.py", *(argv if argv is not None else sys.argv[1:])]),
+        "backbone": backbone.name, "fingerprint": backbone.fingerprint[:16], "device": backbone.plan.device,
+        "dtype": backbone.plan.dtype, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "heads": {e: qr.format_heads(h) for e, h in heads.items()},
+        "depth": {e: max(l for l, _ in h) + 1 for e, h in heads.items()}, "layers": n_layers,
+        "load_before": _load(),
+    }
+
+    def scorer(encoding: str, truncate: bool = True, labels: str = "same") -> qr.QRScorer:
+        return qr.QRScorer(backbone, heads[encoding], qr.ScorerConfig(encoding=encoding, truncate=truncate,
+                                                                     block_labels=labels))
+
+    # 1. latency of one 50-candidate rerank, warm model
+    doc = parse_file(sample_story_path())[0]
+    chunks = [ChunkRecord(id=i + 1, doc_id=1, title=doc.title, kind=doc.kind, path="sample", **c.record())
+              for i, c in enumerate(chunker.chunk_document(doc, backbone, 140))]
+    questions = (QUESTIONS * 4)[: args.reps + 1]
+    candidates = {}
+    bm25_s = []
+    for q in questions:
+        t = time.perf_counter()
+        candidates[q] = [s.chunk.text for s in bm25.rank(q, chunks, 50)]
+        bm25_s.append(time.perf_counter() - t)
+    latency: dict = {"sample_chunks": len(chunks), "candidates": 50,
+                     "candidate_tokens": int(np.mean([sum(backbone.count(v)) for v in candidates.values()])),
+                     "bm25_s": {"median": statistics.median(bm25_s), "all": bm25_s}}
+    warmup = scorer("block")
+    warmup.scores(questions[0], candidates[questions[0]][:4])  # first-call costs (allocators, kernels) aside
+    for encoding in qr.ENCODINGS:
+        for truncate in (True, False):
+            name = f"{encoding}-{'truncated' if truncate else 'full'}"
+            cold = []
+            for q in questions[1:]:
+                s = scorer(encoding, truncate)  # a fresh scorer: nothing cached
+                t = time.perf_counter()
+                s.scores(q, candidates[q])
+                cold.append(time.perf_counter() - t)
+            entry = {"depth": s.depth, "cold_s": {"median": statistics.median(cold), "all": cold}}
+            if encoding == "block":  # candidates seen before (another question over the same chunks)
+                s = scorer(encoding, truncate)
+                warm = []
+                for q in questions[1:]:
+                    s.scores(questions[0], candidates[q])
+                    s._contexts.clear()  # the blocks' KV stays cached; the context is assembled again
+                    t = time.perf_counter()
+                    s.scores(q, candidates[q])
+                    warm.append(time.perf_counter() - t)
+                entry["warm_kv_s"] = {"median": statistics.median(warm), "all": warm}
+            latency[name] = entry
+            print(name, json.dumps({k: v if not isinstance(v, dict) else round(v["median"], 3)
+                                    for k, v in entry.items()}), flush=True)
+    for encoding in qr.ENCODINGS:
+        latency[f"{encoding}-truncated_over_full"] = (latency[f"{encoding}-truncated"]["cold_s"]["median"] /
+                                                      latency[f"{encoding}-full"]["cold_s"]["median"])
+    result["latency"] = latency
+
+    # 2. recall on FairytaleQA val, and 3. position bias
+    dataset = load_dataset("fairytaleqa", split="val")
+    picked = select_questions(dataset.questions, args.questions)
+    keys = list(dict.fromkeys(k for q in picked for k in q.docs))
+    corpus = build_corpus(dataset, keys, backbone, 140)
+    tally: dict = {}
+    units = {q.qid: gold_units(q, corpus, tally) for q in picked}
+    picked = [q for q in picked if units[q.qid]]
+    variants = {"block": scorer("block"), "causal": scorer("causal")}
+    if not args.no_slot:
+        variants["block-slot-labels"] = scorer("block", labels="slot")
+    ks = [1, 3, 5, 10]
+    per_method: dict = {name: [] for name in ["bm25", *[f"bm25>qrranker[{v}]" for v in variants]]}
+    rerank_s: dict = {v: [] for v in variants}
+    for n, q in enumerate(picked):
+        scope = corpus.scope(q.docs)
+        ranked = [s.chunk for s in bm25.rank(q.question, scope)]
+        per_method["bm25"].append(metrics.ranking_metrics([c.id for c in ranked], units[q.qid], ks))
+        top, rest = ranked[:50], ranked[50:]
+        for name, s in variants.items():
+            t = time.perf_counter()
+            values = s.scores(q.question, [c.text for c in top])
+            rerank_s[name].append(time.perf_counter() - t)
+            order = [top[i] for i in np.argsort(-values, kind="stable")] + rest
+            per_method[f"bm25>qrranker[{name}]"].append(metrics.ranking_metrics([c.id for c in order], units[q.qid], ks))
+        if n % 10 == 0:
+            print(f"recall: {n}/{len(picked)}", flush=True)
+    recall = {"dataset": "fairytaleqa val", "questions": len(picked), "gold_mapping": tally,
+              "note": "questions evenly spaced as evsel eval --limit; BM25 top 50 reranked, then BM25's rest"}
+    for name, rows in per_method.items():
+        recall[name] = {key: round(float(np.mean([r[key] for r in rows])), 4) for key in rows[0]}
+    for name, times in rerank_s.items():
+        recall[f"bm25>qrranker[{name}]"]["rerank_s_median"] = round(statistics.median(times), 3)
+    result["recall"] = recall
+    print(json.dumps(recall, indent=1), flush=True)
+
+    bias: dict = {"questions": min(args.bias, len(picked)), "probe_before_code": {"causal_pearson": 0.53}}
+    sample = picked[:: max(1, len(picked) // max(1, args.bias))][: args.bias]
+    for name, s in variants.items():
+        rows = []
+        for i, q in enumerate(sample):
+            top = [s.chunk.text for s in bm25.rank(q.question, corpus.scope(q.docs), 50)]
+            rows.append(qr.order_correlation(s.scores, q.question, top, seed=i))
+        bias[name] = {key: round(float(np.nanmean([r[key] for r in rows])), 4) for key in rows[0]}
+        bias[name]["min_pearson"] = round(float(np.nanmin([r["pearson"] for r in rows])), 4)
+        print(name, bias[name], flush=True)
+    result["position_bias"] = bias
+    result["load_after"] = _load()
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

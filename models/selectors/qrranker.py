@@ -1,0 +1,53 @@
+"""QRRanker (seed 003): reranks the candidates it is handed (the pipeline gives it the first
+stage's top `--rerank-top`, 50) by the attention of the backbone's QR heads from the question onto
+each candidate (models/qrranker.py). Heads: EVSEL_QRRANKER_HEADS, else the list shipped for the
+backbone. Block-sparse encoding by default; each candidate's KV is kept in memory between
+requests (the engine's resources, so a resident daemon re-encodes only new candidates)."""
+
+from __future__ import annotations
+
+from evsel.errors import EvselError
+from evsel.store import ChunkRecord
+
+from . import register
+from .base import Selector
+
+MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
+
+
+@register("qrranker")
+class QRRankerSelector(Selector):
+    name = "qrranker"
+    needs_model = True
+
+    def __init__(self, context, heads: str | None = None, encoding: str | None = None, truncate: bool = True,
+                 block_labels: str = "same", **_):
+        from evsel.models import qrranker as qr
+
+        super().__init__(context)
+        backbone = context.backbone
+        encoding = encoding or qr.DEFAULT_ENCODING
+        self.heads, self.heads_from = qr.resolve_heads(backbone, heads or context.settings.qrranker_heads, encoding)
+        self.config = qr.ScorerConfig(encoding=encoding, truncate=truncate, block_labels=block_labels)
+        self._scorer = None
+
+    @property
+    def scorer(self):
+        """Built on first use, so that building the pipeline does not load the model (ask reports
+        loading apart)."""
+        from evsel.models import qrranker as qr
+
+        if self._scorer is None:
+            context = self.context
+            with context.resources_lock:  # one block-KV cache per engine (the daemon's lives with it)
+                kv_cache = context.resources.get("qrranker.kv")
+                if kv_cache is None:
+                    kv_cache = context.resources["qrranker.kv"] = qr.BlockKVCache()
+            self._scorer = qr.QRScorer(context.backbone, self.heads, self.config, kv_cache=kv_cache)
+        return self._scorer
+
+    def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
+        if len(chunks) > MAX_CANDIDATES:
+            raise EvselError(f"qrranker reranks at most {MAX_CANDIDATES} candidates; this scope has {len(chunks)}",
+                             "use it as a reranker: --rerank qrranker (over the first stage's --rerank-top)")
+        return self.scorer.scores(question, [c.text for c in chunks]).tolist()

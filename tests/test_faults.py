@@ -1,0 +1,298 @@
+"""Faults and hostile input (issue 12, items 5-9 and the weaker spots): a crash keeps an ingest's
+options, removing a watch cancels its syncs, the protocol refuses params of the wrong type or
+relative paths, watched symlinks are tracked by their own path, document ids are never reused,
+a BM25 ask that matches nothing says so, parse errors read well."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from daemon_helpers import (  # noqa: F401  (daemon_home is a fixture)
+    alive, daemon_home, docs_by_name, evsel, evsel_json, kill_process, pid_of, run_cli, status, wait_for,
+)
+
+
+def _db(home):
+    return sqlite3.connect(home / "evsel.db")
+
+
+def _big_text(path, copies: int = 40):
+    from evsel.paths import sample_story_path
+
+    story = sample_story_path().read_text(encoding="utf-8")
+    path.write_text("\n\n".join(story.replace("Tenterden", f"Tenterden{i}") for i in range(copies)),
+                    encoding="utf-8")
+    return path
+
+
+# 5. a resumed ingest keeps its options
+def test_kill_9_during_a_no_encode_ingest_resumes_without_encoding(daemon_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("EVSEL_ENCODE", "1")  # the daemon's own settings would encode: the request's must win
+    folder = tmp_path / "books"
+    folder.mkdir()
+    _big_text(folder / "big.md")
+    evsel("daemon", "start", "--no-preload")
+    client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder), "--no-encode",
+                               "--collection", "books", "--chunk-tokens", "100"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def pending():
+            with _db(daemon_home) as db:
+                return db.execute("select path, collection, chunk_tokens, options, settings "
+                                  "from pending_ingests").fetchall()
+
+        rows = wait_for(pending, 120, "the ingest to be recorded", interval=0.01)
+        os.kill(pid_of(daemon_home), signal.SIGKILL)
+        client.communicate(timeout=60)
+    finally:
+        kill_process(client)
+    wait_for(lambda: not alive(daemon_home), 30, "the killed daemon to be gone")
+    path, collection, chunk_tokens, options, settings = rows[0]
+    assert path == str(folder / "big.md") and collection == "books" and chunk_tokens == 100
+    options = json.loads(options)
+    assert options["encode"] is False and options["kind"] == "auto" and options["collection"] == "books"
+    assert json.loads(settings)["encode"] is True  # the client's settings (EVSEL_ENCODE=1), kept as sent
+    with _db(daemon_home) as db:
+        assert db.execute("select count(*) from documents").fetchone()[0] == 0  # killed mid-file
+
+    evsel("docs", "list")  # a fresh daemon (EVSEL_ENCODE=1 in its environment) resumes the file
+    wait_for(lambda: not pending() and docs_by_name("books"), 240, "the interrupted ingest to be resumed")
+    wait_for(lambda: status(daemon_home)["queue"] == {"running": None, "waiting": [], "background": []}, 60,
+             "the queue to be idle")
+    info = status(daemon_home)
+    assert info["resumed"] == [str(folder / "big.md")]
+    with _db(daemon_home) as db:
+        assert db.execute("select count(*) from pending_encodes").fetchone()[0] == 0
+        assert db.execute("select count(*) from chunk_states").fetchone()[0] == 0
+        (meta,) = db.execute("select metadata from documents").fetchone()
+    assert json.loads(meta)["chunker"]["tokens"] == 100
+
+
+# 6. removing a watch cancels its queued and running syncs
+def test_removing_a_watch_cancels_its_queued_and_running_jobs(tmp_path):
+    from evsel.daemon.server import Daemon, Job, RequestCancelled
+    from evsel.daemon.watcher import Watcher
+    from evsel.store import Store
+
+    folder, other = tmp_path / "a", tmp_path / "b"
+    folder.mkdir()
+    other.mkdir()
+    daemon = Daemon(preload=False)
+    daemon.fast_store = Store()
+    daemon.watcher = Watcher(lambda *args: None)
+    daemon.watcher.roots[str(folder)] = {"collection": "default", "watch": None, "error": None}
+    daemon.fast_store.add_watch(str(folder), "default")
+    submitted = []
+    daemon._enqueue = lambda job: submitted.append(job) or daemon.waiting.append(job)
+    daemon._submit_watch(str(folder), "default", None)
+    daemon._submit_watch(str(other), "default", None)  # another folder's sync is left alone
+    running = Job("watch", {}, daemon.settings, label="watch sync")
+    running.watch_root = str(folder)
+    daemon.running = running
+    emit = daemon._emitter(running)
+    emit({"type": "progress"})  # runs on until the watch is removed
+
+    assert daemon._watch_remove(str(folder)) == {"path": str(folder), "removed": True}
+    assert submitted[0].cancelled.is_set() and submitted[0] not in daemon.waiting
+    assert not submitted[1].cancelled.is_set() and submitted[1] in daemon.waiting
+    with pytest.raises(RequestCancelled):
+        emit({"type": "progress"})  # the running sync stops at its next progress event
+    # a sync already on its way to the queue when the watch went does nothing
+    with pytest.raises(RequestCancelled):
+        submitted[0].task(None, lambda event: None)
+
+
+def test_watch_remove_stops_a_sync_in_progress(daemon_home, tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"n{i:02}.txt").write_text(f"Note {i}. The keeper lit the lamp at dusk.\n" * 200)
+    evsel("daemon", "start", "--no-preload")
+    evsel("watch", str(folder))
+    evsel("watch", "--remove", str(folder))
+
+    def settled():
+        queue = status(daemon_home)["queue"]
+        return queue["running"] is None and not queue["waiting"]
+
+    wait_for(settled, 120, "the cancelled sync to stop")
+    time.sleep(1)
+    assert len(docs_by_name()) < 40
+    syncs = [r for r in status(daemon_home)["recent"] if r["method"].startswith("watch sync")]
+    assert syncs and syncs[-1]["status"] == "cancelled"
+
+
+# 7. params are checked against a schema before anything runs
+def _raw(home, message: dict) -> list[dict]:
+    """Send one request over a raw socket; the replies until its result or error."""
+    from evsel.daemon.protocol import LineReader, encode
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(str(home / "daemon.sock"))
+    try:
+        sock.sendall(encode({"v": 2, "id": "t1", "type": "request", "settings": None, **message}))
+        reader, replies = LineReader(sock), []
+        while True:
+            reply = reader.read()
+            assert reply is not None, replies
+            replies.append(reply)
+            if reply["type"] in ("result", "error"):
+                return replies
+    finally:
+        sock.close()
+
+
+def test_params_of_the_wrong_type_or_relative_paths_get_one_clear_error(daemon_home, tmp_path):
+    from evsel.settings import Settings
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.txt").write_text("Text.\n")
+    evsel("daemon", "start", "--no-preload")
+    settings = Settings.resolve().to_dict()
+    for method, params, message in (
+        ("watch_add", {"path": "tmp"}, "bad request for watch_add: path must be an absolute path, not 'tmp'"),
+        ("watch_remove", {"path": "tmp"}, "path must be an absolute path"),
+        ("ingest", {"targets": "ab"}, 'bad request for ingest: targets must be a list of strings, not a string ("ab")'),
+        ("ingest", {"targets": ["a"]}, "targets must hold absolute paths only, not 'a'"),
+        ("ingest", {"targets": [str(tmp_path / "a")], "chunk_tokens": "100"}, "chunk_tokens must be an integer"),
+        ("ask", {"question": "q", "doc_ids": [1, "2"]}, "doc_ids must be a list of integers or null"),
+        ("ask", {"question": "q", "top_n": 2.5}, "top_n must be an integer"),
+        ("docs_rm", {"doc_ids": 3}, "doc_ids must be a list of integers"),
+        ("docs_show", {"doc_id": "1"}, "doc_id must be an integer"),
+        ("eval", {"dataset": "data/q.jsonl", "methods": ["bm25"]}, "dataset must be an absolute path"),
+        ("eval", {"dataset": "locomo", "methods": "bm25"}, "methods must be a list of strings"),
+        ("train_unreal", {"out": "runs/x"}, "out must be an absolute path"),
+    ):
+        replies = _raw(daemon_home, {"method": method, "params": params, "settings": settings})
+        assert [r["type"] for r in replies] == ["error"], (method, params, replies)
+        assert message in replies[0]["error"]["message"], (method, params, replies)
+    info = status(daemon_home)
+    assert info["watches"] == [] and info["documents"] == 0 and info["recent"] == []  # nothing ran
+    # a good request still works on the same daemon
+    good = _raw(daemon_home, {"method": "watch_list", "params": {}})
+    assert good[-1]["type"] == "result" and good[-1]["result"] == []
+
+
+# 8. a symlink in a watched folder is tracked by its own path
+def test_a_watched_symlink_is_stored_under_its_own_path_and_removed_with_it(daemon_home, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    target = outside / "real.txt"
+    target.write_text("Mabel Frost kept the ledger of the Gull Point light.\n")
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "plain.txt").write_text("Silas Quint trimmed the wick.\n")
+    (folder / "link.txt").symlink_to(target)
+    evsel("daemon", "start", "--no-preload")
+    evsel("watch", str(folder))
+    docs = wait_for(lambda: len(docs_by_name()) == 2 and docs_by_name(), 120, "the first sync")
+    assert docs["link.txt"]["path"] == str(folder / "link.txt")  # not elsewhere/real.txt
+    assert "real.txt" not in docs
+
+    (folder / "link.txt").unlink()  # an event for the link: its document goes
+    wait_for(lambda: set(docs_by_name()) == {"plain.txt"}, 60, "the link's document to be removed")
+    assert target.exists()
+
+    # and a link deleted while the daemon was down goes at the next start's full sync
+    (folder / "link2.txt").symlink_to(target)
+    wait_for(lambda: "link2.txt" in docs_by_name(), 60, "the second link to be ingested")
+    evsel("daemon", "stop")
+    (folder / "link2.txt").unlink()
+    evsel("daemon", "start", "--no-preload")
+    wait_for(lambda: set(docs_by_name()) == {"plain.txt"}, 120, "the full sync to remove the link's document")
+
+
+def test_ingest_resolves_links_unless_told_not_to(tmp_path, backbone_tokenizer):
+    from evsel.engine import Engine
+
+    target = tmp_path / "real.txt"
+    target.write_text("Agnes Moor lit the lamp.\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    engine = Engine()
+    engine._backbone = backbone_tokenizer
+    assert engine.ingest([str(link)])[0]["path"] == str(target)
+    kept = engine.ingest([str(link)], collection="links", resolve_links=False)
+    assert kept[0]["path"] == str(link) and kept[0]["status"] == "ingested"
+
+
+# 9. document ids are never reused
+def test_document_ids_are_never_reused(tmp_path, capsys):
+    for name in "abc":
+        (tmp_path / f"{name}.txt").write_text(f"Document {name}. The lamp was lit.\n")
+    assert run_cli(capsys, "ingest", str(tmp_path / "a.txt"), str(tmp_path / "b.txt"))[0] == 0
+    assert run_cli(capsys, "docs", "rm", "2")[0] == 0
+    assert run_cli(capsys, "ingest", str(tmp_path / "c.txt"))[0] == 0
+    code, out, _ = run_cli(capsys, "docs", "list", "--json")
+    assert {d["path"].rsplit("/", 1)[-1]: d["id"] for d in json.loads(out)} == {"a.txt": 1, "c.txt": 3}
+
+
+def test_the_migration_keeps_documents_chunks_and_the_bm25_index(monkeypatch):
+    from evsel import store as store_module
+
+    old = [m for m in store_module.MIGRATIONS if m[0] < "m006"]
+    monkeypatch.setattr(store_module, "MIGRATIONS", old)
+    db = store_module.connect()
+    store = store_module.Store(db)
+    cid = store.collection_id("default", create=True)
+
+    def put(name):
+        chunk = {"seq": 0, "text": f"the {name} lamp", "content_hash": name, "n_tokens": 3, "char_start": 0,
+                 "char_end": 9}
+        return store.replace_file(cid, f"/x/{name}", "sha", [{"part": "", "kind": "book", "title": name,
+                                                              "n_chars": 9, "chunks": [chunk]}])
+
+    put("a"), put("b"), put("c")
+    store.remove_documents([2])
+    monkeypatch.undo()  # every migration again
+    assert "m007_document_ids_never_reused" in store_module.migrate(db)
+    assert db.execute("pragma integrity_check").fetchone()[0] == "ok"
+    assert db.execute("pragma foreign_key_check").fetchall() == []
+    assert db.execute("pragma foreign_keys").fetchone()[0] == 1
+    assert [d["id"] for d in store.documents()] == [1, 3]
+    assert [c.doc_id for c in store.chunks()] == [1, 3]
+    assert db.execute("select count(*) from bm25_docs").fetchone()[0] == 2
+    assert put("d") == [4]
+    store.remove_documents([4])
+    assert put("e") == [5]
+    chunks = store.chunks()
+    scope = store.bm25_scope(chunks)
+    assert scope is not None and list(store.bm25_scores(scope, ["lamp"], 1.5, 0.75)) != []
+
+
+# weaker spots
+def test_a_bm25_ask_that_matches_nothing_says_so(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("The keeper of Gull Point was Silas Quint.\n")
+    assert run_cli(capsys, "ingest", str(tmp_path / "a.txt"))[0] == 0
+    code, out, err = run_cli(capsys, "ask", "zebra xylophone", "--evidence-only")
+    assert code == 0 and "no passage shares a word with the question" in err
+    assert "Silas Quint" in out  # the passages are still shown
+    code, out, err = run_cli(capsys, "ask", "zebra xylophone", "--evidence-only", "--json")
+    result = json.loads(out)
+    assert result["method"]["no_match"] is True and result["evidence"]
+    code, out, err = run_cli(capsys, "ask", "who was the keeper", "--evidence-only", "--json")
+    assert "no_match" not in json.loads(out)["method"] and "shares a word" not in err
+
+
+def test_parse_errors_read_well(tmp_path, capsys):
+    broken = tmp_path / "chat.json"
+    broken.write_text('{"conversation": {"speaker_a": "A",\n "session_1": [{"text": "unterminated}]}}\n')
+    epub = tmp_path / "book.epub"
+    epub.write_bytes(b"this is not a zip file at all")
+    lines = tmp_path / "chat.jsonl"
+    lines.write_text('{"speaker": "A", "text": "hi"}\n{"speaker": "B", "text": "oops}\n')
+    code, _, err = run_cli(capsys, "ingest", str(broken), str(epub), str(lines))
+    assert code == 1
+    assert "unterminated string starting at line 2 column" in err and "at at" not in err
+    assert "not an EPUB file" in err and "not a EPUB" not in err
+    assert "at line 2 column" in err.split("chat.jsonl")[-1]
