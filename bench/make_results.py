@@ -3,7 +3,7 @@
     python bench/make_results.py
 
 Reads eval-*.json (from `evsel eval ... --json`), scaling.json, throughput.json, bm25.json,
-unreal.json and daemon.json; every section
+unreal.json, daemon.json and faults.json; every section
 states the machine, commit, date and exact command of the run it shows. Nothing here is typed in
 by hand: rerun a benchmark, then this script.
 """
@@ -337,6 +337,24 @@ def ingest_section(result: dict) -> list[str]:
     return out + [""]
 
 
+def faults_section(result: dict) -> list[str]:
+    load, bad, proto = result["load"], result["bad_inputs"], result["protocol"]
+    out = ["## Faults and hostile input (`bench/faults.py`)", ""]
+    out += provenance(result.get("run", {}))
+    out += ["",
+            f"- load held: {load['requests']} requests from {result['clients']} concurrent clients while an ingest "
+            f"ran, p50 {load['p50_s']} s / p95 {load['p95_s']} s, {load['errors']} unexpected errors",
+            f"- faults survived: {result['faults_survived']} of {len(result['faults'])} kill -9 mid-ingest "
+            "(integrity_check ok, nothing stored before lost, no half-stored document)",
+            f"- bad inputs tried: {bad['tried']} ({bad['failed_alone']} failed alone with one line, "
+            f"{bad['good_ingested']} good file ingested beside them, {bad['unexpected']} unexpected errors)",
+            f"- malformed protocol messages: {proto['answered_or_closed']} of {proto['tried']} refused; daemon up "
+            f"after: {'yes' if proto['daemon_up_after'] else 'NO'}",
+            f"- rows lost: **{result['rows_lost']}** (integrity_check: {result['integrity']}, "
+            f"{result['documents']} documents at the end)", ""]
+    return out
+
+
 def headline(evals: dict[str, dict], throughput: dict | None) -> list[str]:
     out = ["## Headline", ""]
     for name in ("locomo", "locomo-unreal", "fairytaleqa", "fairytaleqa-unreal"):
@@ -401,6 +419,8 @@ def main() -> int:
         lines += daemon_section(daemon)
     if ingest:
         lines += ingest_section(ingest)
+    if (RESULTS / "faults.json").exists():
+        lines += faults_section(json.loads((RESULTS / "faults.json").read_text()))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines).rstrip() + "\n")
     print(f"wrote {OUT}", file=sys.stderr)

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="bench/results/qrranker.json")
     parser.add_argument("--questions", type=int, default=100, help="FairytaleQA val questions for recall")
     parser.add_argument("--bias", type=int, default=20, help="questions for the position-bias correlation")
-    parser.add_argument("--reps", type=int, default=5, help="reranks timed per configuration")
+    parser.add_argument("--reps", type=int, default=7, help="reranks timed per configuration")
     parser.add_argument("--no-slot", action="store_true", help="skip the block encoding with slot labels")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a check that the script runs)")
     args = parser.parse_args(argv)
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         args.questions, args.bias, args.reps = 6, 2, 2
 
     import torch
-
+    from evsel import chunker
     from evsel.engine import Engine
     from evsel.evaluation import metrics
     from evsel.evaluation.datasets import load_dataset
@@ -58,11 +58,10 @@ def main(argv=None) -> int:
     from evsel.evaluation.runner import build_corpus, gold_units, select_questions
     from evsel.models import qrranker as qr
     from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.settings import Settings
     from evsel.store import ChunkRecord
-    from evsel import chunker
-    from evsel.parsers import parse_file
 
     engine = Engine(Settings.resolve())
     backbone = engine.backbone
@@ -101,32 +100,36 @@ def main(argv=None) -> int:
                      "bm25_s": {"median": statistics.median(bm25_s), "all": bm25_s}}
     warmup = scorer("block")
     warmup.scores(questions[0], candidates[questions[0]][:4])  # first-call costs (allocators, kernels) aside
-    for encoding in qr.ENCODINGS:
-        for truncate in (True, False):
+    # configurations interleaved within each repetition, so that the load of a shared machine
+    # drifting over the run hits them all alike; ratios are paired within a repetition
+    configs = [(e, t) for e in qr.ENCODINGS for t in (True, False)]
+    times: dict = {f"{e}-{'truncated' if t else 'full'}": {"cold": [], "warm_kv": []} for e, t in configs}
+    depths = {}
+    for q in questions[1:]:
+        for encoding, truncate in configs:
             name = f"{encoding}-{'truncated' if truncate else 'full'}"
-            cold = []
-            for q in questions[1:]:
-                s = scorer(encoding, truncate)  # a fresh scorer: nothing cached
+            s = scorer(encoding, truncate)  # a fresh scorer: nothing cached
+            depths[name] = s.depth
+            t = time.perf_counter()
+            s.scores(q, candidates[q])
+            times[name]["cold"].append(time.perf_counter() - t)
+            if encoding == "block":  # the candidates' KV cached by an earlier question
+                s._contexts.clear()  # ... the context is assembled again from the cached blocks
                 t = time.perf_counter()
-                s.scores(q, candidates[q])
-                cold.append(time.perf_counter() - t)
-            entry = {"depth": s.depth, "cold_s": {"median": statistics.median(cold), "all": cold}}
-            if encoding == "block":  # candidates seen before (another question over the same chunks)
-                s = scorer(encoding, truncate)
-                warm = []
-                for q in questions[1:]:
-                    s.scores(questions[0], candidates[q])
-                    s._contexts.clear()  # the blocks' KV stays cached; the context is assembled again
-                    t = time.perf_counter()
-                    s.scores(q, candidates[q])
-                    warm.append(time.perf_counter() - t)
-                entry["warm_kv_s"] = {"median": statistics.median(warm), "all": warm}
-            latency[name] = entry
-            print(name, json.dumps({k: v if not isinstance(v, dict) else round(v["median"], 3)
-                                    for k, v in entry.items()}), flush=True)
+                s.scores(questions[0], candidates[q])
+                times[name]["warm_kv"].append(time.perf_counter() - t)
+        print("latency rep", {k: round(v["cold"][-1], 2) for k, v in times.items()}, flush=True)
+    for name, got in times.items():
+        entry = {"depth": depths[name], "cold_s": {"median": statistics.median(got["cold"]), "all": got["cold"]}}
+        if got["warm_kv"]:
+            entry["warm_kv_s"] = {"median": statistics.median(got["warm_kv"]), "all": got["warm_kv"]}
+        latency[name] = entry
     for encoding in qr.ENCODINGS:
-        latency[f"{encoding}-truncated_over_full"] = (latency[f"{encoding}-truncated"]["cold_s"]["median"] /
-                                                      latency[f"{encoding}-full"]["cold_s"]["median"])
+        pairs = [a / b for a, b in zip(times[f"{encoding}-truncated"]["cold"], times[f"{encoding}-full"]["cold"])]
+        latency[f"{encoding}-truncated_over_full"] = {"median_of_paired": statistics.median(pairs), "all": pairs}
+    print(json.dumps({k: (v.get("cold_s", {}).get("median"), v.get("warm_kv_s", {}).get("median"))
+                      if isinstance(v, dict) and "cold_s" in v else v for k, v in latency.items()
+                      if k.startswith(("block", "causal"))}, default=str), flush=True)
     result["latency"] = latency
 
     # 2. recall on FairytaleQA val, and 3. position bias

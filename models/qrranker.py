@@ -50,7 +50,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-
 from evsel.errors import ModelError
 from evsel.models.backbone import run_layers
 
@@ -164,7 +163,7 @@ class Prompt:
         try:
             text = self.tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
                                                 tokenize=False)
-        except Exception:  # no chat template: a plain frame
+        except Exception:  # noqa: BLE001  (no chat template, or one that fails: a plain frame)
             text = None
         if not text or marker not in text:
             text = f"User: {marker}\nAssistant:"
@@ -217,9 +216,14 @@ class Context:
 
 
 def _cache(kv: list[tuple]):
+    """A transformers DynamicCache holding `kv` as they are (no copy: the pass's own update makes
+    the one copy it needs, and the tensors given are never changed)."""
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])
+    cache = DynamicCache(ddp_cache_data=[(k[..., :0, :], v[..., :0, :]) for k, v in kv])
+    for layer, (k, v) in zip(cache.layers, kv):
+        layer.keys, layer.values = k, v
+    return cache
 
 
 def _cache_kv(cache, depth: int) -> list[tuple]:
@@ -320,7 +324,7 @@ def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_
         for row, i in enumerate(batch):
             x[row, : len(blocks[i])] = torch.tensor(blocks[i])
         positions = (torch.arange(width) + p).expand(len(batch), width)
-        cache = _cache([(k.expand(len(batch), -1, -1, -1).contiguous(), v.expand(len(batch), -1, -1, -1).contiguous())
+        cache = _cache([(k.expand(len(batch), -1, -1, -1), v.expand(len(batch), -1, -1, -1))
                         for k, v in prefix_kv])
         with torch.inference_mode():
             run_layers(model, [depth], input_ids=x.to(device), cache=cache, position_ids=positions.to(device))
@@ -511,7 +515,6 @@ def calibrated(real: dict, null: dict) -> dict:
 def chunk_scores(cal: dict, spans: list[tuple[int, int]], heads: list[tuple[int, int]]):
     """QRHead's chunk score: per token the calibrated values summed over `heads`, trimmed within
     each candidate (mean - 2 std), summed over the candidate's span. Returns (N,) float64 numpy."""
-    import torch
 
     per_token = sum(cal[layer][head] for layer, head in heads)  # (T_ctx,)
     return np.array([float(trimmed_sum(per_token[a:b])) for a, b in spans], dtype=np.float64)

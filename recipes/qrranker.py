@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-
 from evsel.errors import InputError
 
 from .unreal import FORBIDDEN, SOURCES
@@ -122,7 +121,6 @@ def detect(config: DetectConfig, backbone, data_dir: Path | None = None, on_even
     """Every head's QR score on the seed set, per encoding; the result (heads.json's content).
     `items` replaces the seed set drawn from `config.sources` (tests)."""
     import torch
-
     from evsel.models import qrranker as qr
 
     started = time.perf_counter()

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from evsel.models import qrranker as qr
 
 WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
@@ -261,7 +260,9 @@ def test_groups_share_the_prefix_and_fit_the_window(tiny_backbone):
 def test_head_lists(tmp_path):
     assert qr.parse_heads("14-3, 17-0") == [(14, 3), (17, 0)]
     assert qr.format_heads([(14, 3), (17, 0)]) == "14-3,17-0"
-    with pytest.raises(Exception):
+    from evsel.errors import ModelError
+
+    with pytest.raises(ModelError):
         qr.parse_heads("14:3")
 
 
@@ -332,8 +333,8 @@ def test_detect_cli_writes_a_head_list_and_refuses_eval_sets(gqa_model_dir, tmp_
 
 
 def test_selector_reranks_with_heads_from_the_settings(gqa_model_dir):
-    from evsel.models.selectors import SelectorContext, get_selector
     from evsel.models.backbone import Backbone
+    from evsel.models.selectors import SelectorContext, get_selector
     from evsel.settings import Settings
     from evsel.store import ChunkRecord
 
