@@ -62,12 +62,130 @@ def close_home(home: Path, env: dict) -> None:
     shutil.rmtree(home, ignore_errors=True)
 
 
+def make_big_text(path: Path, mib: int = 50) -> int:
+    """A ~`mib` MiB plain-text file: copies of the nocha books (or generated sentences), each copy's
+    paragraphs numbered so no two chunks are the same text."""
+    books = sorted((ROOT.parent / "shared" / "data" / "nocha" / "books").glob("*.txt"))
+    if books:
+        source = "\n\n".join(b.read_text(encoding="utf-8") for b in books)
+    else:
+        import random
+
+        rng = random.Random(12)
+        words = ("the a lantern river quietly old house letter morning window stranger promised garden "
+                 "cold silver road answered never daughter kept walked beneath bright winter").split()
+        source = "\n\n".join(" ".join(rng.choice(words).capitalize() if i == 0 else rng.choice(words)
+                                      for i in range(rng.randint(6, 24))) + "." for _ in range(20000))
+    target = mib * 1024 * 1024
+    written = 0
+    with path.open("w", encoding="utf-8") as out:
+        copy = 0
+        while written < target:
+            block = f"Copy {copy}.\n\n" + source + "\n\n"
+            out.write(block)
+            written += len(block.encode("utf-8"))
+            copy += 1
+    return path.stat().st_size
+
+
+def memory_mode(args, base: dict) -> int:
+    """Peak RSS of `evsel --no-daemon ingest --no-encode BIG` (a ~50 MiB text file) and its ratio to
+    the file size; and cancel latency: SIGINT to a client ingesting BIG through a daemon, until the
+    daemon's status shows the request cancelled."""
+    import signal
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import write_result
+
+    from evsel.evaluation.report import run_info
+
+    work = Path(tempfile.mkdtemp(prefix="evsel-bench-memory-"))
+    big = work / "big.txt"
+    size = make_big_text(big, args.memory_mib)
+    record: dict = {"run": run_info(["python", "bench/ingest.py", *sys.argv[1:]]), "label": args.label,
+                    "file_bytes": size, "file_mib": round(size / 2**20, 1)}
+    print(f"wrote {big}: {size / 2**20:.1f} MiB", flush=True)
+    try:
+        # 1. peak RSS of an in-process ingest, measured by /usr/bin/time -v (else getrusage of the child)
+        home = work / "home-rss"
+        home.mkdir(mode=0o700)
+        env = dict(base, EVSEL_HOME=str(home))
+        command = [sys.executable, "-m", "evsel", "--no-daemon", "ingest", "--no-encode", "--json", str(big)]
+        timer = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
+        started = time.perf_counter()
+        if timer:
+            result = subprocess.run([timer, "-v", *command], capture_output=True, text=True, env=env)
+            line = next(l for l in result.stderr.splitlines() if "Maximum resident set size" in l)
+            peak_kib = int(line.rsplit(":", 1)[1])
+        else:
+            import resource
+
+            result = subprocess.run(command, capture_output=True, text=True, env=env)
+            peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        seconds = time.perf_counter() - started
+        if result.returncode != 0:
+            raise SystemExit(f"ingest failed: {result.stderr[-2000:]}")
+        files = json.loads(result.stdout)["files"]
+        record["memory"] = {"command": "evsel --no-daemon ingest --no-encode --json BIG", "measured_by":
+                            "/usr/bin/time -v" if timer else "getrusage(RUSAGE_CHILDREN)",
+                            "peak_rss_mib": round(peak_kib / 1024, 1),
+                            "ratio_to_file": round(peak_kib * 1024 / size, 2), "target_ratio": 10.0,
+                            "ingest_s": round(seconds, 1), "chunks": files[0]["chunks"]}
+        print(json.dumps(record["memory"]), flush=True)
+        shutil.rmtree(home, ignore_errors=True)
+        # 2. cancel latency through a daemon
+        home, env = fresh_home(base)
+        try:
+            client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", "--no-encode", str(big)],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(args.cancel_after)
+            running_before = status(env)["queue"].get("running")
+            client.send_signal(signal.SIGINT)
+            sent = time.perf_counter()
+            info: dict = {}
+            while time.perf_counter() - sent < 300:
+                info = status(env)
+                if info["queue"].get("running") is None:  # the status has no per-request history
+                    break
+                time.sleep(0.1)
+            latency = time.perf_counter() - sent
+            try:
+                client.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                client.kill()
+            recent = info["queue"].get("recent") or []
+            record["cancel"] = {"command": "evsel ingest --no-encode BIG (through a daemon), SIGINT after "
+                                f"{args.cancel_after}s", "running_when_signalled": running_before is not None,
+                                "latency_s": round(latency, 2), "target_s": 2.0,
+                                "last_status": recent[-1].get("status") if recent else None,
+                                "client_rc": client.returncode}
+            print(json.dumps(record["cancel"]), flush=True)
+        finally:
+            close_home(home, env)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = args.out if args.out != DEFAULT_OUT else ROOT / "bench" / "results" / "ingest-memory.json"
+    previous = json.loads(out.read_text()) if out.is_file() else {}
+    runs = [r for r in previous.get("runs", []) if r.get("label") != args.label] + [record]
+    write_result(out, {"runs": runs})
+    print(f"wrote {out}")
+    return 0
+
+
+DEFAULT_OUT = ROOT / "bench" / "results" / "ingest.json"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--book", type=Path, default=BOOK)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each ingest, alternating")
     parser.add_argument("--inline", action="store_true", help="also time --no-daemon ingest --encode")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ingest.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--memory", action="store_true",
+                        help="peak RSS and cancel latency of a ~50 MiB text ingest (bench/results/ingest-memory.json)")
+    parser.add_argument("--memory-mib", type=int, default=50)
+    parser.add_argument("--cancel-after", type=float, default=3.0)
+    parser.add_argument("--label", default="current", help="--memory: the run's name (e.g. before, after)")
     args = parser.parse_args()
     if not args.book.is_file():
         raise SystemExit(f"{args.book} is absent: the shared benchmark data is not checked out beside the project")
@@ -83,6 +201,8 @@ def main() -> int:
         import platformdirs
 
         base["EVSEL_MODEL_CACHE"] = str(Path(platformdirs.user_data_dir("evsel")) / "models")
+    if args.memory:
+        return memory_mode(args, base)
     record: dict = {"run": run_info(["python", "bench/ingest.py", *sys.argv[1:]]), "book": str(args.book),
                     "omp_num_threads": base["OMP_NUM_THREADS"], "no_encode_s": [], "background_s": [],
                     "runs": []}

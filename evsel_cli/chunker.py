@@ -11,7 +11,7 @@ import bisect
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 from .parsers.base import ParsedDocument, Segment
 
@@ -63,7 +63,11 @@ def _ends_sentence(text: str, end: int) -> bool:
 
 def split_sentences(text: str) -> list[tuple[int, int]]:
     """Spans of sentences covering `text` exactly; trailing whitespace stays with its sentence."""
-    spans = []
+    return list(_iter_sentences(text))
+
+
+def _iter_sentences(text: str) -> Iterator[tuple[int, int]]:
+    """split_sentences, lazily: a book's sentences are found as its pieces are packed."""
     start = 0
     for match in _END.finditer(text):
         end = match.end()
@@ -72,11 +76,10 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
         while end < len(text) and text[end].isspace():
             end += 1
         if end > start:
-            spans.append((start, end))
+            yield (start, end)
             start = end
     if start < len(text):
-        spans.append((start, len(text)))
-    return spans
+        yield (start, len(text))
 
 
 @dataclass
@@ -157,24 +160,47 @@ def _split_long(text: str, start: int, end: int, budget: int, counter: TokenCoun
     return [s for s in spans if s[1] > s[0]]
 
 
+# Sentences tokenized per call: bounds the tokenizer output held at once (a whole book's encodings
+# took ~60x the file's size) and lets progress, and so cancellation, be seen between calls.
+_COUNT_BATCH = 2048
+
+
 def make_pieces(doc: ParsedDocument, budget: int, counter: TokenCounter) -> list[Piece]:
-    spans: list[tuple[int, int, Segment, bool]] = []
+    return list(iter_pieces(doc, budget, counter))
+
+
+def iter_pieces(doc: ParsedDocument, budget: int, counter: TokenCounter) -> Iterator[Piece]:
+    """The document's pieces in order, tokenized `_COUNT_BATCH` sentences at a time (counts are per
+    text, so the batching does not change them)."""
+    batch: list[tuple[int, int, Segment, bool]] = []
+    for span in _iter_spans(doc):
+        batch.append(span)
+        if len(batch) >= _COUNT_BATCH:
+            yield from _batch_pieces(doc, batch, budget, counter)
+            batch = []
+    if batch:
+        yield from _batch_pieces(doc, batch, budget, counter)
+
+
+def _iter_spans(doc: ParsedDocument) -> Iterator[tuple[int, int, Segment, bool]]:
     for segment in doc.segments:
         if segment.atomic:
-            spans.append((segment.start, segment.end, segment, segment.break_before))
+            yield (segment.start, segment.end, segment, segment.break_before)
             continue
-        for i, (s, e) in enumerate(split_sentences(doc.text[segment.start:segment.end])):
-            spans.append((segment.start + s, segment.start + e, segment, segment.break_before and i == 0))
-    counts = counter.count([doc.text[s:e] for s, e, _, _ in spans]) if spans else []
-    pieces = []
+        for i, (s, e) in enumerate(_iter_sentences(doc.text[segment.start:segment.end])):
+            yield (segment.start + s, segment.start + e, segment, segment.break_before and i == 0)
+
+
+def _batch_pieces(doc: ParsedDocument, spans: list[tuple[int, int, Segment, bool]], budget: int,
+                  counter: TokenCounter) -> Iterator[Piece]:
+    counts = counter.count([doc.text[s:e] for s, e, _, _ in spans])
     for (start, end, segment, new_chunk), tokens in zip(spans, counts):
         if tokens > budget and not segment.atomic:
             for j, (s, e) in enumerate(_split_long(doc.text, start, end, budget, counter)):
                 n = counter.count([doc.text[s:e]])[0]
-                pieces.append(Piece(s, e, n, segment, new_chunk and j == 0))
+                yield Piece(s, e, n, segment, new_chunk and j == 0)
         else:
-            pieces.append(Piece(start, end, tokens, segment, new_chunk))
-    return pieces
+            yield Piece(start, end, tokens, segment, new_chunk)
 
 
 def chunk_document(
@@ -184,9 +210,9 @@ def chunk_document(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[Chunk]:
     """Greedy packing of sentence pieces into chunks of at most `budget` tokens (a single atomic
-    turn longer than the budget becomes one chunk of its own)."""
+    turn longer than the budget becomes one chunk of its own). `on_progress(done, total)` counts
+    characters of the text."""
     doc.check()
-    pieces = make_pieces(doc, budget, counter)
     chunks: list[Chunk] = []
     current: list[Piece] = []
 
@@ -214,7 +240,9 @@ def chunk_document(
                 return
 
     # Whitespace-only pieces (blank lines between pages) join whatever chunk is open.
-    for index, piece in enumerate(pieces):
+    # Pieces are made as they are packed, so the progress is in characters of the document's text.
+    total = len(doc.text)
+    for index, piece in enumerate(iter_pieces(doc, budget, counter)):
         blank = not doc.text[piece.start:piece.end].strip()
         if current and piece.new_chunk:
             close(flush=True)
@@ -222,8 +250,8 @@ def chunk_document(
             close(flush=False)
         current.append(piece)
         if on_progress and index % 200 == 0:
-            on_progress(index, len(pieces))
+            on_progress(piece.start, total)
     close(flush=True)
     if on_progress:
-        on_progress(len(pieces), len(pieces))
+        on_progress(total, total)
     return chunks
