@@ -15,6 +15,14 @@ def data_dir() -> Path:
     return default_data_dir()
 
 
+def load_1m() -> float:
+    """The 1-minute load average (nan where the platform has none), recorded beside timings."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -25,16 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import load_1m  # noqa: E402
+
 QUESTIONS = ["Who killed Ambrose Tenterden?", "What did the keeper find on the stairs?",
              "Where was the knife hidden?", "Who sent the letter?", "What happened to the lamp oil?",
              "When did the storm begin?", "Why did the boat leave early?"]
-
-
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return float("nan")
 
 
 def main(argv=None) -> int:
@@ -77,7 +73,7 @@ def main(argv=None) -> int:
         "dtype": backbone.plan.dtype, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "heads": {e: qr.format_heads(h) for e, h in heads.items()},
         "depth": {e: max(l for l, _ in h) + 1 for e, h in heads.items()}, "layers": n_layers,
-        "load_before": _load(),
+        "load_before": load_1m(),
     }
 
     def scorer(encoding: str, truncate: bool = True, labels: str = "same") -> qr.QRScorer:
@@ -179,7 +175,7 @@ def main(argv=None) -> int:
         bias[name]["min_pearson"] = round(float(np.nanmin([r["pearson"] for r in rows])), 4)
         print(name, bias[name], flush=True)
     result["position_bias"] = bias
-    result["load_after"] = _load()
+    result["load_after"] = load_1m()
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

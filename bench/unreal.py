@@ -19,12 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return float("nan")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import load_1m  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -80,7 +76,7 @@ def main(argv=None) -> int:
         encoder = unreal.ChunkEncoder(backbone, [depth], cfg.pool)
         encoder.encode(texts[:4])  # warm-up
         encoder.encoded_tokens, encoder.seconds = 0, 0.0
-        load = _load()
+        load = load_1m()
         encoder.encode(texts)
         throughput[label] = {"depth": depth, "tokens": encoder.encoded_tokens, "seconds": round(encoder.seconds, 2),
                              "tokens_per_s": round(encoder.encoded_tokens / encoder.seconds, 1),
@@ -122,7 +118,7 @@ def main(argv=None) -> int:
         chunks = [ChunkRecord(**{**c.__dict__, "doc_id": 1000 + size}) for c in pool[offset:offset + size]]
         offset += size
         selector._scope = None
-        load = _load()
+        load = load_1m()
         t = time.perf_counter()
         selector.rank(question, chunks, 5)  # cold: states encoded now
         cold = time.perf_counter() - t

@@ -24,24 +24,14 @@ WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "se
 def gqa_model_dir(tmp_path_factory) -> Path:
     """A random-weight Llama: 3 layers, hidden 48, 6 query heads over 2 KV heads (groups of 3, as
     SmolLM2's 9 over 3), head_dim 8, with a word-level tokenizer and no chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from conftest import write_tiny_llama
 
-    folder = tmp_path_factory.mktemp("tiny-gqa-llama")
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
     for word in WORDS + [str(i) for i in range(60)]:
         vocab.setdefault(word, len(vocab))
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", unk_token="<unk>")
-    tok.save_pretrained(folder)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=48, intermediate_size=96, num_hidden_layers=3,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2048,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-gqa-llama"), vocab, vocab_size=len(vocab), hidden_size=48,
+                            intermediate_size=96, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                            max_position_embeddings=2048)
 
 
 @pytest.fixture

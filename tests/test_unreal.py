@@ -20,25 +20,15 @@ WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "se
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random-weight Llama (2 layers, hidden 32, vocab 99) with a word-level tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from conftest import write_tiny_llama
 
-    folder = tmp_path_factory.mktemp("tiny-llama")
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
     for word in WORDS + [w.capitalize() for w in WORDS] + [f"w{i}" for i in range(99)]:
         if len(vocab) < 99 and word not in vocab:
             vocab[word] = len(vocab)
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", unk_token="<unk>")
-    tok.save_pretrained(folder)
-    config = LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), vocab, vocab_size=99, hidden_size=32,
+                            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=1024)
 
 
 @pytest.fixture

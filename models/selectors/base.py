@@ -7,8 +7,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
 from evsel.settings import Settings
 from evsel.store import ChunkRecord
 
@@ -91,6 +89,8 @@ class Selector(ABC):
         """Chunks by descending score; ties keep document order (a stable sort)."""
         if not chunks:
             return []
+        import numpy as np  # here, not at import: the CLI imports the selector registry for its help text
+
         values = np.asarray(self.scores(question, chunks), dtype=np.float64)
         if len(values) != len(chunks):
             raise RuntimeError(f"{self.name} returned {len(values)} scores for {len(chunks)} chunks")
