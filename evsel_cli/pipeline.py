@@ -95,11 +95,32 @@ def in_document_order(scored: list) -> list:
     return sorted(scored, key=lambda s: (s.chunk.doc_id, s.chunk.seq))
 
 
-def answer(backbone, question: str, evidence: list, max_new_tokens: int) -> dict:
-    """The generator's answer from the evidence (Scored, in the order given): text, token counts."""
-    from .answer import build_messages
+GROUNDING_PASSAGES = 3  # the best-ranked passages a short answer is looked for in
 
+
+def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: str = "short") -> dict:
+    """The answer step on the evidence (Scored, in the order shown): text (None when it abstains),
+    how it was found, the supporting span (`passage`: 1-based index into `evidence`, offsets into
+    that passage and into its document), token counts and seconds."""
+    from .answer import STYLES, build_messages, grounded_answer
+
+    if style not in STYLES:
+        raise EvselError(f"unknown answer style {style!r}", f"choose one of: {', '.join(STYLES)}")
     started = time.perf_counter()
-    out = backbone.generate(build_messages(question, evidence), max_new_tokens)
-    out["generate_s"] = time.perf_counter() - started
-    return out
+    if style == "sentence":
+        out = backbone.generate(build_messages(question, evidence), max_new_tokens)
+        out.update(kind="generated", reason=None, span=None, metric_text=out["text"])
+        out["generate_s"] = time.perf_counter() - started
+        return out
+    best_first = sorted(evidence, key=lambda s: s.rank)[:GROUNDING_PASSAGES]
+    found = grounded_answer(backbone, question, best_first, style, min(max_new_tokens, 16))
+    span = None
+    if found.passage is not None:
+        chunk = best_first[found.passage].chunk
+        shown = next(i for i, s in enumerate(evidence, 1) if s.chunk is chunk)
+        span = {"passage": shown, "start": found.start, "end": found.end, "text": chunk.text[found.start:found.end],
+                "doc_start": chunk.char_start + found.start, "doc_end": chunk.char_start + found.end}
+    return {"text": found.text, "kind": found.kind, "reason": found.reason, "span": span,
+            "generated": found.generated, "speaker": found.speaker, "metric_text": found.as_metric_text(),
+            "prompt_tokens": found.prompt_tokens, "generated_tokens": found.generated_tokens,
+            "generate_s": time.perf_counter() - started}

@@ -5,10 +5,10 @@ from typing import Annotated, List, Optional
 import typer
 from rich.markup import escape
 
-from evsel.engine import RERANK_TOP, SELECTORS_HELP, evidence_label
+from evsel.engine import RERANK_TOP, SELECTORS_HELP, STYLES, evidence_label
 from evsel.output import ProgressView, print_json, stdout
 
-from .base import INT
+from .base import INT, choice
 from .common import CollectionOption, JsonOption, engine_from
 
 
@@ -31,28 +31,49 @@ def ask(
         "--evidence-only", help="Print the evidence without generating an answer.")] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=INT,
                                                 help="Longest answer, in tokens.")] = 96,
+    style: Annotated[str, typer.Option(
+        "--style", parser=choice(list(STYLES)),
+        help="short: a short answer grounded in one evidence sentence, or none when the evidence does not "
+             "support one; span: always the exact evidence text; sentence: free-form from all passages.")] = "short",
     as_json: JsonOption = False,
 ):
     """Answer QUESTION from the ingested documents, citing the evidence used.
 
-    The selector picks the top-n passages; they go to the LLM in document order and it answers.
-    Prints the answer, then each passage with its title, page or speaker/session/time, and score.
+    The selector picks the top-n passages. By default the LLM answers from the evidence sentence
+    that best supports an answer and the answer is tied to that exact span (highlighted in its
+    passage; offsets in --json); it says so instead of answering when the evidence does not
+    support an answer. Then each passage with its title, page or speaker/session/time, and score.
     """
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:
         result = engine.ask(question, doc_ids=list(doc_ids or ()) or None, collection=collection, top_n=top_n,
                             select=select, rerank=rerank, rerank_top=rerank_top, evidence_only=evidence_only,
-                            max_new_tokens=max_new_tokens, on_event=view)
+                            max_new_tokens=max_new_tokens, style=style, on_event=view)
     if as_json:
         print_json(result)
         return
+    grounding = result.get("grounding") or {}
+    span = grounding.get("span")
     if result["answer"] is not None:
-        stdout.print(f"[bold]Answer:[/] {escape(result['answer'])}\n")
+        cited = f" [dim](passage #{result['evidence'][span['passage'] - 1]['rank']})[/]" if span else ""
+        stdout.print(f"[bold]Answer:[/] {escape(result['answer'])}{cited}\n")
+    elif grounding.get("kind") == "abstained":
+        stdout.print(f"[bold]Answer:[/] none: {escape(grounding['reason'])}\n")
     method = result["method"]["select"] + (f" > {result['method']['rerank']}" if result["method"].get("rerank") else "")
     stdout.print(f"[bold]Evidence[/] ({method}, {len(result['evidence'])} of "
                  f"{result['method']['candidates']} passages, in document order):")
-    for item in result["evidence"]:
+    for number, item in enumerate(result["evidence"], 1):
         where = evidence_label(item)
         stdout.print(f"\n[cyan]#{item['rank']}[/] [dim]score {item['score']:.3f} | doc {item['doc_id']} | "
                      f"chars {item['char_start']}-{item['char_end']}[/]\n[bold]{escape(where)}[/]")
-        stdout.print(escape(" ".join(item["text"].split())))
+        stdout.print(_highlighted(item["text"], span if span and span["passage"] == number else None))
+
+
+def _highlighted(text: str, span: dict | None) -> str:
+    """The passage on one line, the answer's span underlined and bold."""
+    if span is None:
+        return escape(" ".join(text.split()))
+    before, inside, after = text[: span["start"]], text[span["start"]: span["end"]], text[span["end"]:]
+    flat = [" ".join(part.split()) for part in (before, inside, after)]
+    pad = [" " if before[-1:].isspace() else "", " " if after[:1].isspace() else ""]
+    return f"{escape(flat[0])}{pad[0]}[bold underline]{escape(flat[1])}[/]{pad[1]}{escape(flat[2])}"

@@ -7,11 +7,11 @@ from typing import Annotated, Optional
 import typer
 
 from evsel.engine import DATASETS as DATASET_NAMES
-from evsel.engine import DEFAULT_CHUNK_TOKENS, RERANK_TOP
+from evsel.engine import DEFAULT_CHUNK_TOKENS, RERANK_TOP, STYLES
 from evsel.errors import EvselError, InputError
 from evsel.output import ProgressView, print_json, stderr, stdout, warning
 
-from .base import INT, path
+from .base import INT, choice, path
 from .common import JsonOption, engine_from
 
 DATASETS = "locomo, fairytaleqa, musique, hotpotqa, mmlongbench, financebench, nocha, or a .jsonl file"
@@ -33,7 +33,8 @@ def eval_command(
     methods: Annotated[str, typer.Option(
         "--methods", metavar="LIST",
         help="Comma-separated methods: any selector (bm25, dense, random, ...), rrf:OTHER (BM25 fused "
-             "with OTHER), FIRST>RERANKER, or full (whole document to the generator; needs --generate).")
+             "with OTHER), FIRST>RERANKER, full (whole document to the generator; needs --generate), or oracle (the gold evidence itself: "
+             "what the answer step makes of perfect selection; needs --generate).")
     ] = "bm25,dense,random",
     ks: Annotated[str, typer.Option("--k", metavar="LIST", help="Cut-offs for recall@k.")] = "1,3,5,10",
     generate: Annotated[bool, typer.Option(
@@ -57,6 +58,9 @@ def eval_command(
                                               help="Target chunk size in backbone tokens.")] = DEFAULT_CHUNK_TOKENS,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=INT,
                                                 help="Longest answer, in tokens.")] = 32,
+    answer_style: Annotated[str, typer.Option(
+        "--answer-style", parser=choice(list(STYLES)),
+        help="With --generate: the answer step, as evsel ask --style (short, span, sentence).")] = "short",
     per_question: Annotated[bool, typer.Option(
         "--per-question", help="Include every question's record in the --json output.")] = False,
     plot_path: Annotated[Optional[Path], typer.Option(
@@ -92,7 +96,7 @@ def eval_command(
         result = engine.eval(dataset, method_list, ks=k_list, generate=generate, limit=limit, split=split,
                              concat=concat, data_dir=str(data_dir) if data_dir else None, top_n=top_n,
                              chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens, per_question=per_question,
-                             rerank_top=rerank_top, on_event=view)
+                             rerank_top=rerank_top, answer_style=answer_style, on_event=view)
     result["run"] = run_info(["evsel", *sys.argv[1:]] if sys.argv and "evsel" in Path(sys.argv[0]).name else None)
     if plot_path is not None:
         if plot(result, plot_path):

@@ -58,6 +58,12 @@ def tables(result: dict) -> list[Table]:
         if any("pair_accuracy" in m for m in methods.values()):
             main.add_column("claim acc", justify="right")
             main.add_column("pair acc", justify="right")
+        abstains = any("abstention" in m for m in methods.values())
+        graded = any((m.get("abstention") or {}).get("unanswerable") for m in methods.values())
+        if abstains:
+            main.add_column("abstain", justify="right")
+        if graded:
+            main.add_column("abstain P/R", justify="right")
         main.add_column("prompt tok", justify="right")
     main.add_column("select ms med/p95", justify="right")
     if generate:
@@ -73,6 +79,11 @@ def tables(result: dict) -> list[Table]:
                 row.append(_fmt(m.get("locomo_f1")))
             if any("pair_accuracy" in x for x in methods.values()):
                 row += [_fmt(m.get("correct")), _fmt(m.get("pair_accuracy"))]
+            abstention = m.get("abstention") or {}
+            if abstains:
+                row.append(_fmt(abstention.get("rate")))
+            if graded:
+                row.append(f"{_fmt(abstention.get('precision'))} / {_fmt(abstention.get('recall'))}")
             tokens = m.get("prompt_tokens")
             note = f" ({m['not_fitting']} too long)" if m.get("not_fitting") else ""
             row.append((f"{tokens:.0f}" if tokens is not None else "-") + note)

@@ -41,6 +41,7 @@ class EvalConfig:
     max_new_tokens: int = 32
     per_question: bool = False  # keep each question's record in the result
     rerank_top: int = RERANK_TOP  # first-stage candidates a FIRST>RERANKER method re-scores
+    answer_style: str = "short"  # the answer step (evsel ask --style)
 
 
 def _ignore(_event: dict) -> None:
@@ -71,8 +72,9 @@ class Method:
     def __init__(self, spec: str, context, config: "EvalConfig"):
         self.spec = spec
         self.full = spec == "full"
+        self.oracle = spec == "oracle"
         self.pipeline = None
-        if not self.full:
+        if not self.full and not self.oracle:
             self.pipeline = Pipeline(PipelineSpec.parse(spec, rerank_top=config.rerank_top, top_n=config.top_n),
                                      context)
 
@@ -81,7 +83,8 @@ class Method:
         return self.pipeline is not None and self.pipeline.needs_model
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
-        self.pipeline.prepare(chunks)
+        if self.pipeline is not None:
+            self.pipeline.prepare(chunks)
 
     def rank(self, question: str, chunks: list[ChunkRecord]) -> tuple[list, dict[str, float]]:
         return self.pipeline.rank(question, chunks)
@@ -138,10 +141,30 @@ def gold_units(question: EvalQuestion, corpus: Corpus, tally: dict[str, int]) ->
     return metrics.dedupe_units(units)
 
 
-def _generate(engine, question: EvalQuestion, evidence: list, max_new_tokens: int, claims: bool) -> dict:
-    """The answer step of the ask pipeline, on the evidence (Scored) the pipeline chose."""
-    text = CLAIM_PROMPT.format(claim=question.question) if claims else question.question
-    return answer(engine.backbone, text, in_document_order(evidence), max_new_tokens)
+def _generate(engine, question: EvalQuestion, evidence: list, config: "EvalConfig", claims: bool) -> dict:
+    """The answer step of the ask pipeline, on the evidence (Scored) the pipeline chose. Claims are
+    judged true/false by free generation: they have no span to find."""
+    if claims:
+        return answer(engine.backbone, CLAIM_PROMPT.format(claim=question.question), in_document_order(evidence),
+                      config.max_new_tokens, "sentence")
+    return answer(engine.backbone, question.question, in_document_order(evidence), config.max_new_tokens,
+                  config.answer_style)
+
+
+def _oracle_evidence(question: EvalQuestion, units: list[set[int]], chunks: list[ChunkRecord], top_n: int) -> list:
+    """The gold chunks as evidence (the first chunk of each gold unit first, then the rest), ranked
+    in that order, at most top_n: what the answer step gets from a perfect selector."""
+    from evsel.models.selectors import Scored
+
+    by_id = {c.id: c for c in chunks}
+    order: list[int] = []
+    for unit in units:
+        first = min(unit)
+        if first not in order:
+            order.append(first)
+    for unit in units:
+        order += [i for i in sorted(unit) if i not in order]
+    return [Scored(by_id[i], 1.0, rank) for rank, i in enumerate(order[:top_n], 1) if i in by_id]
 
 
 def _fits(engine, question: EvalQuestion, chunks: list[ChunkRecord], max_new_tokens: int) -> bool:
@@ -201,6 +224,23 @@ def _summary(records: list[dict], ks: list[int], claims: bool) -> dict:
     return out
 
 
+def _abstention(records: list[dict], dataset: EvalDataset) -> dict:
+    """How often the answer step abstained; where the dataset marks unanswerable questions (LoCoMo's
+    adversarial category), precision and recall of abstaining on them."""
+    answered = [r for r in records if "answer_kind" in r]
+    out: dict = {"rate": metrics.mean([float(r["answer_kind"] == "abstained") for r in answered]),
+                 "n": len(answered)}
+    unanswerable = set(dataset.separate_groups) & {"adversarial"}
+    if unanswerable and answered:
+        abstained = [r for r in answered if r["answer_kind"] == "abstained"]
+        targets = [r for r in answered if r["group"] in unanswerable]
+        hits = sum(1 for r in abstained if r["group"] in unanswerable)
+        out["precision"] = hits / len(abstained) if abstained else None
+        out["recall"] = hits / len(targets) if targets else None
+        out["unanswerable"] = len(targets)
+    return out
+
+
 def _latency(records: list[dict]) -> dict:
     out = {}
     for stage in ("select_s", "rerank_s", "generate_s"):
@@ -225,6 +265,9 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                          "add --generate")
     if "full" in config.methods and not config.generate:
         raise EvselError("the full-context baseline only reads, it does not rank", "add --generate or drop full")
+    if "oracle" in config.methods and not config.generate:
+        raise EvselError("the oracle row gives the answer step the gold evidence; it ranks nothing",
+                         "add --generate or drop oracle")
     started = time.perf_counter()
     context = engine.selector_context(on_event, for_eval=True)
     methods = [Method(spec, context, config) for spec in config.methods]
@@ -259,7 +302,9 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                 record: dict = {"qid": q.qid, "group": q.group, "timings": {}}
                 if claims:
                     record["pair"] = q.meta["pair"]
-                if method.full:
+                if method.oracle:
+                    evidence = _oracle_evidence(q, units[q.qid], chunks, config.top_n)
+                elif method.full:
                     if not _fits(engine, q, chunks, config.max_new_tokens):
                         not_fitting += 1
                         records.append(record)
@@ -278,14 +323,15 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                             record["gold"] = [sorted(u) for u in units[q.qid]]
                 if config.generate:
                     try:
-                        out = _generate(engine, q, evidence, config.max_new_tokens, claims)
+                        out = _generate(engine, q, evidence, config, claims)
                     except ModelError as exc:  # prompt over the window: say so, do not guess
                         record["error"] = exc.message
                     else:
                         record["answer"] = out["text"]
+                        record["answer_kind"] = out["kind"]
                         record["prompt_tokens"] = out["prompt_tokens"]
                         record["timings"]["generate_s"] = out["generate_s"]
-                        record["scores"] = _score_answer(dataset, q, out["text"])
+                        record["scores"] = _score_answer(dataset, q, out["metric_text"])
                 records.append(record)
         headline = [r for r in records if r["group"] not in dataset.separate_groups]
         groups = sorted({r["group"] for r in records})
@@ -297,6 +343,8 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
         }
         if method.full:
             results[method.spec]["not_fitting"] = not_fitting
+        if config.generate and not claims:
+            results[method.spec]["abstention"] = _abstention(records, dataset)
         if config.per_question:
             per_question[method.spec] = records
     on_event({"type": "progress", "task": "questions", "label": "done", "done": total, "total": total})
@@ -326,6 +374,7 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
             "chunk_tokens": config.chunk_tokens,
             "max_new_tokens": config.max_new_tokens,
             "rerank_top": config.rerank_top,
+            "answer_style": config.answer_style,
         },
         "methods": results,
         "seconds": {"chunking": corpus.seconds, "total": time.perf_counter() - started},
