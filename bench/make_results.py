@@ -3,7 +3,7 @@
     python bench/make_results.py
 
 Reads eval-*.json (from `evsel eval ... --json`), scaling.json, throughput.json, bm25.json,
-unreal.json, daemon.json and faults.json; every section
+unreal.json, daemon.json, generate.json and faults.json; every section
 states the machine, commit, date and exact command of the run it shows. Nothing here is typed in
 by hand: rerun a benchmark, then this script.
 """
@@ -63,6 +63,9 @@ def eval_section(path: Path, result: dict) -> list[str]:
     has_pairs = any("pair_accuracy" in m for m in methods.values())
     if generate:
         head += ["EM", "F1"] + (["LoCoMo F1"] if has_locomo else []) + (["claim acc", "pair acc"] if has_pairs else [])
+        abstains = any("abstention" in m for m in methods.values())
+        graded = any((m.get("abstention") or {}).get("unanswerable") for m in methods.values())
+        head += (["abstain"] if abstains else []) + (["abstain P / R (adversarial)"] if graded else [])
         head += ["prompt tokens", "generate ms (med / p95)"]
     head += ["select ms (med / p95)", "index s"]
     out.append("| " + " | ".join(head) + " |")
@@ -75,6 +78,9 @@ def eval_section(path: Path, result: dict) -> list[str]:
             row += [f3(m.get("em")), f3(m.get("f1"))]
             row += [f3(m.get("locomo_f1"))] if has_locomo else []
             row += [f3(m.get("correct")), f3(m.get("pair_accuracy"))] if has_pairs else []
+            abstention = m.get("abstention") or {}
+            row += [f3(abstention.get("rate"))] if abstains else []
+            row += [f"{f3(abstention.get('precision'))} / {f3(abstention.get('recall'))}"] if graded else []
             tokens = m.get("prompt_tokens")
             row.append(("–" if tokens is None else f"{tokens:.0f}")
                        + (f" ({m['not_fitting']} did not fit)" if m.get("not_fitting") else ""))
@@ -337,6 +343,60 @@ def ingest_section(result: dict) -> list[str]:
     return out + [""]
 
 
+def generate_section(result: dict) -> list[str]:
+    out = ["## Generation backends: transformers vs llama-cpp-python (bench/generate.py)", ""]
+    out += provenance(result["run"])
+    out += [f"- llama-cpp-python {result.get('llama_cpp_python')}, {result['threads']} thread(s) for both backends; "
+            f"load average before/after: {result.get('load_average_before', float('nan')):.1f} / "
+            f"{result.get('load_average_after', float('nan')):.1f}", ""]
+    speed = result.get("speed")
+    if speed:
+        tps, a = speed["tokens_per_s"], speed["answer_step"]
+        med, up = a["median_s"], a["speedup_vs_transformers"]
+        out += [f"Default model, in one process, variants alternating. Prefill: a {speed['prefill_prompt_tokens']}-token "
+                f"prompt; decode: {speed['decode_tokens']} tokens after it, no stop token.", "",
+                "| backend | prefill tokens/s | decode tokens/s |", "|---|---|---|",
+                f"| transformers (bf16 dense copy) | {tps['transformers']['prefill']:.0f} | "
+                f"{tps['transformers']['decode']:.1f} |",
+                f"| llama-cpp-python (GGUF, quantized) | {tps['llama_cpp']['prefill']:.0f} | "
+                f"{tps['llama_cpp']['decode']:.1f} |", "",
+                f"The answer step as `evsel ask` runs it (`Backbone.generate`), {len(a['prompt_tokens'])} questions "
+                f"x {len(a['runs_s']['transformers']) // max(1, len(a['prompt_tokens']))} repetitions, prompts of "
+                f"{min(a['prompt_tokens'])}-{max(a['prompt_tokens'])} tokens, answers of at most "
+                f"{a['max_new_tokens']} tokens:", "",
+                "| answer step | median (s) | speed-up vs transformers |", "|---|---|---|"]
+        labels = {"transformers": "transformers, 5 passages", "transformers_static": "transformers, static KV cache",
+                  "llama_cpp": "llama-cpp-python, 5 passages", "transformers_3": "transformers, 3 passages",
+                  "llama_cpp_3": "llama-cpp-python, 3 passages"}
+        for key, label in labels.items():
+            if key in med:
+                out.append(f"| {label} | {med[key]:.2f} | {up[key]:.2f}x |")
+        out += ["", f"Same answer text from both backends: {sum(a['same_text'])} of {len(a['same_text'])} prompts; "
+                f"transformers' static cache vs its dynamic one: {sum(a['static_same_text'])} of "
+                f"{len(a['static_same_text'])} (greedy answers of 15-32 tokens part at near-ties of the logits even "
+                "between two transformers runs of different kernels; tests/test_generate_backends.py checks a short "
+                "answer, where both backends agree).", ""]
+    rows = result.get("models") or []
+    if rows:
+        out += ["Per model and backend, each in its own process: load (the dense copy already made), peak RSS, "
+                "the answer step (median).", "",
+                "| model | GGUF (MiB) | one-time dense copy (s) | backend | load (s) | peak RSS (MiB) | answer step (s) |",
+                "|---|---|---|---|---|---|---|"]
+        for row in rows:
+            for backend, r in row["backends"].items():
+                copy = f"{row['dense_copy_s']:.1f}" if backend == "transformers" and row.get("dense_copy_s") else "–"
+                size = f"{row['gguf_mib']:.0f}" if row.get("gguf_mib") else "–"
+                rss = "–" if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:.0f}"
+                out.append(f"| {row['model']} | {size} | {copy} | {backend} | {r['load_s']:.2f} | {rss} | "
+                           f"{r['answer_median_s']:.2f} |")
+        out.append("")
+        out += [f"- {row['model']}: {row['peak_rss_note']}" for row in rows if row.get("peak_rss_note")]
+        out += [f"- {row['model']}: same answer text from both backends on {sum(row['same_text'])} of "
+                f"{len(row['same_text'])} prompts" for row in rows]
+        out.append("")
+    return out
+
+
 def faults_section(result: dict) -> list[str]:
     load, bad, proto = result["load"], result["bad_inputs"], result["protocol"]
     out = ["## Faults and hostile input (`bench/faults.py`)", ""]
@@ -369,6 +429,22 @@ def headline(evals: dict[str, dict], throughput: dict | None) -> list[str]:
         out.append(f"- {name}: recall@5 " + ", ".join(parts) + f" ({counted} questions"
                    + (f"; {', '.join(r['dataset']['separate_groups'])} apart" if r["dataset"]["separate_groups"] else "")
                    + ")")
+    for name in ("locomo-answers", "fairytaleqa-answers"):
+        r = evals.get(name)
+        if not r:
+            continue
+        m = r["methods"]
+        metric = "locomo_f1" if any("locomo_f1" in x for x in m.values()) else "f1"
+        parts = [f"{spec} {m[spec][metric]:.3f}" for spec in m if m[spec].get(metric) is not None]
+        line = (f"- {name}: answer {'LoCoMo ' if metric == 'locomo_f1' else ''}F1 ({r['config'].get('answer_style', 'sentence')}"
+                f" answers) with evidence from " + ", ".join(parts))
+        recall = [f"{spec} {m[spec]['recall@5']:.3f}" for spec in m if m[spec].get("recall@5") is not None]
+        if recall:
+            line += "; recall@5 " + ", ".join(recall)
+        abst = (m.get("bm25") or {}).get("abstention") or {}
+        if abst.get("precision") is not None:
+            line += f"; abstention on adversarial: precision {abst['precision']:.3f}, recall {abst['recall']:.3f}"
+        out.append(line + f" ({r['dataset']['questions']} questions)")
     if throughput:
         for layer, row in throughput["encoding"]["layers"].items():
             out.append(f"- chunk encoding to layer {layer}: {row['tokens_per_s_median']:,.0f} tokens/s = "
@@ -419,6 +495,8 @@ def main() -> int:
         lines += daemon_section(daemon)
     if ingest:
         lines += ingest_section(ingest)
+    if (RESULTS / "generate.json").exists():
+        lines += generate_section(json.loads((RESULTS / "generate.json").read_text()))
     if (RESULTS / "faults.json").exists():
         lines += faults_section(json.loads((RESULTS / "faults.json").read_text()))
     OUT.parent.mkdir(parents=True, exist_ok=True)

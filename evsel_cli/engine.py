@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import chunker
+from .answer import STYLES
 from .chunker import DEFAULT_CHUNK_TOKENS
 from .errors import EmptyStoreError, EvselError, InputError, NotFoundError
 from .parsers import KINDS, collect_files, parse_file
@@ -22,7 +23,7 @@ from .store import DEFAULT_COLLECTION, ChunkRecord, Store
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "KINDS", "REQUESTS", "RERANK_TOP",
-           "SELECTORS_HELP", "Engine", "evidence_label"]
+           "SELECTORS_HELP", "STYLES", "Engine", "evidence_label"]
 
 
 def _selectors_help() -> str:
@@ -358,6 +359,7 @@ class Engine:
         max_new_tokens: int = 96,
         rerank: str | None = None,
         rerank_top: int = RERANK_TOP,
+        style: str = "short",
         on_event: EventSink = _ignore,
     ) -> dict:
         question = question.strip()
@@ -370,7 +372,7 @@ class Engine:
         timings["scope_s"] = time.perf_counter() - started
 
         pipeline = Pipeline(spec, self.selector_context(on_event))
-        if pipeline.needs_model or not evidence_only:
+        if pipeline.needs_model:  # a prose answer needs no model; a dialogue one loads it when it generates
             on_event({"type": "progress", "task": "load", "label": "loading the model", "done": 0, "total": 1})
             t = time.perf_counter()
             _ = self.backbone.model
@@ -394,12 +396,21 @@ class Engine:
 
         text = None
         usage = {}
+        grounded = None
         if not evidence_only:
             on_event({"type": "progress", "task": "generate", "label": "writing the answer", "done": 0, "total": 1})
-            generated = answer(self.backbone, question, evidence, max_new_tokens)
+            generated = answer(self.backbone, question, evidence, max_new_tokens, style)
             timings["generate_s"] = generated["generate_s"]
             text = generated["text"]
             usage = {"prompt_tokens": generated["prompt_tokens"], "generated_tokens": generated["generated_tokens"]}
+            grounded = {"style": style, "kind": generated["kind"], "reason": generated["reason"],
+                        "span": generated["span"], "generated": generated.get("generated")}
+            if grounded["span"] is not None:
+                cited = evidence[grounded["span"]["passage"] - 1].chunk
+                grounded["span"].update({k: v for k, v in cited.provenance().items()
+                                         if k in ("doc_id", "title", "path", "chunk_id", "page_start", "page_end",
+                                                  "session", "time_start")})
+                grounded["span"]["speaker"] = generated.get("speaker")
         timings["total_s"] = time.perf_counter() - started
         method = {"select": select, "top_n": top_n, "candidates": len(chunks)}
         if rerank is not None:
@@ -409,6 +420,7 @@ class Engine:
         result = {
             "question": question,
             "answer": text,
+            "grounding": grounded,
             "evidence": [{"rank": s.rank, "score": round(s.score, 4), **s.chunk.provenance(), "text": s.chunk.text}
                          for s in evidence],
             "method": method,
@@ -437,6 +449,7 @@ class Engine:
         max_new_tokens: int = 32,
         per_question: bool = False,
         rerank_top: int = RERANK_TOP,
+        answer_style: str = "short",
         on_event: EventSink = _ignore,
     ) -> dict:
         """`evsel eval`: every method through the ask pipeline on the same in-memory chunks. Chunk
@@ -449,7 +462,7 @@ class Engine:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
         config = EvalConfig(methods=list(methods), ks=list(ks or [1, 3, 5, 10]), generate=generate, limit=limit,
                             top_n=top_n, chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens,
-                            per_question=per_question, rerank_top=rerank_top)
+                            per_question=per_question, rerank_top=rerank_top, answer_style=answer_style)
         folder = data_dir or self.settings.data_dir
         data = load_dataset(dataset, _Path(folder) if folder else None, split=split, concat=concat)
         return run(data, config, self, on_event=on_event)
@@ -473,15 +486,15 @@ class Engine:
                                  self.settings.data_dir, on_event)
 
     def train_qrranker(self, out: str, detect_heads: bool = False, options: dict | None = None,
-                       command: str | None = None, on_event: EventSink = _ignore) -> dict:
+                       command: str | None = None, on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
         """`evsel train qrranker`: with `detect_heads`, QR-head detection on a training seed set
-        (OUT/heads.json)."""
-        if not detect_heads:
-            raise EvselError("training QRRanker's heads is not available yet",
-                             "detect them with: evsel train qrranker --detect-heads --out DIR")
+        (OUT/heads.json); without, train (or resume) the reranking adapter of those heads
+        (OUT/adapter.safetensors beside OUT/heads.json); log lines come as events."""
         from evsel.recipes import qrranker as recipe
 
-        return recipe.run_detection(self, out, options or {}, command, self.settings.data_dir, on_event)
+        if detect_heads:
+            return recipe.run_detection(self, out, options or {}, command, self.settings.data_dir, on_event)
+        return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
 
     # documents
     def docs_list(self, collection: str | None = None) -> list[dict]:
@@ -523,11 +536,12 @@ class Engine:
         return self.store.watches()
 
     def models_info(self, load: bool = True) -> dict:
-        """The backbone, its fingerprint, device, dtype and why."""
-        if load:
-            _ = self.backbone.model
-        info = self.backbone.info()
-        info["load_s"] = round(self.backbone.load_seconds, 3)
+        """The backbone, its fingerprint, device, dtype, and which backend generates, with why.
+        Loads what generates (llama.cpp needs no dense copy)."""
+        backbone = self.backbone
+        seconds = backbone.load_generator() if load else 0.0
+        info = backbone.info()
+        info["load_s"] = round(backbone.load_seconds if backbone.loaded else seconds, 3)
         return info
 
 

@@ -68,7 +68,9 @@ class Settings:
     encode: bool = True  # EVSEL_ENCODE: per-chunk model states at ingest (in the daemon: in the background)
     threads: int | None = None  # EVSEL_THREADS: torch CPU threads where the model runs
     unreal_adapter: str | None = None  # EVSEL_UNREAL_ADAPTER: an adapter folder instead of the shipped one
-    qrranker_heads: str | None = None  # EVSEL_QRRANKER_HEADS: a head list (14-3,17-0) or a heads.json / its folder
+    # EVSEL_QRRANKER_HEADS: a head list (14-3,17-0) or a heads.json / its folder; a trained adapter
+    # (adapter.safetensors from `evsel train qrranker`) beside that heads.json is used with it
+    qrranker_heads: str | None = None
     data_dir: str | None = None  # EVSEL_DATA: benchmark data for eval and train
     debug: bool = False  # EVSEL_DEBUG: tracebacks instead of one-line errors
 
@@ -138,6 +140,22 @@ def debug(env: Mapping[str, str] | None = None) -> bool:
     """$EVSEL_DEBUG, for the top-level error handler (before any Settings exists)."""
     env = os.environ if env is None else env
     return env.get("EVSEL_DEBUG", "").strip().lower() not in ("", *FALSE)
+
+
+GENERATORS = ("auto", "transformers", "llama-cpp")
+
+
+def generator_backend(value: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """`value`, else $EVSEL_GENERATOR, else auto: which backend generates answers. About the
+    process, like the model it belongs to (the daemon's: set it before the daemon starts)."""
+    env = os.environ if env is None else env
+    raw = (value or env.get("EVSEL_GENERATOR") or "auto").strip().lower().replace("_", "-")
+    if raw == "llama.cpp" or raw == "llamacpp":
+        raw = "llama-cpp"
+    if raw not in GENERATORS:
+        raise EvselError(f"EVSEL_GENERATOR={raw!r} is not one of {', '.join(GENERATORS)}",
+                         "set EVSEL_GENERATOR=auto (llama.cpp where it is faster), transformers or llama-cpp")
+    return raw
 
 
 # The daemon's own variables: about the process, not a request.

@@ -111,6 +111,64 @@ def _cpu_bf16_flag() -> str | None:
     return None
 
 
+TRANSFORMERS, LLAMA_CPP = "transformers", "llama-cpp"
+REPETITION_PENALTY = 1.1
+
+
+@dataclass
+class GenerationPlan:
+    backend: str  # "transformers" | "llama-cpp"
+    reason: str
+
+
+def choose_generator(requested: str, path: Path, plan: DevicePlan) -> GenerationPlan:
+    """Which backend generates (hidden states always come from transformers). auto: transformers
+    for the bundled SmolLM2 and HF folders, llama.cpp for any other GGUF file on the CPU; and
+    transformers whenever llama_cpp does not import. Measured by bench/generate.py (docs/RESULTS.md)."""
+    from evsel.models import llamacpp
+
+    if requested == TRANSFORMERS:
+        return GenerationPlan(TRANSFORMERS, "EVSEL_GENERATOR=transformers")
+    gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    if requested == LLAMA_CPP:
+        if not gguf:
+            raise ModelError(f"EVSEL_GENERATOR=llama-cpp needs a GGUF file, and {path} is an HF folder",
+                             "unset EVSEL_GENERATOR, or give a .gguf file")
+        ok, why = llamacpp.importable()
+        if not ok:
+            raise ModelError(f"EVSEL_GENERATOR=llama-cpp, but llama_cpp does not import ({why})",
+                             "install it with: pip install 'evsel[llama]', or unset EVSEL_GENERATOR")
+        return GenerationPlan(LLAMA_CPP, "EVSEL_GENERATOR=llama-cpp")
+    if not gguf:
+        return GenerationPlan(TRANSFORMERS, "an HF folder: llama.cpp runs GGUF files only")
+    if plan.device != "cpu":
+        return GenerationPlan(TRANSFORMERS, f"the model runs on {plan.device}; llama-cpp-python is used on "
+                                            "the CPU only")
+    if _is_bundled(path):
+        return GenerationPlan(TRANSFORMERS, BUNDLED_REASON)
+    ok, why = llamacpp.importable()
+    if not ok:
+        return GenerationPlan(TRANSFORMERS, f"llama_cpp does not import ({why}); pip install 'evsel[llama]' "
+                                            "to run this GGUF quantized, without the dense copy")
+    return GenerationPlan(LLAMA_CPP, LLAMA_REASON)
+
+
+def _is_bundled(path: Path) -> bool:
+    try:
+        return path.resolve() == default_model_path().resolve()
+    except ModelError:
+        return False
+
+
+# bench/generate.py, 1 thread on this project's shared 2-core CPU (docs/RESULTS.md)
+BUNDLED_REASON = ("the bundled Q4_1 SmolLM2: transformers writes an evsel answer ~3.6x faster than llama.cpp "
+                  "(prefill dominates, 389 vs 35 tokens/s here; bench/generate.py); EVSEL_GENERATOR=llama-cpp to "
+                  "use it anyway")
+LLAMA_REASON = ("a GGUF file on the CPU: llama.cpp runs it quantized, with no dense copy (Gemma 3 270M Q4_K_M: "
+                "peak 933 vs 2174 MiB, load 1.9 vs 5.5 s plus a one-time 91 s copy, answers ~1.2x slower; "
+                "bench/generate.py); EVSEL_GENERATOR=transformers to use transformers")
+
+
 @dataclass
 class DevicePlan:
     device: str
@@ -141,17 +199,23 @@ class Backbone:
     """Tokenizer and frozen model of one weights file. The model loads on first use."""
 
     def __init__(self, model: str | None = None, device: str = "auto", threads: int | None = None,
-                 model_as_given: str | None = None):
+                 model_as_given: str | None = None, generator: str | None = None):
         """`threads`: CPU threads for torch (EVSEL_THREADS; None: torch's default, one per core).
-        On a busy machine one thread can be several times faster than two that fight other jobs."""
+        On a busy machine one thread can be several times faster than two that fight other jobs.
+        `generator`: auto | transformers | llama-cpp (None: EVSEL_GENERATOR, else auto)."""
+        from evsel.settings import generator_backend
+
         self.path = configured_model_path(model, model_as_given)
         self.is_default = model is None
         self.threads = threads
         self.requested_device = device
+        self.requested_generator = generator_backend(generator)
         self._fingerprint: str | None = None
         self._tokenizer = None
         self._model = None
         self._plan: DevicePlan | None = None
+        self._generation: GenerationPlan | None = None
+        self._llama = None
         self._lock = threading.Lock()
         self.load_seconds = 0.0
 
@@ -174,6 +238,33 @@ class Backbone:
         if self._plan is None:
             self._plan = choose_device(self.requested_device)
         return self._plan
+
+    @property
+    def generation(self) -> GenerationPlan:
+        """Which backend generates, and why (nothing is loaded to decide)."""
+        if self._generation is None:
+            self._generation = choose_generator(self.requested_generator, self.path, self.plan)
+        return self._generation
+
+    @property
+    def llama(self):
+        """The llama.cpp generator (the GGUF file, quantized), when it is the one that generates."""
+        if self._llama is None:
+            from evsel.models.llamacpp import LlamaCppGenerator
+
+            with self._lock:
+                if self._llama is None:
+                    self._llama = LlamaCppGenerator(self.path, self.threads)
+        return self._llama
+
+    def load_generator(self) -> float:
+        """Load what generates (the dense model, or llama.cpp on the GGUF file); returns seconds."""
+        started = time.perf_counter()
+        if self.generation.backend == LLAMA_CPP:
+            self.llama.load()
+        else:
+            _ = self.model
+        return time.perf_counter() - started
 
     # tokenizer
     @property
@@ -286,6 +377,8 @@ class Backbone:
             "device": plan.device,
             "dtype": plan.dtype,
             "reason": plan.reason,
+            "generator": self.generation.backend,
+            "generator_reason": self.generation.reason,
             "cache_dir": str(self.cache_dir),
             "dense_cached": (self.cache_dir / "dense" / "config.json").is_file() or self.path.is_dir(),
         }
@@ -306,41 +399,105 @@ class Backbone:
 
                 data["threads"] = torch.get_num_threads()
                 data["threads_from"] = "EVSEL_THREADS" if self.threads else "torch default (one per core)"
+        if self.generation.backend == LLAMA_CPP and self._llama is not None and self._llama.loaded:
+            from evsel.models import llamacpp
+
+            shape = self._llama.describe()
+            for key, value in shape.items():  # the GGUF's own shape where the dense model is not loaded
+                data.setdefault(key, value)
+            data["generator_version"] = f"llama-cpp-python {llamacpp.version()}"
+            data["generator_threads"] = self._llama.n_threads
+            data["generator_load_s"] = round(self._llama.load_seconds, 3)
         return data
 
     # generation
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
     def chat_ids(self, messages: list[dict]):
+        """The prompt's token ids, (1, T). A model without a chat template (a base model's GGUF)
+        gets the messages as plain text to continue, its answer ending at the end of the line."""
+        if not self.has_chat_template():
+            import torch
+
+            text = "\n\n".join(m["content"].strip() for m in messages)
+            return torch.tensor([self.tokenizer(text)["input_ids"]], dtype=torch.long)
         encoded = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
         return encoded["input_ids"]
 
-    def generate(self, messages: list[dict], max_new_tokens: int = 96) -> dict:
-        """Greedy answer to a chat; returns text and token counts."""
-        import torch
+    def _line_done(self):
+        """For a plain-text prompt: stop once the answer has a line of text and a line break."""
+        if self.has_chat_template():
+            return None
+        tok = self.tokenizer
 
-        ids = self.chat_ids(messages).to(self.plan.device)
-        context = self.model.config.max_position_embeddings
-        if ids.shape[1] + max_new_tokens > context:
+        def done(new_ids) -> bool:
+            text = tok.decode(list(new_ids), skip_special_tokens=True)
+            return "\n" in text.lstrip()
+
+        return done
+
+    def generate(self, messages: list[dict], max_new_tokens: int = 96) -> dict:
+        """Greedy answer to a chat, by the backend `generation` names; returns text and token counts."""
+        ids = self.chat_ids(messages)
+        if self.generation.backend == LLAMA_CPP:
+            return self._generate_llama(ids[0].tolist(), max_new_tokens)
+        return self._generate_transformers(ids, max_new_tokens)
+
+    def _finish(self, prompt_tokens: int, new_ids: list[int]) -> dict:
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=True).strip()
+        if not self.has_chat_template():
+            text = text.split("\n", 1)[0].strip()
+        return {"text": text, "prompt_tokens": prompt_tokens, "generated_tokens": len(new_ids)}
+
+    def _too_long(self, prompt: int, max_new_tokens: int, context: int) -> None:
+        if prompt + max_new_tokens > context:
             raise ModelError(
-                f"the prompt has {ids.shape[1]} tokens, more than the model's {context}-token window allows",
+                f"the prompt has {prompt} tokens, more than the model's {context}-token window allows",
                 "use a smaller --top-n",
             )
+
+    def _generate_transformers(self, ids, max_new_tokens: int) -> dict:
+        import torch
+
+        ids = ids.to(self.plan.device)
+        self._too_long(ids.shape[1], max_new_tokens, self.model.config.max_position_embeddings)
+        done = self._line_done()
+        extra = {}
+        if done is not None:
+            from transformers import StoppingCriteria, StoppingCriteriaList
+
+            start = ids.shape[1]
+
+            class LineDone(StoppingCriteria):
+                def __call__(self, input_ids, scores, **kwargs):
+                    return torch.tensor([done(input_ids[0, start:].tolist())], device=input_ids.device)
+
+            extra["stopping_criteria"] = StoppingCriteriaList([LineDone()])
         with torch.inference_mode():
             out = self.model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
-                repetition_penalty=1.1,
+                repetition_penalty=REPETITION_PENALTY,
                 pad_token_id=self.tokenizer.eos_token_id,
+                **extra,
             )
-        new = out[0, ids.shape[1]:]
-        return {
-            "text": self.tokenizer.decode(new, skip_special_tokens=True).strip(),
-            "prompt_tokens": int(ids.shape[1]),
-            "generated_tokens": int(new.shape[0]),
-        }
+        new = out[0, ids.shape[1]:].tolist()
+        return self._finish(int(ids.shape[1]), new)
+
+    def _generate_llama(self, prompt_ids: list[int], max_new_tokens: int) -> dict:
+        llama = self.llama
+        self._too_long(len(prompt_ids), max_new_tokens, llama.context_length())
+        stop = llama.stop_ids() | {self.tokenizer.eos_token_id}
+        new, run = llama.generate(prompt_ids, max_new_tokens, REPETITION_PENALTY, stop, self._line_done())
+        out = self._finish(len(prompt_ids), new)
+        if run["ended"]:  # transformers counts the end token it generated; so does this
+            out["generated_tokens"] += 1
+        return out
 
     # internal states, for selectors
     def bos_id(self) -> int:

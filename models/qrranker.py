@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,9 @@ HEADS_FILE = "heads.json"
 ENCODINGS = ("block", "causal")
 DEFAULT_ENCODING = "block"
 HEADS_FORMAT = "evsel-qrranker-heads/1"
+ADAPTER_FILE = "adapter.safetensors"
+ADAPTER_CONFIG = "adapter.json"
+ADAPTER_FORMAT = "evsel-qrranker-adapter/1"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,11 +208,15 @@ class Prompt:
 @dataclass
 class Context:
     """What a query pass runs over: per-layer (K, V), each (1, kv_heads, T, head_dim), the token
-    ranges of the candidates' spans in it, and the position id of the first suffix token."""
+    ranges of the candidates' spans in it, and the position id of the first suffix token. With an
+    adapter, also the k_proj inputs (T, hidden) of the adapted layers and every token's position
+    (the adapter's key deltas are rotated by them)."""
 
     kv: list[tuple]
     spans: list[tuple[int, int]]
     next_position: int
+    inputs: dict | None = None  # {layer: (T, hidden)}
+    positions: object = None  # (T,) long; None: 0..T-1
 
     @property
     def length(self) -> int:
@@ -234,36 +242,59 @@ def _device(model):
     return next(model.parameters()).device
 
 
-def encode_prefix(model, ids: list[int], depth: int) -> list[tuple]:
-    """KV of a causal prefix at positions 0..P-1 for the first `depth` layers."""
+@contextmanager
+def _inputs_of(model, layers):
+    """{layer: the input of its k_proj (= q_proj's: the normed residual stream)} of the next pass."""
+    got: dict = {}
+    hooks = [model.model.layers[layer].self_attn.k_proj.register_forward_pre_hook(
+        lambda _module, args, layer=layer: got.__setitem__(layer, args[0])) for layer in layers]
+    try:
+        yield got
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _encode(model, ids: list[int], depth: int, capture=()) -> tuple[list[tuple], dict]:
+    """Causal KV of `ids` at positions 0..T-1 for `depth` layers, and the k_proj inputs (T, hidden)
+    of the `capture` layers."""
     import torch
     from transformers import DynamicCache
 
     cache = DynamicCache()
     x = torch.tensor([ids], dtype=torch.long, device=_device(model))
-    with torch.inference_mode():
+    with torch.inference_mode(), _inputs_of(model, capture) as got:
         run_layers(model, [depth], input_ids=x, cache=cache)
-    return _cache_kv(cache, depth)
+    return _cache_kv(cache, depth), {layer: got[layer][0] for layer in capture}
 
 
-def encode_causal(model, prefix: list[int], blocks: list[list[int]], spans: list[int], depth: int) -> Context:
+def encode_prefix(model, ids: list[int], depth: int) -> list[tuple]:
+    """KV of a causal prefix at positions 0..P-1 for the first `depth` layers."""
+    return _encode(model, ids, depth)[0]
+
+
+def encode_causal(model, prefix: list[int], blocks: list[list[int]], spans: list[int], depth: int,
+                  capture=()) -> Context:
     """One causal prefill of prefix + blocks (the seed's encoding)."""
     ids = list(prefix)
     ranges = []
     for block, start in zip(blocks, spans):
         ranges.append((len(ids) + start, len(ids) + len(block)))
         ids += block
-    kv = encode_prefix(model, ids, depth)
-    return Context(kv, ranges, len(ids))
+    kv, inputs = _encode(model, ids, depth, capture)
+    return Context(kv, ranges, len(ids), inputs if capture else None)
 
 
 @dataclass
 class BlockStates:
     """Prefix KV plus each block's own KV (kv_heads, L_i, head_dim per layer), block-sparse: a
-    block saw only the prefix and itself, its positions P..P+L_i-1."""
+    block saw only the prefix and itself, its positions P..P+L_i-1. With an adapter, also the
+    k_proj inputs of the adapted layers: prefix {layer: (P, hidden)}, per block {layer: (L_i, hidden)}."""
 
     prefix: list[tuple]  # per layer (1, kv, P, d)
     blocks: list[list[tuple]]  # per block, per layer (kv, L_i, d)
+    prefix_inputs: dict | None = None
+    block_inputs: list[dict] | None = None
 
     @property
     def prefix_len(self) -> int:
@@ -291,15 +322,23 @@ class BlockStates:
             kv.append((keys, values))
         if next_position is None:
             next_position = self.prefix_len + max((lengths[i] for i in which), default=0)
-        return Context(kv, ranges, next_position)
+        device = self.prefix[0][0].device
+        positions = torch.cat([torch.arange(self.prefix_len, device=device)] +
+                              [torch.arange(lengths[i], device=device) + self.prefix_len for i in which])
+        inputs = None
+        if self.prefix_inputs is not None and self.block_inputs is not None:
+            inputs = {layer: torch.cat([x] + [self.block_inputs[i][layer] for i in which])
+                      for layer, x in self.prefix_inputs.items()}
+        return Context(kv, ranges, next_position, inputs, positions)
 
 
 def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_tokens: int = 4096,
-                  pad_id: int = 0) -> BlockStates:
+                  pad_id: int = 0, capture=()) -> BlockStates:
     """Encode `blocks` block-sparse after a prefix whose KV is `prefix_kv` (from `encode_prefix`):
     each block attends to the prefix and itself, at positions P..P+L_i-1, independent of every
     other block. Batched by similar length, right-padded (under the causal mask no real token
-    sees a pad), at most `batch_tokens` block tokens (padding included) a batch."""
+    sees a pad), at most `batch_tokens` block tokens (padding included) a batch. `capture`:
+    layers whose k_proj inputs are kept too (BlockStates.block_inputs)."""
     import torch
 
     depth = len(prefix_kv)
@@ -316,6 +355,7 @@ def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_
     if current:
         batches.append(current)
     out: list = [None] * len(blocks)
+    inputs: list = [None] * len(blocks)
     for batch in batches:
         width = max(len(blocks[i]) for i in batch)
         if width == 0:
@@ -326,13 +366,14 @@ def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_
         positions = (torch.arange(width) + p).expand(len(batch), width)
         cache = _cache([(k.expand(len(batch), -1, -1, -1), v.expand(len(batch), -1, -1, -1))
                         for k, v in prefix_kv])
-        with torch.inference_mode():
+        with torch.inference_mode(), _inputs_of(model, capture) as got:
             run_layers(model, [depth], input_ids=x.to(device), cache=cache, position_ids=positions.to(device))
         kv = _cache_kv(cache, depth)
         for row, i in enumerate(batch):
             n = len(blocks[i])
             out[i] = [(k[row, :, p:p + n].clone(), v[row, :, p:p + n].clone()) for k, v in kv]
-    return BlockStates(prefix_kv, out)
+            inputs[i] = {layer: got[layer][row, :n].clone() for layer in capture}
+    return BlockStates(prefix_kv, out, None, inputs if capture else None)
 
 
 class BlockKVCache:
@@ -375,7 +416,7 @@ class BlockKVCache:
             return item[0]
 
     def put(self, key: str, value: list[tuple]) -> None:
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in value)
+        size = sum(t.numel() * t.element_size() for item in value for t in item)
         with self._lock:
             if key in self._items or size > self.max_bytes:
                 return
@@ -391,25 +432,43 @@ class BlockKVCache:
 
 def encode_blocks_cached(model, prefix_ids: list[int], blocks: list[list[int]], depth: int,
                          cache: BlockKVCache | None, batch_tokens: int = 4096, pad_id: int = 0,
-                         model_key: str = "") -> BlockStates:
-    """`encode_prefix` + `encode_blocks`, taking the prefix's and every block's KV from `cache`
-    when there, encoding only the rest (one batch over the prefix) and caching them."""
+                         model_key: str = "", capture=()) -> BlockStates:
+    """`encode_prefix` + `encode_blocks`, taking the prefix's and every block's KV (and, for the
+    `capture` layers, k_proj inputs) from `cache` when there, encoding only the rest (one batch
+    over the prefix) and caching them."""
+    capture = tuple(capture)
     if cache is None:
-        return encode_blocks(model, encode_prefix(model, prefix_ids, depth), blocks, batch_tokens, pad_id)
+        prefix_kv, prefix_inputs = _encode(model, prefix_ids, depth, capture)
+        states = encode_blocks(model, prefix_kv, blocks, batch_tokens, pad_id, capture)
+        states.prefix_inputs = prefix_inputs if capture else None
+        return states
     pkey = cache.key("prefix", model_key, depth, prefix_ids)
+    ikey = cache.key("prefix-inputs", model_key, capture, prefix_ids)
     prefix_kv = cache.get(pkey)
-    if prefix_kv is None:
-        prefix_kv = encode_prefix(model, prefix_ids, depth)
+    prefix_inputs = cache.get(ikey) if capture else []
+    if prefix_kv is None or prefix_inputs is None:
+        prefix_kv, got = _encode(model, prefix_ids, depth, capture)
+        prefix_inputs = [(got[layer],) for layer in capture]
         cache.put(pkey, prefix_kv)
+        if capture:
+            cache.put(ikey, prefix_inputs)
     keys = [cache.key("block", model_key, depth, prefix_ids, b) for b in blocks]
+    ikeys = [cache.key("block-inputs", model_key, capture, prefix_ids, b) for b in blocks]
     found = [cache.get(k) for k in keys]
-    missing = [i for i, kv in enumerate(found) if kv is None]
+    found_inputs = [cache.get(k) for k in ikeys] if capture else [[]] * len(blocks)
+    missing = [i for i, (kv, x) in enumerate(zip(found, found_inputs)) if kv is None or x is None]
     if missing:
-        fresh = encode_blocks(model, prefix_kv, [blocks[i] for i in missing], batch_tokens, pad_id)
-        for i, kv in zip(missing, fresh.blocks):
-            found[i] = kv
-            cache.put(keys[i], kv)
-    return BlockStates(prefix_kv, found)
+        fresh = encode_blocks(model, prefix_kv, [blocks[i] for i in missing], batch_tokens, pad_id, capture)
+        for j, i in enumerate(missing):
+            found[i] = fresh.blocks[j]
+            cache.put(keys[i], found[i])
+            if capture:
+                found_inputs[i] = [(fresh.block_inputs[j][layer],) for layer in capture]
+                cache.put(ikeys[i], found_inputs[i])
+    if not capture:
+        return BlockStates(prefix_kv, found)
+    return BlockStates(prefix_kv, found, {layer: x for layer, (x,) in zip(capture, prefix_inputs)},
+                       [{layer: x for layer, (x,) in zip(capture, item)} for item in found_inputs])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,21 +485,87 @@ def _rotate(x, cos, sin):
 
 
 def query_attention(model, context: Context, suffix: list[int], span_start: int, layers: list[int],
-                    check_rope: bool = False) -> dict:
+                    check_rope: bool = False, adapter=None) -> dict:
     """Run `suffix` over `context` (only the suffix is computed; the context KV is not changed)
     and return {layer: (heads, T_ctx) float32}: the attention of each query-span token (suffix
     tokens from `span_start` on) onto each context token, averaged over those tokens. Softmax rows
     over everything a suffix token sees (context, earlier suffix tokens, itself), as the model
     computes them; only those rows are built. `layers` are 0-based; the pass stops after the
     deepest. `check_rope`: also verify that our RoPE of k_proj reproduces the cache's keys."""
-    return query_attentions(model, context, [(suffix, span_start)], layers, check_rope)[0]
+    return query_attentions(model, context, [(suffix, span_start)], layers, check_rope, adapter)[0]
 
 
 def query_attentions(model, context: Context, suffixes: list[tuple[list[int], int]], layers: list[int],
-                     check_rope: bool = False) -> list[dict]:
+                     check_rope: bool = False, adapter=None) -> list[dict]:
     """`query_attention` for several suffixes (the question and the null query) in one batched
     pass over the same context: [(ids, span_start)] -> one {layer: (heads, T_ctx)} each. Shorter
-    suffixes are right-padded; under the causal mask no real token sees a pad."""
+    suffixes are right-padded; under the causal mask no real token sees a pad. With `adapter`
+    (a QRAdapter) the read layers' q/k carry its deltas; the backbone's pass does not."""
+    import torch
+
+    with torch.inference_mode():
+        states = suffix_states(model, context, suffixes, layers, check_rope, adapter is not None)
+        return head_attention(model, read_states(context, layers), states, layers, adapter)
+
+
+@dataclass
+class ReadStates:
+    """What scoring reads of a context at the read layers: post-RoPE keys {layer: (kv, T, d)},
+    k_proj inputs {layer: (T, hidden)} (adapted layers only; None without an adapter), and the
+    tokens' positions (T,)."""
+
+    keys: dict
+    inputs: dict | None
+    positions: object
+
+    def select(self, index) -> ReadStates:
+        """The tokens at `index` (a (T',) long tensor), in that order."""
+        return ReadStates({layer: k.index_select(1, index) for layer, k in self.keys.items()},
+                          None if self.inputs is None else
+                          {layer: x.index_select(0, index) for layer, x in self.inputs.items()},
+                          self.positions.index_select(0, index))
+
+    def detached(self) -> ReadStates:
+        """Plain copies (tensors made under inference mode cannot enter a graph that trains)."""
+        return ReadStates({layer: k.clone() for layer, k in self.keys.items()},
+                          None if self.inputs is None else {layer: x.clone() for layer, x in self.inputs.items()},
+                          self.positions.clone())
+
+
+@dataclass
+class SuffixStates:
+    """One suffix's pass at the read layers: post-RoPE queries of its query span {layer: (H, S, d)},
+    post-RoPE keys of all its tokens {layer: (kv, n, d)}, k_proj inputs {layer: (n, hidden)} (with an
+    adapter), positions (n,), and where the query span starts."""
+
+    queries: dict
+    keys: dict
+    inputs: dict | None
+    positions: object
+    start: int
+
+    def detached(self) -> SuffixStates:
+        return SuffixStates({layer: q.clone() for layer, q in self.queries.items()},
+                            {layer: k.clone() for layer, k in self.keys.items()},
+                            None if self.inputs is None else {layer: x.clone() for layer, x in self.inputs.items()},
+                            self.positions.clone(), self.start)
+
+
+def read_states(context: Context, layers: list[int]) -> ReadStates:
+    import torch
+
+    positions = context.positions
+    if positions is None:
+        positions = torch.arange(context.length, device=context.kv[0][0].device)
+    inputs = None if context.inputs is None else {layer: x for layer, x in context.inputs.items() if layer in layers}
+    return ReadStates({layer: context.kv[layer][0][0] for layer in layers}, inputs, positions)
+
+
+def suffix_states(model, context: Context, suffixes: list[tuple[list[int], int]], layers: list[int],
+                  check_rope: bool = False, capture: bool = False) -> list[SuffixStates]:
+    """The backbone's pass of `suffixes` over `context` (one padded batch, stopping after the
+    deepest of `layers`); call under no_grad or inference_mode. `capture`: keep the k_proj inputs
+    of the read layers (an adapter reads them)."""
     import torch
 
     inner = model.model
@@ -460,35 +585,212 @@ def query_attentions(model, context: Context, suffixes: list[tuple[list[int], in
     positions = (torch.arange(width) + context.next_position)[None].expand(b, width).to(device)
     cache = _cache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in context.kv[:depth]])
     n_heads = model.config.num_attention_heads
-    with torch.inference_mode():
+    with _inputs_of(model, layers if capture else ()) as got_inputs:
         got = run_layers(model, [depth], taps=taps, input_ids=x.to(device), cache=cache, position_ids=positions)
-        t_ctx = context.length
-        cos, sin = inner.rotary_emb(context.kv[0][0], positions[:1])  # (1, W, d), the model's dtype
-        cos, sin = cos[:, None], sin[:, None]
-        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=device))
-        out: list[dict] = [{} for _ in suffixes]
-        for layer in layers:
-            scaling = float(inner.layers[layer].self_attn.scaling)
-            keys = cache.layers[layer].keys  # (B, kv, T_ctx + W, d), post-RoPE
-            head_dim = keys.shape[-1]
-            group = n_heads // keys.shape[1]
-            q_all = _rotate(got[("q", layer)].view(b, width, n_heads, head_dim).transpose(1, 2), cos, sin)
-            if check_rope:
-                k = _rotate(got[("k", layer)].view(b, width, keys.shape[1], head_dim).transpose(1, 2), cos, sin)
-                n = len(suffixes[0][0])
-                if not torch.allclose(k[0, :, :n].float(), keys[0, :, t_ctx:t_ctx + n].float(), atol=1e-2, rtol=1e-2):
-                    raise ModelError("this backbone's attention is not Llama-style RoPE attention; QRRanker cannot "
-                                     "read its heads", "use a Llama-family backbone (e.g. the bundled SmolLM2)")
-            for row, (ids, start) in enumerate(suffixes):
-                n = len(ids)
-                q = q_all[row, :, start:n].float()  # (H, S_q, d)
-                k_all = keys[row, :, : t_ctx + n].float().repeat_interleave(group, dim=0)  # head h reads KV h // group
-                logits = torch.matmul(q, k_all.transpose(1, 2)) * scaling  # (H, S_q, T_ctx + n)
-                allowed = torch.cat([torch.ones(n - start, t_ctx, dtype=torch.bool, device=device),
-                                     causal[start:n, :n]], dim=1)
-                weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-                out[row][layer] = weights[:, :, :t_ctx].mean(dim=1)  # (H, T_ctx)
+    t_ctx = context.length
+    cos, sin = inner.rotary_emb(context.kv[0][0], positions[:1])  # (1, W, d), the model's dtype
+    cos, sin = cos[:, None], sin[:, None]
+    out = [SuffixStates({}, {}, {} if capture else None, positions[0, : len(ids)], start) for ids, start in suffixes]
+    for layer in layers:
+        keys = cache.layers[layer].keys  # (B, kv, T_ctx + W, d), post-RoPE
+        head_dim = keys.shape[-1]
+        q_all = _rotate(got[("q", layer)].view(b, width, n_heads, head_dim).transpose(1, 2), cos, sin)
+        if check_rope:
+            k = _rotate(got[("k", layer)].view(b, width, keys.shape[1], head_dim).transpose(1, 2), cos, sin)
+            n = len(suffixes[0][0])
+            if not torch.allclose(k[0, :, :n].float(), keys[0, :, t_ctx:t_ctx + n].float(), atol=1e-2, rtol=1e-2):
+                raise ModelError("this backbone's attention is not Llama-style RoPE attention; QRRanker cannot "
+                                 "read its heads", "use a Llama-family backbone (e.g. the bundled SmolLM2)")
+        for row, (ids, start) in enumerate(suffixes):
+            n = len(ids)
+            out[row].queries[layer] = q_all[row, :, start:n]
+            out[row].keys[layer] = keys[row, :, t_ctx:t_ctx + n]
+            if capture:
+                out[row].inputs[layer] = got_inputs[layer][row, :n]
     return out
+
+
+def _rope_tables(model, positions):
+    """float32 cos, sin (T, d) of the model's RoPE at `positions`."""
+    import torch
+
+    cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=torch.float32, device=positions.device), positions[None])
+    return cos[0].float(), sin[0].float()
+
+
+def head_attention(model, context: ReadStates, suffixes: list[SuffixStates], layers: list[int],
+                   adapter=None) -> list[dict]:
+    """The attention rows of each suffix's query span onto the context's tokens, averaged over
+    the span: one {layer: (heads, T_ctx) float32} per suffix. With `adapter`, the adapted layers'
+    queries and keys (context and suffix) get its rotated LoRA deltas first. Differentiable in the
+    adapter's parameters when run with gradients."""
+    import torch
+
+    inner = model.model
+    n_heads = model.config.num_attention_heads
+    adapted = [layer for layer in layers if adapter is not None and adapter.has(layer)]
+    if adapted and (context.inputs is None or any(s.inputs is None for s in suffixes)):
+        raise ModelError("the adapter needs the k_proj inputs of the context and the query",
+                         "encode with the adapter's layers captured")
+    tables = {}
+    if adapted:
+        tables["ctx"] = _rope_tables(model, context.positions)
+        for i, s in enumerate(suffixes):
+            tables[i] = _rope_tables(model, s.positions)
+    out: list[dict] = [{} for _ in suffixes]
+    for layer in layers:
+        scaling = float(inner.layers[layer].self_attn.scaling)
+        k_ctx = context.keys[layer].float()  # (kv, T_ctx, d)
+        kv_heads, t_ctx, head_dim = k_ctx.shape
+        group = n_heads // kv_heads
+        if layer in adapted:
+            cos, sin = tables["ctx"]
+            delta = adapter.delta(layer, "k", context.inputs[layer]).view(t_ctx, kv_heads, head_dim).transpose(0, 1)
+            k_ctx = k_ctx + _rotate(delta, cos, sin)
+        k_ctx = k_ctx.repeat_interleave(group, dim=0)  # head h reads KV h // group
+        for row, s in enumerate(suffixes):
+            q = s.queries[layer].float()  # (H, S_q, d)
+            k_suf = s.keys[layer].float()  # (kv, n, d)
+            n, start = k_suf.shape[1], s.start
+            if layer in adapted:
+                cos, sin = tables[row]
+                dq = adapter.delta(layer, "q", s.inputs[layer][start:]).view(n - start, n_heads, head_dim)
+                q = q + _rotate(dq.transpose(0, 1), cos[start:], sin[start:])
+                dk = adapter.delta(layer, "k", s.inputs[layer]).view(n, kv_heads, head_dim).transpose(0, 1)
+                k_suf = k_suf + _rotate(dk, cos, sin)
+            k_all = torch.cat([k_ctx, k_suf.repeat_interleave(group, dim=0)], dim=1)  # (H, T_ctx + n, d)
+            logits = torch.matmul(q, k_all.transpose(1, 2)) * scaling  # (H, S_q, T_ctx + n)
+            causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
+            allowed = torch.cat([torch.ones(n - start, t_ctx, dtype=torch.bool, device=q.device),
+                                 causal[start:n, :n]], dim=1)
+            weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+            out[row][layer] = weights[:, :, :t_ctx].mean(dim=1)  # (H, T_ctx)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the adapter: LoRA on q_proj and k_proj of the read layers, for reranking only
+
+
+@dataclass
+class AdapterConfig:
+    layers: list[int]
+    rank: int = 8
+    alpha: float = 16.0
+    heads: list[list[int]] = field(default_factory=list)  # the head list it was trained with
+    encoding: str = DEFAULT_ENCODING
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+class QRAdapter:
+    """Low-rank deltas on the q_proj and k_proj outputs of some layers (delta(x) = s B A x, B
+    starting at zero), applied only where QR scoring computes its heads' queries and keys
+    (`head_attention`). The backbone's own passes never see them: layers above an adapted one get
+    the untouched hidden states, so the answering path, the KV a block caches and everything the
+    scorer does not read stay those of the frozen model."""
+
+    def __init__(self, config: AdapterConfig, hidden: int, q_out: int, k_out: int, device=None, seed: int = 0,
+                 tensors: dict | None = None):
+        import torch
+
+        self.config = config
+        self.shapes = {"q": q_out, "k": k_out}
+        self.params: dict = {}
+        generator = torch.Generator().manual_seed(seed)
+        for layer in config.layers:
+            for proj, out in self.shapes.items():
+                a_name, b_name = self.name(layer, proj, "A"), self.name(layer, proj, "B")
+                if tensors is not None:
+                    a, b = tensors[a_name].float(), tensors[b_name].float()
+                else:
+                    a = torch.randn(config.rank, hidden, generator=generator) / hidden ** 0.5
+                    b = torch.zeros(out, config.rank)
+                self.params[a_name] = a.to(device).requires_grad_(True)
+                self.params[b_name] = b.to(device).requires_grad_(True)
+
+    @staticmethod
+    def name(layer: int, proj: str, which: str) -> str:
+        return f"layers.{layer}.{proj}_proj.lora_{which}"
+
+    @classmethod
+    def for_model(cls, model, config: AdapterConfig, seed: int = 0, tensors: dict | None = None) -> QRAdapter:
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(config, cfg.hidden_size, cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim,
+                   _device(model), seed, tensors)
+
+    def has(self, layer: int) -> bool:
+        return layer in self.config.layers
+
+    def delta(self, layer: int, proj: str, x):
+        """s B A x for rows x (..., hidden), float32 (..., out)."""
+        a = self.params[self.name(layer, proj, "A")]
+        b = self.params[self.name(layer, proj, "B")]
+        return (x.float() @ a.t()) @ b.t() * self.config.scale
+
+    def parameters(self) -> list:
+        return list(self.params.values())
+
+    def digest(self) -> str:
+        import hashlib
+
+        h = hashlib.blake2b(digest_size=8)
+        for name in sorted(self.params):
+            h.update(self.params[name].detach().float().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    def save(self, folder: str | Path, extra: dict | None = None) -> None:
+        """OUT/adapter.safetensors and OUT/adapter.json (the config and `extra`)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().float().cpu().contiguous() for k, v in self.params.items()},
+                  str(folder / ADAPTER_FILE))
+        meta = {"format": ADAPTER_FORMAT, **asdict(self.config), "shapes": self.shapes, **(extra or {})}
+        (folder / ADAPTER_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def load_adapter(folder: str | Path, model) -> QRAdapter:
+    """The adapter in `folder` (adapter.safetensors + adapter.json) on the model's device."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / ADAPTER_CONFIG).read_text())
+        tensors = load_file(str(folder / ADAPTER_FILE))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read a QRRanker adapter from {folder}: {exc}",
+                         "give a folder written by: evsel train qrranker --out DIR") from exc
+    if meta.get("format") != ADAPTER_FORMAT:
+        raise ModelError(f"{folder / ADAPTER_CONFIG} is not a QRRanker adapter ({ADAPTER_FORMAT})")
+    config = AdapterConfig(layers=[int(x) for x in meta["layers"]], rank=int(meta["rank"]), alpha=float(meta["alpha"]),
+                           heads=[list(h) for h in meta.get("heads", [])],
+                           encoding=meta.get("encoding", DEFAULT_ENCODING))
+    check_heads(model, [(layer, 0) for layer in config.layers])
+    adapter = QRAdapter.for_model(model, config, tensors=tensors)
+    if adapter.shapes != {k: int(v) for k, v in meta.get("shapes", adapter.shapes).items()}:
+        raise ModelError(f"the adapter in {folder} was trained for another backbone shape",
+                         "train one for this backbone: evsel train qrranker --out DIR")
+    for p in adapter.parameters():
+        p.requires_grad_(False)
+    return adapter
+
+
+def adapter_folder(backbone, setting: str | None) -> Path | None:
+    """Where a trained adapter sits for the heads that `setting` names: beside its heads.json (or
+    in its folder); with no setting, beside the shipped heads. None: no adapter (untrained heads)."""
+    if setting and re.fullmatch(r"\s*\d+-\d+\s*(,\s*\d+-\d+\s*)*", setting):
+        return None
+    if setting:
+        path = Path(setting)
+        folder = path if path.is_dir() else path.parent
+    else:
+        folder = shipped_heads_dir(backbone.fingerprint)
+    return folder if (folder / ADAPTER_FILE).is_file() else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,8 +818,31 @@ def chunk_scores(cal: dict, spans: list[tuple[int, int]], heads: list[tuple[int,
     """QRHead's chunk score: per token the calibrated values summed over `heads`, trimmed within
     each candidate (mean - 2 std), summed over the candidate's span. Returns (N,) float64 numpy."""
 
+    return chunk_score_tensor(cal, spans, heads).detach().cpu().double().numpy()
+
+
+def chunk_score_tensor(cal: dict, spans: list[tuple[int, int]], heads: list[tuple[int, int]]):
+    """`chunk_scores` as a (N,) float32 tensor (differentiable: trimming only masks)."""
+    import torch
+
     per_token = sum(cal[layer][head] for layer, head in heads)  # (T_ctx,)
-    return np.array([float(trimmed_sum(per_token[a:b])) for a, b in spans], dtype=np.float64)
+    return torch.stack([trimmed_sum(per_token[a:b]) for a, b in spans])
+
+
+def listwise_loss(scores, gold: list[int], scale: float = 8.0):
+    """The seed's loss over one question's candidates: scores max-min normalised to [0, scale],
+    then -1/|G| sum over gold p of log(e^{s_p} / (e^{s_p} + sum over non-gold n of e^{s_n}))."""
+    import torch
+
+    span = (scores.max() - scores.min()).clamp_min(1e-12)
+    s = (scores - scores.min()) / span * scale
+    negative = torch.ones_like(s, dtype=torch.bool)
+    negative[gold] = False
+    if not bool(negative.any()):
+        raise ModelError("a listwise instance needs at least one non-gold candidate")
+    rest = torch.logsumexp(s[negative], dim=0)
+    positive = s[gold]
+    return -(positive - torch.logaddexp(positive, rest)).mean()
 
 
 def head_scores(cal: dict, spans: list[tuple[int, int]]):
@@ -571,9 +896,11 @@ class QRScorer:
     one story, the null query) encode them once."""
 
     def __init__(self, backbone, heads: list[tuple[int, int]] | None, config: ScorerConfig | None = None,
-                 kv_cache: BlockKVCache | None = None):
-        """`kv_cache`: per-block KV kept between calls (block encoding); None: a private one."""
+                 kv_cache: BlockKVCache | None = None, adapter: QRAdapter | None = None):
+        """`kv_cache`: per-block KV kept between calls (block encoding); None: a private one.
+        `adapter`: a trained QRAdapter applied to the read layers' q/k inside scoring only."""
         self.backbone = backbone
+        self.adapter = adapter
         self.kv_cache = kv_cache if kv_cache is not None else BlockKVCache()
         self.model = backbone.model
         self.config = config or ScorerConfig()
@@ -599,6 +926,11 @@ class QRScorer:
         """Layers the forward passes run: up to the deepest read layer, or all without truncation."""
         return max(self.layers) + 1 if self.config.truncate else self.n_layers
 
+    @property
+    def captured(self) -> tuple[int, ...]:
+        """Read layers whose k_proj inputs the encoders keep (those the adapter changes)."""
+        return tuple(layer for layer in self.layers if self.adapter is not None and self.adapter.has(layer))
+
     def _pieces(self, texts: list[str], memory: str | None):
         prefix = self.prompt.prefix(memory)
         same = self.config.encoding == "block" and self.config.block_labels == "same"
@@ -619,11 +951,9 @@ class QRScorer:
         if self.config.encoding == "causal":
             for group in groups:
                 made.append((group, encode_causal(self.model, prefix, [blocks[i] for i in group],
-                                                  [starts[i] for i in group], self.depth)))
+                                                  [starts[i] for i in group], self.depth, self.captured)))
         else:
-            states = encode_blocks_cached(self.model, prefix, blocks, self.depth, self.kv_cache,
-                                          self.config.batch_tokens, self.backbone.tokenizer.pad_token_id or 0,
-                                          self.model_key)
+            states = self._block_states(prefix, blocks)
             longest = max(states.lengths(), default=0)
             for group in groups:  # one query position for every group: after the longest block
                 made.append((group, states.context(group, starts, states.prefix_len + longest)))
@@ -632,13 +962,38 @@ class QRScorer:
             self._contexts.popitem(last=False)
         return made
 
+    def _block_states(self, prefix: list[int], blocks: list[list[int]]) -> BlockStates:
+        return encode_blocks_cached(self.model, prefix, blocks, self.depth, self.kv_cache, self.config.batch_tokens,
+                                    self.backbone.tokenizer.pad_token_id or 0, self.model_key, self.captured)
+
+    def block_states(self, texts: list[str], memory: str | None = None) -> tuple[BlockStates, list[int]]:
+        """Block encoding of `texts` (from the KV cache where it can) and where each block's span
+        starts in it; training reads a story's blocks once and picks each question's from them."""
+        prefix, blocks, starts = self._pieces(texts, memory)
+        return self._block_states(prefix, blocks), starts
+
+    def suffixes(self, question: str) -> list[tuple[list[int], int]]:
+        """The question's suffix and the null query's."""
+        return [self.prompt.suffix(question), self.prompt.suffix(self.prompt.config.null_query)]
+
+    def suffix_states(self, question: str, context: Context) -> list[SuffixStates]:
+        """The backbone's pass of the question's and the null query's suffixes over `context`
+        (no gradients), as scoring reads them."""
+        import torch
+
+        check = not self._rope_checked
+        with torch.no_grad():
+            states = suffix_states(self.model, context, self.suffixes(question), self.layers, check,
+                                   capture=bool(self.captured))
+        self._rope_checked = True
+        return states
+
     def calibrated(self, question: str, context: Context, layers: list[int]) -> dict:
         """Per layer (heads, T_ctx): the question's attention minus the null query's, both
         suffixes run in one batched pass over the context."""
         check = not self._rope_checked
-        real, null = query_attentions(self.model, context, [self.prompt.suffix(question),
-                                                            self.prompt.suffix(self.prompt.config.null_query)],
-                                      layers, check_rope=check)
+        real, null = query_attentions(self.model, context, self.suffixes(question), layers, check_rope=check,
+                                      adapter=self.adapter if layers == self.layers else None)
         self._rope_checked = True
         return calibrated(real, null)
 

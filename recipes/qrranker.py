@@ -198,3 +198,435 @@ def run_detection(engine, out: str, options: dict, command: str | None = None, d
     return {"out": str(target), "questions": result["seed_set"]["questions"], "seconds": result["seconds"],
             "encoding": result["encoding"],
             "heads": {e: [f"{h['layer']}-{h['head']}" for h in hs] for e, hs in result["by_encoding"].items()}}
+
+
+# ---------------------------------------------------------------------------------------------
+# training: `evsel train qrranker` (a LoRA adapter on the read layers' q/k, for reranking only)
+
+
+@dataclass
+class TrainConfig:
+    out: str = ""  # run folder: adapter + heads.json + metrics (the best by dev recall), checkpoint/, log.jsonl
+    sources: list[str] = field(default_factory=lambda: ["fairytaleqa-train"])
+    stories: int = 24  # FairytaleQA train stories trained on (documents per other source)
+    dev_stories: int = 8  # FairytaleQA train stories held out for the dev recall log (never val)
+    questions_per_story: int = 6
+    dev_questions_per_story: int = 4
+    candidates: int = 50  # K: the question's BM25 top-K of its document is the listwise instance
+    heads: str | None = None  # a head list or heads.json (default: the list shipped for the backbone)
+    encoding: str = "block"
+    rank: int = 8
+    alpha: float = 16.0
+    batch: int = 4  # questions per optimizer step
+    steps: int = 100
+    minutes: float | None = None  # stop after this much wall time (per invocation; a rerun resumes)
+    lr: float = 1e-3
+    warmup: int = 10
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    dev_every: int = 20
+    checkpoint_every: int = 10
+    k: int = 3  # dev recall@k picks the adapter written to OUT
+    chunk_tokens: int = 140
+    threads: int | None = None
+    seed: int = 0
+
+
+# smoke: minutes on a CPU, proves the path (2 stories, K=12); full: the CPU run of docs/QRRANKER.md
+SMOKE = {"stories": 2, "dev_stories": 1, "questions_per_story": 2, "dev_questions_per_story": 3, "candidates": 12,
+         "steps": 4, "batch": 2, "dev_every": 2, "checkpoint_every": 2, "warmup": 1, "lr": 2e-3}
+FULL = {"stories": 24, "dev_stories": 8, "questions_per_story": 6, "dev_questions_per_story": 4, "candidates": 50,
+        "steps": 100, "batch": 4, "dev_every": 20, "checkpoint_every": 10, "warmup": 10, "lr": 1e-3}
+
+
+def train_recipe(name: str) -> dict:
+    if name not in ("smoke", "full"):
+        raise InputError(f"unknown recipe {name!r}", "use smoke or full")
+    return dict(SMOKE if name == "smoke" else FULL)
+
+
+def _detection_stories(heads_data: dict | None) -> set[str]:
+    """Question ids of the head list's seed set (so dev stories can avoid them)."""
+    ids = ((heads_data or {}).get("seed_set") or {}).get("question_ids") or []
+    return {i.split("/", 1)[1] for i in ids if i.startswith("fairytaleqa-train/")}
+
+
+def listwise_data(config: TrainConfig, backbone, data_dir: Path | None, avoid_qids: set[str] = frozenset(),
+                  on_event=_ignore) -> tuple[list[dict], list[dict], dict]:
+    """(train groups, dev groups, description). A group is one document's questions over its
+    chunks: {"id", "texts": the document's chunk texts, "questions": [{"id", "question",
+    "candidates": BM25 top-K (indices into texts, BM25 order), "rest": the BM25 rest, "units":
+    gold units (sets of indices), "gold": positions in candidates}]}. Dev: held-out FairytaleQA
+    train stories (never val), not among the head detection's seed stories. Training questions
+    need a gold chunk among their candidates; dev questions are kept either way (recall as eval
+    counts it: reranked top-K, then BM25's rest)."""
+    from evsel.evaluation.datasets import load_dataset
+    from evsel.evaluation.runner import build_corpus, gold_units
+    from evsel.models.selectors import SelectorContext, get_selector
+
+    check_sources(config.sources)
+    rng = random.Random(config.seed)
+    bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
+
+    def groups_of(dataset, keys: list[str], per_doc: int, need_gold: bool, source: str, stats: dict) -> list[dict]:
+        by_doc: dict[str, list] = {}
+        for q in dataset.questions:
+            if q.docs and q.gold:
+                by_doc.setdefault(q.docs[0], []).append(q)
+        corpus = build_corpus(dataset, keys, backbone, config.chunk_tokens, on_event)
+        out = []
+        single = len(keys) == 1  # MuSiQue / HotpotQA: one corpus document, a group per question
+        for key in keys:
+            chunks = corpus.chunks[key]
+            index = {c.id: i for i, c in enumerate(chunks)}
+            pool = list(by_doc.get(key, []))
+            rng.shuffle(pool)
+            questions = []
+            for q in pool:
+                if len(questions) >= per_doc:
+                    break
+                units = gold_units(q, corpus, {})
+                if not units:
+                    stats["gold_unresolved"] = stats.get("gold_unresolved", 0) + 1
+                    continue
+                ranked = [index[s.chunk.id] for s in bm25.rank(q.question, chunks, len(chunks))]
+                cands = ranked[: config.candidates]
+                units = [sorted(index[c] for c in u) for u in units]
+                gold = [i for i, c in enumerate(cands) if any(c in u for u in units)]
+                if need_gold and (not gold or len(gold) == len(cands)):
+                    stats["gold_not_in_candidates"] = stats.get("gold_not_in_candidates", 0) + 1
+                    continue
+                questions.append({"id": f"{source}/{q.qid}", "question": q.question, "candidates": cands,
+                                  "rest": ranked[config.candidates:], "units": units, "gold": gold})
+            if single:
+                for item in questions:
+                    used = sorted(set(item["candidates"]))
+                    remap = {c: i for i, c in enumerate(used)}
+                    out.append({"id": item["id"], "texts": [chunks[c].text for c in used], "questions": [{
+                        **item, "candidates": [remap[c] for c in item["candidates"]], "rest": [],
+                        "units": [[remap[c] for c in u if c in remap] for u in item["units"]]}]})
+            elif questions:
+                out.append({"id": f"{source}/{key}", "texts": [c.text for c in chunks], "questions": questions})
+        return out
+
+    ftqa = load_dataset("fairytaleqa", data_dir=data_dir, split="train")
+    stories = sorted(ftqa.loaders)
+    rng.shuffle(stories)
+    avoid = {q.docs[0] for q in ftqa.questions if q.qid in avoid_qids and q.docs}
+    dev_keys = [k for k in stories if k not in avoid][: config.dev_stories]
+    train_keys = [k for k in stories if k not in dev_keys]
+    described: dict = {}
+    stats: dict = {}
+    dev = groups_of(ftqa, dev_keys, config.dev_questions_per_story, False, "fairytaleqa-train", stats)
+    described["dev"] = {"source": "fairytaleqa-train (held-out stories)", "stories": dev_keys,
+                        "questions": sum(len(g["questions"]) for g in dev), **stats}
+    train: list[dict] = []
+    for source in config.sources:
+        stats = {}
+        if source == "fairytaleqa-train":
+            dataset, keys = ftqa, train_keys[: config.stories]
+        else:
+            dataset = load_dataset(source, data_dir=data_dir)
+            keys = sorted(dataset.loaders)
+        per_doc = config.questions_per_story if len(keys) > 1 else config.stories * config.questions_per_story
+        got = groups_of(dataset, keys, per_doc, True, source, stats)
+        train += got
+        described[source] = {"documents": len(keys), "questions": sum(len(g["questions"]) for g in got), **stats}
+    return train, dev, described
+
+
+class ListwiseTrainer:
+    """One run: features of every instance once (the frozen backbone, no gradients; block
+    encoding, so a story's chunks are encoded once for all its questions), then AdamW steps on the
+    adapter alone. Resumes from OUT/checkpoint."""
+
+    def __init__(self, config: TrainConfig, backbone, command: str = "", on_event=_ignore,
+                 log: Callable[[str], None] = lambda line: None):
+        self.config = config
+        self.backbone = backbone
+        self.command = command
+        self.on_event = on_event
+        self.log = log
+        self.out = Path(config.out)
+
+    # setup
+    def setup(self, train: list[dict], dev: list[dict], heads: list[tuple[int, int]], heads_data: dict | None,
+              described: dict | None = None) -> None:
+        import torch
+        from evsel.models import qrranker as qr
+
+        cfg = self.config
+        if cfg.encoding != "block":
+            raise InputError("training reads block-encoded candidates", "use --encoding block (the default)")
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.heads, self.heads_data, self.described = list(heads), heads_data, described or {}
+        self.train = [(g, q) for g in train for q in g["questions"]]
+        self.dev = [(g, q) for g in dev for q in g["questions"]]
+        if not self.train:
+            raise InputError("no training questions had a gold chunk among their candidates",
+                             "use more --stories or a larger --candidates")
+        model = self.backbone.model
+        layers = sorted({layer for layer, _ in self.heads})
+        resume = self.out / "checkpoint"
+        if (resume / qr.ADAPTER_FILE).is_file():
+            self.adapter = qr.load_adapter(resume, model)
+            for p in self.adapter.parameters():
+                p.requires_grad_(True)
+            state = json.loads((resume / "trainer.json").read_text())
+            self.step, self.best = state["step"], state.get("best")
+            self.total_steps = state["total_steps"] if state.get("asked_steps") == cfg.steps else cfg.steps
+            if [list(h) for h in self.heads] != self.adapter.config.heads:
+                raise InputError(f"{resume} was trained with other heads", "use another --out or the same heads")
+            self.log(f"resuming at step {self.step} of {self.total_steps}")
+        else:
+            config = qr.AdapterConfig(layers=layers, rank=cfg.rank, alpha=cfg.alpha,
+                                      heads=[list(h) for h in self.heads], encoding=cfg.encoding)
+            self.adapter = qr.QRAdapter.for_model(model, config, cfg.seed)
+            self.step, self.best, self.total_steps = 0, None, cfg.steps
+        self.optimizer = torch.optim.AdamW(self.adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
+                                           weight_decay=cfg.weight_decay)
+        if (resume / "optimizer.pt").is_file():
+            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location="cpu"))
+        self.scorer = qr.QRScorer(self.backbone, self.heads, qr.ScorerConfig(encoding="block"),
+                                  kv_cache=qr.BlockKVCache(max_bytes=2 << 30), adapter=self.adapter)
+        started = time.perf_counter()
+        groups = list({id(g): g for g, _ in self.train + self.dev}.values())
+        self.features: dict = {}
+        for n, group in enumerate(groups):
+            self.on_event({"type": "progress", "task": "features", "label": "encoding candidates (frozen backbone)",
+                           "done": n, "total": len(groups)})
+            self._group_features(group)
+        self.feature_seconds = time.perf_counter() - started
+        self.log(f"features of {len(self.train)} training and {len(self.dev)} dev questions in "
+                 f"{self.feature_seconds:.0f} s")
+
+    def _group_features(self, group: dict) -> None:
+        """One block encoding of the group's candidate chunks; per question its token index into
+        it, its candidate spans, and its two suffix passes (question and null query)."""
+        import torch
+
+        scorer = self.scorer
+        used = sorted({c for q in group["questions"] for c in q["candidates"]})
+        states, starts = scorer.block_states([group["texts"][c] for c in used])
+        whole = states.context(spans=starts)
+        read = _read(whole, scorer.layers).detached()
+        lengths, p = states.lengths(), states.prefix_len
+        offset, at = {}, p
+        for j, c in enumerate(used):
+            offset[c] = (at, lengths[j], starts[j])
+            at += lengths[j]
+        device = read.positions.device
+        for q in group["questions"]:
+            texts = [group["texts"][c] for c in q["candidates"]]
+            parts = []
+            for members, context in scorer.contexts(texts):
+                index, spans, at = [torch.arange(p, device=device)], [], p
+                for i in members:
+                    start, length, first = offset[q["candidates"][i]]
+                    index.append(torch.arange(start, start + length, device=device))
+                    spans.append((at + first, at + length))
+                    at += length
+                suffix = [s.detached() for s in scorer.suffix_states(q["question"], context)]
+                parts.append((members, torch.cat(index), spans, suffix))
+            self.features[q["id"]] = (read, parts)
+        scorer.kv_cache = type(scorer.kv_cache)(scorer.kv_cache.max_bytes)  # the next group shares nothing
+        scorer._contexts.clear()
+
+    def scores(self, q: dict):
+        """(K,) float32 scores of a question's candidates with the adapter (differentiable)."""
+        import torch
+        from evsel.models import qrranker as qr
+
+        read, parts = self.features[q["id"]]
+        out = [None] * len(q["candidates"])
+        model = self.backbone.model
+        for members, index, spans, suffix in parts:
+            real, null = qr.head_attention(model, read.select(index), suffix, self.scorer.layers, self.adapter)
+            values = qr.chunk_score_tensor(qr.calibrated(real, null), spans, self.heads)
+            for i, v in zip(members, values):
+                out[i] = v
+        return torch.stack(out)
+
+    def loss(self, q: dict):
+        from evsel.models import qrranker as qr
+
+        return qr.listwise_loss(self.scores(q), q["gold"])
+
+    def dev_metrics(self) -> dict:
+        """recall@1/k and MRR on the dev questions: reranked top-K, then BM25's rest."""
+        import torch
+        from evsel.evaluation.metrics import ranking_metrics
+
+        cfg = self.config
+        rows = []
+        with torch.no_grad():
+            for _, q in self.dev:
+                s = self.scores(q).cpu().numpy()
+                ranked = [q["candidates"][i] for i in np.argsort(-s, kind="stable")] + q["rest"]
+                rows.append(ranking_metrics(ranked, [set(u) for u in q["units"]], [1, cfg.k, 5]))
+        keys = ("recall@1", f"recall@{cfg.k}", "recall@5", "mrr")
+        return {key: round(float(np.mean([r[key] for r in rows])), 4) for key in keys} if rows else {}
+
+    def bm25_dev(self) -> dict:
+        from evsel.evaluation.metrics import ranking_metrics
+
+        rows = [ranking_metrics(q["candidates"] + q["rest"], [set(u) for u in q["units"]], [1, self.config.k, 5])
+                for _, q in self.dev]
+        keys = ("recall@1", f"recall@{self.config.k}", "recall@5", "mrr")
+        return {key: round(float(np.mean([r[key] for r in rows])), 4) for key in keys} if rows else {}
+
+    def lr_at(self, step: int) -> float:
+        warmup = min(self.config.warmup, max(1, self.total_steps // 10))
+        if step < warmup:
+            return self.config.lr * (step + 1) / warmup
+        return self.config.lr * max(0.0, (self.total_steps - step) / max(1, self.total_steps - warmup))
+
+    def _better(self, dev: dict) -> bool:
+        key = f"recall@{self.config.k}"
+        if not dev:
+            return self.best is None
+        if self.best is None:
+            return True
+        return (dev[key], dev["mrr"]) > (self.best[key], self.best["mrr"])
+
+    # output
+    def save_checkpoint(self) -> None:
+        import shutil
+
+        import torch
+
+        folder = self.out / "checkpoint"
+        tmp = folder.with_name("checkpoint.tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.adapter.save(tmp, {"step": self.step})
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "trainer.json").write_text(json.dumps({"step": self.step, "total_steps": self.total_steps,
+                                                      "asked_steps": self.config.steps, "best": self.best}) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+
+    def save_best(self, dev: dict) -> None:
+        """OUT/adapter.safetensors, adapter.json, heads.json and metrics.json: what EVSEL_QRRANKER_HEADS=OUT uses."""
+        from evsel.models import qrranker as qr
+
+        extra = {"backbone": self.backbone.name, "fingerprint": self.backbone.fingerprint, "step": self.step}
+        self.adapter.save(self.out, extra)
+        heads = {"format": qr.HEADS_FORMAT,
+                 "backbone": {"name": self.backbone.name, "fingerprint": self.backbone.fingerprint},
+                 "layer_index": "0-based (model.layers[i]), as the seed's l-h notation",
+                 "encoding": self.config.encoding, "heads": [{"layer": l, "head": h} for l, h in self.heads],
+                 "trained": "adapter.safetensors beside this file (LoRA on the read layers' q_proj/k_proj, "
+                            "applied inside QR scoring only)",
+                 "detected": (self.heads_data or {}).get("command")}
+        (self.out / qr.HEADS_FILE).write_text(json.dumps(heads, indent=1) + "\n")
+        metrics = {"step": self.step, "dev": dev, "dev_bm25": self.bm25_dev(), "data": self.described,
+                   "train_questions": len(self.train), "dev_questions": len(self.dev),
+                   "config": asdict(self.config), "command": self.command}
+        (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+        if self.command:
+            (self.out / "command.txt").write_text(self.command + "\n")
+
+    def _write(self, handle, record: dict) -> None:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+
+    def run(self) -> dict:
+        import torch
+
+        cfg = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+        started = time.perf_counter()
+        order_rng = random.Random(cfg.seed)
+        order: list[int] = []
+        while len(order) < self.total_steps * cfg.batch:
+            epoch = list(range(len(self.train)))
+            order_rng.shuffle(epoch)
+            order += epoch
+        last: dict = {}
+        with open(self.out / "log.jsonl", "a", encoding="utf-8") as log_file:
+            if self.step == 0:
+                last = self.dev_metrics()
+                self._write(log_file, {"step": 0, "bm25_dev": self.bm25_dev(),
+                                       **{f"dev_{k}": v for k, v in last.items()},
+                                       "features_s": round(self.feature_seconds, 1)})
+                self.best = last or None
+                self.save_best(last)
+            while self.step < self.total_steps:
+                if cfg.minutes is not None and time.perf_counter() - started > cfg.minutes * 60:
+                    self.log(f"--minutes {cfg.minutes:g} reached at step {self.step}; rerun to continue")
+                    break
+                t = time.perf_counter()
+                batch = [self.train[i][1] for i in order[self.step * cfg.batch:(self.step + 1) * cfg.batch]]
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self.lr_at(self.step)
+                self.optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for q in batch:  # one graph per question: memory stays that of one instance
+                    loss = self.loss(q) / len(batch)
+                    loss.backward()
+                    total += float(loss.detach())
+                norm = float(torch.nn.utils.clip_grad_norm_(self.adapter.parameters(), cfg.clip))
+                self.optimizer.step()
+                self.step += 1
+                record = {"step": self.step, "loss": round(total, 5), "lr": self.lr_at(self.step - 1),
+                          "grad_norm": round(norm, 4), "step_s": round(time.perf_counter() - t, 2),
+                          "elapsed_s": round(time.perf_counter() - started, 1)}
+                final = self.step >= self.total_steps
+                if self.dev and ((cfg.dev_every and self.step % cfg.dev_every == 0) or final):
+                    last = self.dev_metrics()
+                    record.update({f"dev_{k}": v for k, v in last.items()})
+                    if self._better(last):
+                        self.best = last
+                        self.save_best(last)
+                self._write(log_file, record)
+                if self.step % cfg.checkpoint_every == 0 or final:
+                    self.save_checkpoint()
+            if self.step < self.total_steps:  # stopped by --minutes
+                self.save_checkpoint()
+        summary = {"steps": self.step, "total_steps": self.total_steps, "k": cfg.k, "best_dev": self.best,
+                   "last_dev": last, "dev_bm25": self.bm25_dev(), "out": str(self.out),
+                   "seconds": round(time.perf_counter() - started, 1)}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        return summary
+
+
+def _read(context, layers):
+    from evsel.models import qrranker as qr
+
+    return qr.read_states(context, layers)
+
+
+def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
+                 data_dir: str | None = None, on_event: Callable[[dict], None] = _ignore) -> dict:
+    """`evsel train qrranker`: the recipe's settings with the given options over them; build the
+    listwise instances, then train (or resume). Log lines go to `on_event` as {"type": "log"}."""
+    from evsel.models import qrranker as qr
+
+    settings = train_recipe(recipe_name)
+    known = set(TrainConfig.__dataclass_fields__)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InputError(f"unknown training options {', '.join(unknown)}")
+    settings.update({k: v for k, v in options.items() if v is not None})
+    config = TrainConfig(out=str(Path(out)), **{k: v for k, v in settings.items() if k != "out"})
+    backbone = engine.backbone
+
+    def log(line: str) -> None:
+        on_event({"type": "log", "message": line})
+
+    heads, where = qr.resolve_heads(backbone, config.heads or engine.settings.qrranker_heads, config.encoding)
+    heads_data = None
+    if Path(where).exists():
+        heads_data = qr.load_head_file(where)
+    log(f"heads from {where}: {qr.format_heads(heads)}")
+    train, dev, described = listwise_data(config, backbone, Path(data_dir) if data_dir else None,
+                                          _detection_stories(heads_data), on_event)
+    trainer = ListwiseTrainer(config, backbone, command or "", on_event, log)
+    trainer.setup(train, dev, heads, heads_data, described)
+    return trainer.run()

@@ -102,7 +102,7 @@ def test_eval_generate_with_the_real_model(tmp_path, capsys):
     """--generate answers with SmolLM2 from the selected passages and from the whole document."""
     path = _dataset(tmp_path)
     code = main(["eval", str(path), "--methods", "bm25,full", "--k", "1", "--generate", "--max-new-tokens", "12",
-                 "--json", "--per-question"])
+                 "--answer-style", "sentence", "--json", "--per-question"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     result = json.loads(captured.out)

@@ -312,7 +312,6 @@ def test_detect_cli_writes_a_head_list_and_refuses_eval_sets(gqa_model_dir, tmp_
     for source in ("locomo", "fairytaleqa-val"):
         assert main(args[:-1] + ["--source", source]) == 1
         assert "refusing" in capsys.readouterr().err
-    assert main(args[:6] + ["--out", str(out)]) == 1  # training itself is not here yet
     # the selector reads a heads.json given by EVSEL_QRRANKER_HEADS
     from evsel.models.backbone import Backbone
 
@@ -352,6 +351,219 @@ def test_settings_read_the_head_list(tmp_path):
     assert Settings.resolve(env={"EVSEL_QRRANKER_HEADS": "14-3, 17-0"}, cwd=tmp_path).qrranker_heads == "14-3, 17-0"
     assert Settings.resolve(env={"EVSEL_QRRANKER_HEADS": "run/heads"}, cwd=tmp_path).qrranker_heads == \
         str(tmp_path / "run" / "heads")
+
+
+# ---------------------------------------------------------------------------------------------
+# training: the LoRA adapter on the read layers' q/k, applied inside scoring only
+
+
+def _adapter(backbone, heads=HEADS, seed=0, nonzero=True):
+    config = qr.AdapterConfig(layers=sorted({l for l, _ in heads}), rank=4, alpha=8.0, heads=[list(h) for h in heads])
+    adapter = qr.QRAdapter.for_model(backbone.model, config, seed)
+    if nonzero:  # a trained-looking adapter (B starts at zero, which changes nothing)
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for name, p in adapter.params.items():
+                if name.endswith("lora_B"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return adapter
+
+
+def _items(n=3):
+    return [{"id": f"q{i}", "question": QUESTION if i % 2 == 0 else "where is the lamp ?",
+             "texts": [_text(50 + 7 * i + j, 3 + (i + j) % 5) for j in range(6)], "gold": [i % 6]} for i in range(n)]
+
+
+def _groups(items):
+    return [{"id": it["id"], "texts": it["texts"], "questions": [{
+        "id": it["id"], "question": it["question"], "candidates": list(range(len(it["texts"]))), "rest": [],
+        "units": [[g] for g in it["gold"]], "gold": it["gold"]}]} for it in items]
+
+
+def _trainer(backbone, out, steps=3, lr=5e-2, **kwargs):
+    from evsel.recipes import qrranker as recipe
+
+    config = recipe.TrainConfig(out=str(out), steps=steps, batch=3, lr=lr, warmup=1, rank=4, alpha=8.0, dev_every=0,
+                                checkpoint_every=1, **kwargs)
+    trainer = recipe.ListwiseTrainer(config, backbone)
+    groups = _groups(_items())
+    trainer.setup(groups, groups[:1], HEADS, None)
+    return trainer
+
+
+def test_adapter_scores_equal_a_scorer_with_the_lora_in_the_read_projections(tiny_backbone):
+    """The adapter's scores equal an explicit computation: eager attention maps of a model whose
+    read layers' q_proj / k_proj carry the LoRA delta, in those layers only (the layers above
+    still get the frozen model's hidden states, so the explicit pass reads each layer's maps from
+    a model patched at that layer alone)."""
+    adapter = _adapter(tiny_backbone)
+    got = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="causal"), adapter=adapter).scores(QUESTION, TEXTS)
+    plain = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="causal")).scores(QUESTION, TEXTS)
+    assert not np.allclose(got, plain, atol=1e-4)
+    prompt = qr.Prompt(tiny_backbone.tokenizer)
+    ctx, spans, suffix, s0 = _causal_pieces(prompt, TEXTS, QUESTION)
+    null_suffix, n0 = prompt.suffix("N/A")
+    real, null = [None] * 3, [None] * 3
+    for layer in sorted({l for l, _ in HEADS}):
+        ref = _eager(tiny_backbone)
+        attn = ref.model.layers[layer].self_attn
+        for proj in ("q", "k"):
+            module = getattr(attn, f"{proj}_proj")
+            module.register_forward_hook(lambda _m, args, out, proj=proj, layer=layer:
+                                         out + adapter.delta(layer, proj, args[0]).to(out.dtype))
+        with torch.no_grad():
+            r, _ = _reference_attention(ref, ctx + suffix, range(len(ctx) + s0, len(ctx) + len(suffix)))
+            n, _ = _reference_attention(ref, ctx + null_suffix, range(len(ctx) + n0, len(ctx) + len(null_suffix)))
+        real[layer], null[layer] = r[layer], n[layer]
+    want = _reference_scores(real, null, spans, HEADS)
+    assert np.allclose(got, want, atol=1e-5, rtol=1e-4)
+    # block encoding: the training path (features read once, the adapter applied on top) gives
+    # the scorer's scores
+    block = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block"), adapter=adapter)
+    states, starts = block.block_states(TEXTS)
+    read = qr.read_states(states.context(spans=starts), block.layers).detached()
+    ((_, context),) = block.contexts(TEXTS)
+    suffix_states = [s.detached() for s in block.suffix_states(QUESTION, context)]
+    cal = qr.calibrated(*qr.head_attention(tiny_backbone.model, read, suffix_states, block.layers, adapter))
+    assert np.allclose(qr.chunk_score_tensor(cal, context.spans, HEADS).detach().numpy(),
+                       block.scores(QUESTION, TEXTS), atol=1e-6)
+
+
+def test_listwise_loss_is_the_seeds():
+    scores = torch.tensor([0.1, 0.5, 0.3, -0.2])
+    s = (scores - scores.min()) / (scores.max() - scores.min()) * 8  # [2.67, 8, 5.33, 0]
+    neg = torch.exp(s[[0, 3]]).sum()
+    want = -0.5 * (torch.log(torch.exp(s[1]) / (torch.exp(s[1]) + neg)) +
+                   torch.log(torch.exp(s[2]) / (torch.exp(s[2]) + neg)))
+    assert float(qr.listwise_loss(scores, [1, 2])) == pytest.approx(float(want), rel=1e-5)
+    assert float(qr.listwise_loss(scores * 10, [1, 2])) == pytest.approx(float(want), rel=1e-5)  # scale-free
+
+
+def test_three_training_steps_lower_the_loss_on_a_fixed_batch(tiny_backbone, tmp_path):
+    trainer = _trainer(tiny_backbone, tmp_path / "run")
+    batch = [q for _, q in trainer.train]
+
+    def loss() -> float:
+        with torch.no_grad():
+            return float(sum(trainer.loss(q) for q in batch)) / len(batch)
+
+    before = loss()
+    for _ in range(3):
+        trainer.optimizer.zero_grad()
+        for q in batch:
+            (trainer.loss(q) / len(batch)).backward()
+        trainer.optimizer.step()
+    assert loss() < before
+    # only the adapter moved: the backbone's weights have no gradient
+    assert all(p.grad is None for p in tiny_backbone.model.parameters())
+
+
+def test_training_resumes_from_its_checkpoint_and_writes_an_adapter(tiny_backbone, tmp_path):
+    out = tmp_path / "run"
+    whole = _trainer(tiny_backbone, tmp_path / "whole", steps=4).run()
+    first = _trainer(tiny_backbone, out, steps=4, minutes=0.0)  # stops at once: a checkpoint at step 0
+    first.run()
+    assert json.loads((out / "checkpoint" / "trainer.json").read_text())["step"] == 0
+    second = _trainer(tiny_backbone, out, steps=4)
+    second.config.checkpoint_every = 2
+    save = second.save_checkpoint
+
+    def killed_after_saving() -> None:  # the process dies right after the step-2 checkpoint
+        save()
+        raise KeyboardInterrupt
+
+    second.save_checkpoint = killed_after_saving
+    with pytest.raises(KeyboardInterrupt):
+        second.run()
+    third = _trainer(tiny_backbone, out, steps=4)
+    assert third.step == 2  # resumed
+    third.run()
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3, 4]
+    wlog = [json.loads(line) for line in (tmp_path / "whole" / "log.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in log if "loss" in r] == pytest.approx([r["loss"] for r in wlog if "loss" in r], rel=1e-4)
+    assert whole["steps"] == 4
+    for name in (qr.ADAPTER_FILE, qr.ADAPTER_CONFIG, qr.HEADS_FILE, "metrics.json"):
+        assert (out / name).is_file()
+    assert "dev_recall@3" in log[0] and "bm25_dev" in log[0]
+    adapter = qr.load_adapter(out, tiny_backbone.model)
+    assert adapter.config.heads == [list(h) for h in HEADS] and not adapter.parameters()[0].requires_grad
+    assert qr.heads_of(qr.load_head_file(out)) == HEADS
+
+
+def test_an_adapter_leaves_the_answering_backbone_untouched(gqa_model_dir, tmp_path):
+    from evsel.models.backbone import Backbone
+    from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.settings import Settings
+    from evsel.store import ChunkRecord
+
+    backbone = Backbone(str(gqa_model_dir), "cpu")
+    backbone.model.float()
+    folder = tmp_path / "trained"
+    _adapter(backbone).save(folder)
+    (folder / qr.HEADS_FILE).write_text(json.dumps({"format": qr.HEADS_FORMAT, "encoding": "block",
+                                                    "heads": [{"layer": l, "head": h} for l, h in HEADS]}))
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        before = backbone.model(input_ids=ids).logits.clone()
+        generated = backbone.model.generate(ids, max_new_tokens=5, do_sample=False)
+    weights = {k: v.clone() for k, v in backbone.model.state_dict().items()}
+    context = SelectorContext(load_backbone=lambda: backbone, states=None,
+                              settings=Settings(qrranker_heads=str(folder / qr.HEADS_FILE)))
+    selector = get_selector("qrranker", context)
+    assert selector.adapter is not None and selector.adapter_from == str(folder)
+    chunks = [ChunkRecord(id=i + 1, doc_id=1, seq=i, text=t, content_hash=str(i), n_tokens=len(t.split()),
+                          char_start=0, char_end=len(t)) for i, t in enumerate(TEXTS)]
+    trained = [s.score for s in selector.rank(QUESTION, chunks)]
+    untrained = get_selector("qrranker", SelectorContext(load_backbone=lambda: backbone, states=None,
+                                                         settings=Settings(qrranker_heads="0-4,1-0,1-5,2-2")))
+    assert untrained.adapter is None
+    assert sorted(trained) != pytest.approx(sorted(s.score for s in untrained.rank(QUESTION, chunks)))
+    with torch.no_grad():
+        after = backbone.model(input_ids=ids).logits
+        assert torch.equal(before, after)
+        assert torch.equal(generated, backbone.model.generate(ids, max_new_tokens=5, do_sample=False))
+    assert all(torch.equal(v, weights[k]) for k, v in backbone.model.state_dict().items())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in backbone.model.modules())
+
+
+def test_train_cli_smoke_on_a_tiny_model(gqa_model_dir, tmp_path, capsys, monkeypatch):
+    import sys
+
+    from conftest import shared_data
+    from evsel.cli import main
+
+    shared_data("fairytaleqa", "questions", "train")
+    out = tmp_path / "qr"
+    args = ["--model", str(gqa_model_dir), "--device", "cpu", "train", "qrranker", "--recipe", "smoke",
+            "--out", str(out), "--heads", "0-4,1-0,1-5,2-2", "--stories", "1", "--steps", "2", "--json"]
+    monkeypatch.setattr(sys, "argv", ["evsel", *args])
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 2 and "recall@3" in summary["dev_bm25"]
+    assert (out / qr.ADAPTER_FILE).is_file() and (out / "checkpoint" / qr.ADAPTER_FILE).is_file()
+    assert "train qrranker --recipe smoke" in (out / "command.txt").read_text()
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0, 1, 2] and all(np.isfinite(r["loss"]) for r in log[1:])
+    assert main(args[:-1] + ["--source", "locomo"]) == 1
+    assert "refusing" in capsys.readouterr().err
+
+
+def test_training_runs_on_cuda_with_the_backbone(gqa_model_dir, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: torch.cuda.is_available() is False on this machine, so GPU training "
+                    "cannot run here")
+    from evsel.models.backbone import Backbone
+
+    backbone = Backbone(str(gqa_model_dir), "cuda")
+    trainer = _trainer(backbone, tmp_path / "gpu", steps=2)
+    assert all(p.device.type == "cuda" for p in trainer.adapter.parameters())
+    read, _ = trainer.features[trainer.train[0][1]["id"]]
+    assert read.positions.device.type == "cuda"
+    summary = trainer.run()
+    assert summary["steps"] == 2
+    cpu = Backbone(str(gqa_model_dir), "cpu")
+    assert qr.load_adapter(tmp_path / "gpu" / "checkpoint", cpu.model).parameters()[0].device.type == "cpu"
 
 
 # ---------------------------------------------------------------------------------------------

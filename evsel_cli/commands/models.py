@@ -13,7 +13,8 @@ app = App(help="Information about the backbone model.")
 
 @app.command("info")
 def models_info(ctx: typer.Context, as_json: JsonOption = False):
-    """Show the backbone, its file fingerprint, and the device and dtype with why they were chosen."""
+    """Show the backbone, its file fingerprint, the device and dtype, and which backend generates
+    answers (llama.cpp or transformers), each with why it was chosen."""
     info = engine_from(ctx).models_info()
     from evsel.output import warning
     from evsel.paths import permission_warning

@@ -156,26 +156,55 @@ def train_unreal(
 def train_qrranker(
     ctx: typer.Context,
     out: Annotated[str, typer.Option(
-        "--out", parser=path(file_okay=False), help="Folder to write: heads.json (with --detect-heads).")],
+        "--out", parser=path(file_okay=False),
+        help="Folder to write: heads.json (with --detect-heads); else the trained adapter "
+             "(adapter.safetensors beside heads.json, metrics.json), checkpoint/ (resumable), log.jsonl.")],
     detect_heads: Annotated[bool, typer.Option(
         "--detect-heads", help="Detect QR heads: every head's QR score on a seed set, the top ones kept.")] = False,
+    recipe: Annotated[Literal["smoke", "full"], typer.Option(
+        "--recipe", parser=choice(["smoke", "full"]),
+        help="Training: smoke (minutes on a CPU, proves the path) or full (docs/QRRANKER.md's run).")] = "full",
     sources: Annotated[Optional[List[str]], typer.Option(
-        "--source", help="Seed-set source (repeatable): fairytaleqa-train (default), musique, hotpotqa. "
+        "--source", help="Seed-set / training source (repeatable): fairytaleqa-train (default), musique, hotpotqa. "
                          "LoCoMo and FairytaleQA val are refused.")] = None,
     documents: Annotated[Optional[int], typer.Option(
-        "--documents", parser=INT, help="Documents sampled per source (default 32 FairytaleQA train stories).")] = None,
+        "--documents", parser=INT,
+        help="Detection: documents sampled per source (default 32 FairytaleQA train stories).")] = None,
     questions_per_document: Annotated[Optional[int], typer.Option(
-        "--questions-per-document", parser=INT, help="Questions per document (default 3).")] = None,
+        "--questions-per-document", parser=INT,
+        help="Questions per document (detection default 3, training 6).")] = None,
     max_questions: Annotated[Optional[int], typer.Option(
-        "--max-questions", parser=INT, help="At most this many seed questions in all.")] = None,
+        "--max-questions", parser=INT, help="Detection: at most this many seed questions in all.")] = None,
     candidates: Annotated[Optional[int], typer.Option(
         "--candidates", parser=INT, help="BM25 top-k of the question's document scored (default 50).")] = None,
-    keep: Annotated[Optional[int], typer.Option("--keep", parser=INT, help="Heads kept (default 16).")] = None,
+    keep: Annotated[Optional[int], typer.Option("--keep", parser=INT, help="Detection: heads kept (default 16).")
+    ] = None,
     encoding: Annotated[Literal["both", "block", "causal"], typer.Option(
         "--encoding", parser=choice(["both", "block", "causal"]),
-        help="Candidate encoding(s) to detect under: a head list for each.")] = "both",
+        help="Detection: candidate encoding(s) to detect under, a head list for each (training: block).")] = "both",
+    stories: Annotated[Optional[int], typer.Option(
+        "--stories", parser=INT, help="Training: FairytaleQA train stories trained on (full: 24).")] = None,
+    dev_stories: Annotated[Optional[int], typer.Option(
+        "--dev-stories", parser=INT,
+        help="Training: held-out FairytaleQA train stories for the dev recall log (full: 8).")] = None,
+    heads: Annotated[Optional[str], typer.Option(
+        "--heads", help="Training: the heads to train, a list (14-3,17-0) or a heads.json "
+                        "(default: EVSEL_QRRANKER_HEADS, else the shipped list).")] = None,
+    rank: Annotated[Optional[int], typer.Option("--rank", parser=INT, help="Training: LoRA rank (default 8).")
+    ] = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", parser=INT, help="Training: questions per step.")
+    ] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", parser=INT, help="Training: optimizer steps.")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", parser=FLOAT, help="Training: peak learning rate.")] = None,
+    dev_every: Annotated[Optional[int], typer.Option(
+        "--dev-every", parser=INT, help="Training: steps between dev recall checks.")] = None,
+    train_device: Annotated[Optional[Literal["auto", "cpu", "cuda"]], typer.Option(
+        "--device", parser=choice(["auto", "cpu", "cuda"]), help="Where to train (default: evsel --device).")
+    ] = None,
     minutes: Annotated[Optional[float], typer.Option(
-        "--minutes", parser=FLOAT, help="Stop taking seed questions after this many minutes.")] = None,
+        "--minutes", parser=FLOAT,
+        help="Stop after this many minutes (detection: stop taking seed questions; training: "
+             "checkpoint and stop, a rerun continues).")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", parser=INT, help="CPU threads for torch.")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", parser=INT)] = None,
     as_json: JsonOption = False,
@@ -183,19 +212,47 @@ def train_qrranker(
     """QRRanker's retrieval heads (seed 003). With --detect-heads: the QR score of every attention
     head (mean calibrated attention mass on the gold chunks among a question's BM25 candidates,
     QRHead's score) over a seed set from training splits only; the top heads and every head's
-    score go to OUT/heads.json. Use them with EVSEL_QRRANKER_HEADS=OUT."""
-    options = {"sources": list(sources) if sources else None, "documents": documents,
-               "questions_per_document": questions_per_document, "max_questions": max_questions,
-               "candidates": candidates, "keep": keep,
-               "encodings": ["block", "causal"] if encoding == "both" else [encoding], "minutes": minutes,
-               "threads": threads, "seed": seed}
-    engine = engine_from(ctx)  # runs where the model is resident: in the daemon when one runs
+    score go to OUT/heads.json. Use them with EVSEL_QRRANKER_HEADS=OUT.
+
+    Without --detect-heads: train those heads for reranking with the seed's listwise loss (a
+    question's BM25 top-k from FairytaleQA train, gold chunks positive; scores max-min normalised
+    to [0, 8]). What trains is a LoRA adapter on q_proj and k_proj of the layers holding the heads,
+    applied inside QR scoring only (answering uses the untouched backbone). The best adapter by
+    dev recall@3 goes to OUT beside OUT/heads.json; use it with EVSEL_QRRANKER_HEADS=OUT.
+    Rerunning the same command resumes from OUT/checkpoint.
+    """
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    if detect_heads:
+        options = {"sources": list(sources) if sources else None, "documents": documents,
+                   "questions_per_document": questions_per_document, "max_questions": max_questions,
+                   "candidates": candidates, "keep": keep,
+                   "encodings": ["block", "causal"] if encoding == "both" else [encoding], "minutes": minutes,
+                   "threads": threads, "seed": seed}
+    else:
+        if encoding == "causal":
+            raise typer.BadParameter("training reads block-encoded candidates", param_hint="--encoding")
+        options = {"sources": list(sources) if sources else None, "stories": stories, "dev_stories": dev_stories,
+                   "questions_per_story": questions_per_document, "candidates": candidates, "heads": heads,
+                   "rank": rank, "batch": batch, "steps": steps, "lr": lr, "dev_every": dev_every,
+                   "minutes": minutes, "threads": threads, "seed": seed}
+    # training's --device is where to train: the engine (the daemon's, when one runs) for that device
+    engine = engine_from(ctx, **({"device": train_device} if train_device and not detect_heads else {}))
     with ProgressView(enabled=not as_json) as view:
-        summary = engine.train_qrranker(str(Path(out).absolute()), detect_heads, options, command, on_event=view)
+        def on_event(event: dict) -> None:
+            if not (as_json and event.get("type") == "log"):  # log lines go to stderr, not into --json
+                view(event)
+
+        summary = engine.train_qrranker(str(Path(out).absolute()), detect_heads, options, command,
+                                        on_event=on_event, recipe_name=recipe)
     if as_json:
         print_json(summary)
-    else:
-        for name, heads in summary["heads"].items():
-            stderr.print(f"{name}: {', '.join(heads)}")
+    elif detect_heads:
+        for name, listed in summary["heads"].items():
+            stderr.print(f"{name}: {', '.join(listed)}")
         stderr.print(f"wrote {summary['out']} from {summary['questions']} seed questions in {summary['seconds']:.0f} s")
+    else:
+        best = summary["best_dev"] or {}
+        k = summary["k"]
+        stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev recall@{k} "
+                     f"{best.get(f'recall@{k}', float('nan')):.3f} (BM25 {summary['dev_bm25'].get(f'recall@{k}', float('nan')):.3f}); "
+                     f"adapter in {out}")

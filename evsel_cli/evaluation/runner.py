@@ -141,14 +141,15 @@ def gold_units(question: EvalQuestion, corpus: Corpus, tally: dict[str, int]) ->
     return metrics.dedupe_units(units)
 
 
-def _generate(engine, question: EvalQuestion, evidence: list, config: "EvalConfig", claims: bool) -> dict:
+def _generate(engine, question: EvalQuestion, evidence: list, config: "EvalConfig", claims: bool,
+              full: bool = False) -> dict:
     """The answer step of the ask pipeline, on the evidence (Scored) the pipeline chose. Claims are
     judged true/false by free generation: they have no span to find."""
     if claims:
         return answer(engine.backbone, CLAIM_PROMPT.format(claim=question.question), in_document_order(evidence),
                       config.max_new_tokens, "sentence")
-    return answer(engine.backbone, question.question, in_document_order(evidence), config.max_new_tokens,
-                  config.answer_style)
+    style = "sentence" if full else config.answer_style  # full is the whole-context generation baseline
+    return answer(engine.backbone, question.question, in_document_order(evidence), config.max_new_tokens, style)
 
 
 def _oracle_evidence(question: EvalQuestion, units: list[set[int]], chunks: list[ChunkRecord], top_n: int) -> list:
@@ -323,7 +324,7 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                             record["gold"] = [sorted(u) for u in units[q.qid]]
                 if config.generate:
                     try:
-                        out = _generate(engine, q, evidence, config, claims)
+                        out = _generate(engine, q, evidence, config, claims, method.full)
                     except ModelError as exc:  # prompt over the window: say so, do not guess
                         record["error"] = exc.message
                     else:

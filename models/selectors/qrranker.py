@@ -1,7 +1,7 @@
 """QRRanker (seed 003): reranks the candidates it is handed (the pipeline gives it the first
 stage's top `--rerank-top`, 50) by the attention of the backbone's QR heads from the question onto
 each candidate (models/qrranker.py). Heads: EVSEL_QRRANKER_HEADS, else the list shipped for the
-backbone. Block-sparse encoding by default; each candidate's KV is kept in memory between
+backbone; a trained adapter (adapter.safetensors) beside that heads.json is applied inside scoring. Block-sparse encoding by default; each candidate's KV is kept in memory between
 requests (the engine's resources, so a resident daemon re-encodes only new candidates)."""
 
 from __future__ import annotations
@@ -27,8 +27,19 @@ class QRRankerSelector(Selector):
         super().__init__(context)
         backbone = context.backbone
         encoding = encoding or qr.DEFAULT_ENCODING
-        self.heads, self.heads_from = qr.resolve_heads(backbone, heads or context.settings.qrranker_heads, encoding)
+        setting = heads or context.settings.qrranker_heads
+        self.heads, self.heads_from = qr.resolve_heads(backbone, setting, encoding)
         self.config = qr.ScorerConfig(encoding=encoding, truncate=truncate, block_labels=block_labels)
+        # a trained adapter beside the heads (EVSEL_QRRANKER_HEADS's heads.json, or the shipped
+        # one) applies under the encoding it was trained for, with the heads it was trained with
+        self.adapter = None
+        self.adapter_from = None
+        folder = qr.adapter_folder(backbone, setting)
+        if folder is not None:
+            adapter = qr.load_adapter(folder, backbone.model)
+            if adapter.config.encoding == encoding:
+                self.adapter, self.adapter_from = adapter, str(folder)
+                self.heads = [tuple(h) for h in adapter.config.heads] or self.heads
         self._scorer = None
 
     @property
@@ -43,7 +54,8 @@ class QRRankerSelector(Selector):
                 kv_cache = context.resources.get("qrranker.kv")
                 if kv_cache is None:
                     kv_cache = context.resources["qrranker.kv"] = qr.BlockKVCache()
-            self._scorer = qr.QRScorer(context.backbone, self.heads, self.config, kv_cache=kv_cache)
+            self._scorer = qr.QRScorer(context.backbone, self.heads, self.config, kv_cache=kv_cache,
+                                      adapter=self.adapter)
         return self._scorer
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
