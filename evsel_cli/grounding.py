@@ -84,9 +84,11 @@ def _split(index: int, text: str, start: int, end: int, speaker: str | None) -> 
     return out
 
 
-def rank_sentences(question: str, found: list[Sentence], exclude: set[str] = frozenset()) -> list[tuple[float, Sentence]]:
+def rank_sentences(question: str, found: list[Sentence], exclude: set[str] = frozenset(),
+                   phrase_bonus: float = 0.0) -> list[tuple[float, Sentence]]:
     """Sentences by idf-weighted share of the question's content words they contain (idf over the
-    sentences given), a small tie-break for earlier-ranked passages. Best first."""
+    sentences given), plus `phrase_bonus` per word pair of the question they repeat, a small
+    tie-break for earlier-ranked passages. Best first."""
     asked = content_words(question) - exclude
     df: Counter = Counter()
     bags = [content_words(s.text) for s in found]
@@ -95,9 +97,20 @@ def rank_sentences(question: str, found: list[Sentence], exclude: set[str] = fro
     n = len(found)
     weight = {w: math.log(1 + n / (1 + df[w])) for w in asked}
     total = sum(weight.values()) or 1.0
-    scored = [(sum(weight[w] for w in asked & bag) / total - 0.01 * s.passage, s) for s, bag in zip(found, bags)]
+    asked_pairs = _pairs(question) if phrase_bonus else set()
+    scored = []
+    for s, bag in zip(found, bags):
+        score = sum(weight[w] for w in asked & bag) / total - 0.01 * s.passage
+        if asked_pairs:
+            score += phrase_bonus * len(asked_pairs & _pairs(s.text))
+        scored.append((score, s))
     scored.sort(key=lambda pair: -pair[0])
     return scored
+
+
+def _pairs(text: str) -> set[tuple[str, str]]:
+    found = words(text)
+    return set(zip(found, found[1:]))
 
 
 def trim_to_answer(question: str, text: str) -> tuple[int, int]:

@@ -95,9 +95,6 @@ def in_document_order(scored: list) -> list:
     return sorted(scored, key=lambda s: (s.chunk.doc_id, s.chunk.seq))
 
 
-GROUNDING_PASSAGES = 3  # the best-ranked passages a short answer is looked for in
-
-
 def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: str = "short") -> dict:
     """The answer step on the evidence (Scored, in the order shown): text (None when it abstains),
     how it was found, the supporting span (`passage`: 1-based index into `evidence`, offsets into
@@ -112,7 +109,7 @@ def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: 
         out.update(kind="generated", reason=None, span=None, metric_text=out["text"])
         out["generate_s"] = time.perf_counter() - started
         return out
-    best_first = sorted(evidence, key=lambda s: s.rank)[:GROUNDING_PASSAGES]
+    best_first = sorted(evidence, key=lambda s: s.rank)
     found = grounded_answer(backbone, question, best_first, style, min(max_new_tokens, 16))
     span = None
     if found.passage is not None:
