@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import pairwise
 from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -18,11 +19,7 @@ from .chunker import split_sentences
 
 WORD = re.compile(r"\w+(?:['\u2019-]\w+)*")
 STOPWORDS = frozenset(
-    "a an the of to in on at for and or nor is are was were be been being am do did does done what who whom "
-    "whose when where why how which that this these those it its he she they them his her hers their theirs i "
-    "me my mine you your yours we us our ours with by from as about into onto after before has have had not "
-    "no will would can could should shall may might must so if then there here than very just also but too "
-    "up out over any some all each every both more most other such only own same s t".split()
+    ["a", "an", "the", "of", "to", "in", "on", "at", "for", "and", "or", "nor", "is", "are", "was", "were", "be", "been", "being", "am", "do", "did", "does", "done", "what", "who", "whom", "whose", "when", "where", "why", "how", "which", "that", "this", "these", "those", "it", "its", "he", "she", "they", "them", "his", "her", "hers", "their", "theirs", "i", "me", "my", "mine", "you", "your", "yours", "we", "us", "our", "ours", "with", "by", "from", "as", "about", "into", "onto", "after", "before", "has", "have", "had", "not", "no", "will", "would", "can", "could", "should", "shall", "may", "might", "must", "so", "if", "then", "there", "here", "than", "very", "just", "also", "but", "too", "up", "out", "over", "any", "some", "all", "each", "every", "both", "more", "most", "other", "such", "only", "own", "same", "s", "t"]
 )
 _SPEAKER = re.compile(r"([^\n:]{1,60}):[ \t]")
 _HEADER = re.compile(r"\s*===.*===\s*")
@@ -110,7 +107,7 @@ def rank_sentences(question: str, found: list[Sentence], exclude: set[str] = fro
 
 def _pairs(text: str) -> set[tuple[str, str]]:
     found = words(text)
-    return set(zip(found, found[1:]))
+    return set(pairwise(found))
 
 
 def trim_to_answer(question: str, text: str) -> tuple[int, int]:
@@ -137,7 +134,7 @@ def support(question: str, sentence: Sentence) -> float:
 # a generated phrase, snapped onto the evidence -------------------------------------------------------
 
 _ANSWER_LEAD = re.compile(
-    r"^\s*(?:the\s+)?(?:short\s+)?answer(?:\s+to\s+(?:this|the)\s+question)?\s*(?:is)?\s*[:\-]?\s*", re.I)
+    r"^\s*(?:the\s+)?(?:short\s+)?answer(?:\s+to\s+(?:this|the)\s+question)?\s*(?:is)?\s*[:\-]?\s*", re.IGNORECASE)
 
 
 def clean_generated(text: str) -> str:
@@ -197,13 +194,13 @@ _RELATIVE = re.compile(
     rf"(?P<daymonth>\d{{1,2}})(?:st|nd|rd|th)? (?:of )?{_MONTH_RE}(?:,? (?P<y1>\d{{4}}))?|"
     rf"{_MONTH_RE.replace('(', '(?P<month>', 1)} (?P<monthday>\d{{1,2}})(?:st|nd|rd|th)?(?:,? (?P<y2>\d{{4}}))?|"
     r"(?:in |since )?(?P<year>(?:19|20)\d\d))\b",
-    re.I,
+    re.IGNORECASE,
 )
 _TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %B %Y", "%d %B, %Y", "%d %B %Y", "%B %d, %Y",
                  "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M", "%Y-%m-%d")
 _TEMPORAL_QUESTION = re.compile(
     r"^\s*(?:when\b|what (?:year|month|date|day|time)\b|which (?:year|month|day)\b|how long ago\b|"
-    r"in what (?:year|month)\b|on what (?:date|day)\b)", re.I)
+    r"in what (?:year|month)\b|on what (?:date|day)\b)", re.IGNORECASE)
 
 
 def is_temporal(question: str) -> bool:

@@ -8,9 +8,7 @@ import random
 from datetime import date
 
 import pytest
-
 from evsel import grounding
-from evsel.answer import grounded_answer
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer
 from evsel.store import ChunkRecord
@@ -130,15 +128,11 @@ def test_unknown_style_is_an_error():
 
 @pytest.fixture(scope="module")
 def tiny_backbone(tmp_path_factory):
+    from conftest import write_tiny_llama
+    from evsel.models.backbone import Backbone
     from transformers import PreTrainedTokenizerFast
 
-    from evsel.models.backbone import Backbone
-
-    from conftest import write_tiny_llama
-
-    words = ("<|endoftext|> <|im_start|> <|im_end|> <unk> system user assistant : . , ? ! Passage Question Answer the "
-             "a in on of and keeper lighthouse lamp went out storm night Roland Pryce killed Ambrose Tenterden who what "
-             "where when why library tower said boat rocks light was were he she it").split()
+    words = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "system", "user", "assistant", ":", ".", ",", "?", "!", "Passage", "Question", "Answer", "the", "a", "in", "on", "of", "and", "keeper", "lighthouse", "lamp", "went", "out", "storm", "night", "Roland", "Pryce", "killed", "Ambrose", "Tenterden", "who", "what", "where", "when", "why", "library", "tower", "said", "boat", "rocks", "light", "was", "were", "he", "she", "it"]
     folder = write_tiny_llama(tmp_path_factory.mktemp("tiny"), {w: i for i, w in enumerate(words)}, vocab_size=len(words),
                               hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, max_position_embeddings=512)
@@ -150,7 +144,7 @@ def tiny_backbone(tmp_path_factory):
 
 
 def test_span_answers_are_always_evidence_text_at_their_offsets(tiny_backbone):
-    vocab = "the keeper lighthouse lamp went out storm night Roland Pryce killed Ambrose Tenterden library tower boat rocks light".split()
+    vocab = ["the", "keeper", "lighthouse", "lamp", "went", "out", "storm", "night", "Roland", "Pryce", "killed", "Ambrose", "Tenterden", "library", "tower", "boat", "rocks", "light"]
     rng = random.Random(0)
     for trial in range(12):
         chunks = []
