@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import re
-from itertools import pairwise
 from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from itertools import pairwise
 
 from .chunker import split_sentences
 

@@ -36,6 +36,27 @@ def version() -> str | None:
     return getattr(llama_cpp, "__version__", "?")
 
 
+_LOG_CALLBACK = None  # kept alive: llama.cpp holds a pointer to it
+
+
+def _silence_llama_log() -> None:
+    """llama.cpp logs to stderr even with verbose=False (e.g. about its SWA cache); evsel's stderr
+    is for its own progress and errors."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is not None:
+        return
+    import ctypes
+
+    import llama_cpp
+
+    @llama_cpp.llama_log_callback
+    def ignore(_level, _text, _user_data):
+        return None
+
+    llama_cpp.llama_log_set(ignore, ctypes.c_void_p(0))
+    _LOG_CALLBACK = ignore
+
+
 def _train_context(llm) -> int:
     import llama_cpp
 
@@ -74,6 +95,7 @@ class LlamaCppGenerator:
                 return self._llm
             from llama_cpp import Llama
 
+            _silence_llama_log()
             started = time.perf_counter()
             old, self._llm = self._llm, None
             if old is not None:
