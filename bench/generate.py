@@ -193,6 +193,62 @@ def speed(args) -> dict:
     return result
 
 
+# part 3: the answer step evsel runs by default (grounded short answers) vs free-form generation
+DIALOGUE_QUESTIONS = [
+    "What did Melanie sign up for?",
+    "Where did Caroline move from?",
+    "What does Melanie do to destress?",
+    "When did Caroline go to the LGBTQ support group?",
+    "What kind of art does Caroline make?",
+]
+
+
+def _records(doc, backbone, start: int, n: int) -> list:
+    from evsel.chunker import chunk_document
+    from evsel.models.selectors import Scored
+    from evsel.store import ChunkRecord
+
+    chunks = list(chunk_document(doc, backbone))[start:start + n]
+    return [Scored(ChunkRecord(id=i + 1, doc_id=1, title=doc.title, kind=doc.kind, path="", **c.record()), 1.0, i + 1)
+            for i, c in enumerate(chunks)]
+
+
+def grounded(args) -> dict:
+    """Whole answer step (`evsel.pipeline.answer`) on the same 5-passage evidence, in one process,
+    variants alternating: free-form (--style sentence, the old default) vs grounded short answers,
+    on the bundled story (prose) and on a LoCoMo conversation (dialogue, when ../shared is there)."""
+    from evsel.models.backbone import Backbone
+    from evsel.parsers import parse_file
+    from evsel.paths import sample_story_path
+    from evsel.pipeline import answer
+
+    hf = Backbone(generator="transformers", threads=args.threads)
+    _ = hf.model
+    story = parse_file(sample_story_path())[0]
+    sets = {"prose": [(q, _records(story, hf, (i * 7) % 100, 5)) for i, q in enumerate(QUESTIONS[: args.questions])]}
+    locomo = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
+    if locomo.is_file():
+        conv = parse_file(locomo)[0]
+        sets["dialogue"] = [(q, _records(conv, hf, 20 + i * 9, 5)) for i, q in enumerate(DIALOGUE_QUESTIONS[: args.questions])]
+    answer(hf, QUESTIONS[0], sets["prose"][0][1], 4, "sentence")  # warm-up
+    out = {}
+    for name, items in sets.items():
+        runs = {"sentence": [], "short": []}
+        kinds = []
+        for _ in range(args.repeats):
+            for question, evidence in items:
+                for style in ("sentence", "short"):
+                    got = answer(hf, question, evidence, args.answer_tokens, style)
+                    runs[style].append(got["generate_s"])
+                    if style == "short" and len(kinds) < len(items):
+                        kinds.append(got["kind"])
+        med = {k: median(v) for k, v in runs.items()}
+        out[name] = {"median_s": med, "runs_s": runs, "speedup": med["sentence"] / med["short"], "kinds": kinds,
+                     "questions": len(items)}
+        print(f"{name}: free-form {med['sentence']:.2f}s, grounded {med['short']:.3f}s", file=sys.stderr)
+    return out
+
+
 # part 2: per model and backend, each in its own process
 def child(args) -> int:
     """One (model, backend): load, answer the evsel-shaped prompts, print JSON."""
@@ -284,6 +340,8 @@ def main() -> int:
     parser.add_argument("--no-dense-copy", dest="dense_copy", action="store_false",
                         help="skip timing the one-time dense copy of each GGUF")
     parser.add_argument("--skip-speed", action="store_true", help="part 2 only")
+    parser.add_argument("--grounded-only", action="store_true",
+                        help="only part 3 (grounded vs free-form answer step), merged into an existing --out")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")
     args = parser.parse_args()
@@ -297,6 +355,13 @@ def main() -> int:
     from evsel.evaluation.report import run_info
     from evsel.models import llamacpp
 
+    if args.grounded_only:
+        record = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        record["grounded_run"] = run_info(["python", "bench/generate.py", *sys.argv[1:]])
+        record["grounded"] = grounded(args)
+        write_result(args.out, record)
+        print(f"wrote {args.out}", file=sys.stderr)
+        return 0
     ok, why = llamacpp.importable()
     if not ok:
         raise SystemExit(f"llama_cpp does not import ({why}): pip install '.[llama]' first")
@@ -305,6 +370,7 @@ def main() -> int:
               "llama_cpp_python": llamacpp.version(), "load_average_before": load_1m()}
     if not args.skip_speed:
         record["speed"] = speed(args)
+        record["grounded"] = grounded(args)
     record["models"] = models(args)
     record["load_average_after"] = load_1m()
     write_result(args.out, record)

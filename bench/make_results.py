@@ -376,6 +376,19 @@ def generate_section(result: dict) -> list[str]:
                 f"{len(a['static_same_text'])} (greedy answers of 15-32 tokens part at near-ties of the logits even "
                 "between two transformers runs of different kernels; tests/test_generate_backends.py checks a short "
                 "answer, where both backends agree).", ""]
+    ground = result.get("grounded")
+    if ground:
+        run = result.get("grounded_run")
+        out += ["The answer step evsel runs by default (`--style short`, grounded) vs free-form generation from the "
+                "same 5 passages (`--style sentence`, the old default), transformers, in one process"
+                + (f" (`{run['command']}`, commit `{run['commit']}`)" if run else "") + ":", "",
+                "| evidence | questions | free-form (s, median) | grounded short (s, median) | speed-up | answer kinds |",
+                "|---|---|---|---|---|---|"]
+        for name, g in ground.items():
+            kinds = ", ".join(f"{k} {g['kinds'].count(k)}" for k in sorted(set(g["kinds"])))
+            out.append(f"| {name} | {g['questions']} | {g['median_s']['sentence']:.2f} | {g['median_s']['short']:.3f} | "
+                       f"{g['speedup']:.0f}x | {kinds} |")
+        out.append("")
     rows = result.get("models") or []
     if rows:
         out += ["Per model and backend, each in its own process: load (the dense copy already made), peak RSS, "

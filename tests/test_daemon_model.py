@@ -109,8 +109,10 @@ def test_concurrent_clients_are_all_served(home, sample_ingested, tmp_path):
                      "Nobody else in Saltmere was allowed to touch the bell rope.\n")
     procs = []
     try:
+        # a free-form answer: generation keeps the model busy (a short prose answer takes no model time)
         procs.append(subprocess.Popen([sys.executable, "-m", "evsel", "ask", QUESTION, "--max-new-tokens", "12",
-                                       "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                       "--style", "sentence", "--json"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         procs.append(subprocess.Popen([sys.executable, "-m", "evsel", "ask", "Who rang the fog bell?",
                                        "--evidence-only", "--json"],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

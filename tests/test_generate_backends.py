@@ -74,12 +74,15 @@ def test_asking_for_llama_cpp_on_an_hf_folder_is_one_line(tiny_model):
 
 
 @pytest.fixture
-def other_gguf(tmp_path):
-    """A GGUF file that is not the bundled one (a copy of it: the rule goes by the file, not its bytes)."""
+def other_gguf(tmp_path, monkeypatch):
+    """A GGUF file that is not the bundled one (a copy of it: the rule goes by the file, not its bytes),
+    with a model cache of its own: the session's shared one holds the bundled file's dense copy,
+    which has the same fingerprint."""
     import shutil
 
     from evsel.models.backbone import default_model_path
 
+    monkeypatch.setenv("EVSEL_MODEL_CACHE", str(tmp_path / "model-cache"))
     return shutil.copy(default_model_path(), tmp_path / "other-model.Q4_1.gguf")
 
 
