@@ -171,17 +171,24 @@ def test_span_answers_are_always_evidence_text_at_their_offsets(tiny_backbone):
         assert cited.char_start + span["start"] == span["doc_start"]
 
 
-def test_sample_answer_is_right_and_points_into_the_document(capsys):
-    """The quickstart with the real model: the answer names the killer and its offsets point at
-    that text in the stored document."""
+def _ask_sample(capsys, question: str) -> dict:
+    """The bundled sample ingested, then `question` asked with --json, in-process."""
     from evsel.cli import main
 
     assert main(["sample"]) == 0
     sample = capsys.readouterr().out.strip()
     assert main(["ingest", sample]) == 0
     capsys.readouterr()
-    assert main(["ask", "Who killed Ambrose Tenterden?", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    assert main(["ask", question, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_sample_answer_is_right_and_points_into_the_document(capsys):
+    """The quickstart with the real model: the answer names the killer and its offsets point at
+    that text in the stored document."""
+    from evsel.cli import main
+
+    result = _ask_sample(capsys, "Who killed Ambrose Tenterden?")
     assert "Roland Pryce" in result["answer"] and "Lionel" not in result["answer"]
     span = result["grounding"]["span"]
     assert main(["docs", "show", str(span["doc_id"]), "--chunks", "--json"]) == 0
@@ -193,13 +200,6 @@ def test_sample_answer_is_right_and_points_into_the_document(capsys):
 
 
 def test_unanswerable_question_abstains_with_the_real_model(capsys):
-    from evsel.cli import main
-
-    assert main(["sample"]) == 0
-    sample = capsys.readouterr().out.strip()
-    assert main(["ingest", sample]) == 0
-    capsys.readouterr()
-    assert main(["ask", "What is the capital of Mongolia?", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    result = _ask_sample(capsys, "What is the capital of Mongolia?")
     assert result["answer"] is None and result["grounding"]["kind"] == "abstained"
     assert result["grounding"]["reason"] and result["evidence"]
