@@ -32,17 +32,23 @@ def available() -> list[str]:
 HELP = ("bm25 (default; words), unreal (the backbone's own states with the trained adapter), "
         "intrinsic (its untrained attention floor), dense (MiniLM bi-encoder), "
         "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random, "
-        "qrranker (a reranker: the backbone's QR attention heads, e.g. --rerank qrranker)")
+        "qrranker (a reranker: the backbone's QR attention heads, e.g. --rerank qrranker; "
+        "qrranker:untrained, qrranker:memory, qrranker:causal for its variants)")
 
 
 def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
-    """A selector by spec: a registered name, or rrf:OTHER for BM25 fused with OTHER."""
+    """A selector by spec: a registered name, rrf:OTHER for BM25 fused with OTHER, or
+    qrranker:VARIANT[+VARIANT] (untrained, memory, causal) so one eval run can hold several."""
     _load_builtins()
     base, _, arg = name.partition(":")
     if arg:
-        if base != "rrf":
-            raise EvselError(f"selector {name!r}: only rrf takes an argument", "use rrf:OTHER, e.g. rrf:unreal")
-        kwargs["other"] = arg
+        if base == "rrf":
+            kwargs["other"] = arg
+        elif base == "qrranker":
+            kwargs["variants"] = arg
+        else:
+            raise EvselError(f"selector {name!r}: only rrf and qrranker take an argument",
+                             "use rrf:OTHER (e.g. rrf:unreal) or qrranker:untrained / qrranker:memory")
     if base not in _REGISTRY:
         raise EvselError(f"unknown selector {name!r}", f"choose one of: {', '.join(sorted(_REGISTRY))}, rrf:OTHER")
     return _REGISTRY[base](context, **kwargs)
