@@ -13,6 +13,17 @@ from . import register
 from .base import Selector
 
 MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
+VARIANTS = ("untrained", "memory", "causal")
+
+
+def parse_variants(text: str | None) -> set[str]:
+    """`untrained+memory` -> {"untrained", "memory"} (also comma-separated)."""
+    chosen = {v.strip() for v in (text or "").replace(",", "+").split("+") if v.strip()}
+    unknown = sorted(chosen - set(VARIANTS))
+    if unknown:
+        raise EvselError(f"unknown qrranker variant {unknown[0]!r}",
+                         f"use one or more of {', '.join(VARIANTS)}, joined by + (e.g. qrranker:untrained+memory)")
+    return chosen
 
 
 @register("qrranker")
@@ -21,12 +32,18 @@ class QRRankerSelector(Selector):
     needs_model = True
 
     def __init__(self, context, heads: str | None = None, encoding: str | None = None, truncate: bool = True,
-                 block_labels: str = "same", **_):
+                 block_labels: str = "same", variants: str | None = None, memory: bool = False, **_):
+        """`variants` (the spec's qrranker:VARIANTS): untrained (the heads without their trained
+        adapter), memory (the candidates' summaries as a prefix), causal (the seed's encoding)."""
         from evsel.models import qrranker as qr
 
         super().__init__(context)
+        chosen = parse_variants(variants)
+        self.name = "qrranker" + (":" + "+".join(v for v in VARIANTS if v in chosen) if chosen else "")
+        self.use_memory = memory or "memory" in chosen
+        self.memory_used: list[dict] = []  # the summaries the last scored question read
         backbone = context.backbone
-        encoding = encoding or qr.DEFAULT_ENCODING
+        encoding = encoding or ("causal" if "causal" in chosen else qr.DEFAULT_ENCODING)
         setting = heads or context.settings.qrranker_heads
         self.heads, self.heads_from = qr.resolve_heads(backbone, setting, encoding)
         self.config = qr.ScorerConfig(encoding=encoding, truncate=truncate, block_labels=block_labels)
@@ -34,7 +51,7 @@ class QRRankerSelector(Selector):
         # one) applies under the encoding it was trained for, with the heads it was trained with
         self.adapter = None
         self.adapter_from = None
-        folder = qr.adapter_folder(backbone, setting)
+        folder = None if "untrained" in chosen else qr.adapter_folder(backbone, setting)
         if folder is not None:
             adapter = qr.load_adapter(folder, backbone.model)
             if adapter.config.encoding == encoding:
