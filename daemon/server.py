@@ -675,15 +675,20 @@ class Daemon:
         if job.method == "ingest":
             encode = params.pop("encode", None)
             encode = job.settings.encode if encode is None else bool(encode)
-            # stored now, encoded in the background: the client gets its answer in seconds
-            result = self._ingest_tracked(engine, {**params, "encode": False}, encode=encode, settings=job.settings)
-            if encode:
+            summaries = bool(params.pop("summaries", False))
+            # stored now, encoded (and summarised) in the background: the client gets its answer in seconds
+            result = self._ingest_tracked(engine, {**params, "encode": False}, encode=encode, settings=job.settings,
+                                          summaries=summaries)
+            if encode or summaries:
                 ids = [i for r in result if r.get("status") == "ingested" for i in r["doc_ids"]]
                 if ids:
-                    self._submit_encode(ids, job.settings)
+                    self._submit_encode(ids, job.settings, states=encode, summaries=summaries)
                     for r in result:
                         if r.get("status") == "ingested":
-                            r["states"] = "background"
+                            if encode:
+                                r["states"] = "background"
+                            if summaries:
+                                r["summaries"] = "background"
         else:
             result = fn(**params)
         if job.method in ("ingest", "docs_rm"):
@@ -691,19 +696,28 @@ class Daemon:
         return result
 
     # per-chunk states, computed in the background after an ingest (and resumed after a crash)
-    def _submit_encode(self, doc_ids: list[int], settings: Settings, row_id: int | None = None) -> None:
+    def _submit_encode(self, doc_ids: list[int], settings: Settings, row_id: int | None = None,
+                       states: bool = True, summaries: bool = False) -> None:
+        """States (`states`) and/or memory summaries (`summaries`) of these documents, in the
+        background; the row in pending_encodes says which, so a restart resumes the same work.
+        (Rows with summaries = 0 are state encodes, as before m008.)"""
         db = self.worker_store.db
+        flag = (1 if summaries else 0) | (0 if states else 2)  # bit 1: summaries, bit 2: no states
         if row_id is None:
-            row_id = db.execute("insert into pending_encodes (doc_ids, settings, created_at) values (?, ?, ?)",
-                                [json.dumps(doc_ids), json.dumps(settings.to_dict()), time.time()]).lastrowid
+            row_id = db.execute("insert into pending_encodes (doc_ids, settings, created_at, summaries) "
+                                "values (?, ?, ?, ?)",
+                                [json.dumps(doc_ids), json.dumps(settings.to_dict()), time.time(), flag]).lastrowid
 
         def task(engine, emit):
-            outcome = engine.encode_states(doc_ids, emit, batch=BACKGROUND_BATCH)
+            outcome = engine.encode_states(doc_ids, emit, batch=BACKGROUND_BATCH, states=states, summaries=summaries)
             db.execute("delete from pending_encodes where id = ?", [row_id])
-            log.info("states of documents %s: %d chunks encoded", doc_ids, outcome["encoded"])
+            log.info("states of documents %s: %d chunks encoded, %s summaries written", doc_ids, outcome["encoded"],
+                     outcome.get("summaries", 0))
             return outcome
 
-        label = f"encoding chunk states of document{'s' if len(doc_ids) > 1 else ''} {_id_list(doc_ids)}"
+        what = " and ".join(w for w, on in (("chunk states", states), ("summaries", summaries)) if on)
+        label = f"{'encoding' if states else 'writing'} {what} of document{'s' if len(doc_ids) > 1 else ''} " \
+                f"{_id_list(doc_ids)}"
         self._enqueue(Job("encode_states", {}, settings, task=task, label=label, background=True))
 
     def _resume_encodes(self) -> None:
@@ -714,9 +728,10 @@ class Daemon:
             except (ValueError, TypeError, EvselError):
                 self.worker_store.db.execute("delete from pending_encodes where id = ?", [row["id"]])
                 continue
+            flag = int(row.get("summaries") or 0)
             log.info("resuming the chunk states of documents %s", doc_ids)
             self.resumed.append(f"chunk states of documents {_id_list(doc_ids)}")
-            self._submit_encode(doc_ids, settings, row["id"])
+            self._submit_encode(doc_ids, settings, row["id"], states=not flag & 2, summaries=bool(flag & 1))
 
     def _invalidate(self, result) -> None:
         changed = set()
@@ -731,7 +746,7 @@ class Daemon:
 
     # crash safety for ingest
     def _ingest_tracked(self, engine: Engine, params: dict, rows: dict[str, list[int]] | None = None,
-                        encode: bool = False, settings: Settings | None = None):
+                        encode: bool = False, settings: Settings | None = None, summaries: bool = False):
         """Run engine.ingest with a `pending_ingests` row per file until that file is done.
 
         Each file is stored in one transaction, so a crash leaves the store consistent; the rows a
@@ -744,8 +759,9 @@ class Daemon:
         kind = params.get("kind", "auto")
         chunk_tokens = params.get("chunk_tokens")
         resolve_links = params.get("resolve_links", True)
-        options = {k: v for k, v in params.items() if k not in ("targets", "on_event", "encode")}
+        options = {k: v for k, v in params.items() if k not in ("targets", "on_event", "encode", "summaries")}
         options["encode"] = bool(encode)
+        options["summaries"] = bool(summaries)
         rows = dict(rows or {})
         if not rows:
             files = []
@@ -801,8 +817,9 @@ class Daemon:
                             row["path"], exc)
                 options = {}
             if isinstance(options, dict):
-                params.update({k: v for k, v in options.items() if k != "encode"})
+                params.update({k: v for k, v in options.items() if k not in ("encode", "summaries")})
             encode = bool(options.get("encode", False)) if isinstance(options, dict) else False
+            summaries = bool(options.get("summaries", False)) if isinstance(options, dict) else False
             params = {k: v for k, v in params.items() if k in _INGEST_OPTIONS}
             params["targets"] = [row["path"]]
             if check_params("ingest", params) is not None:  # a row this version cannot use as it is
@@ -810,7 +827,7 @@ class Daemon:
             self.resumed.append(row["path"])
             log.info("resuming the ingest of %s, interrupted by a crash", row["path"])
 
-            def task(engine, emit, params=params, row=row, encode=encode, settings=settings):
+            def task(engine, emit, params=params, row=row, encode=encode, settings=settings, summaries=summaries):
                 result = self._ingest_tracked(engine, {**params, "encode": False, "on_event": emit},
                                               {row["path"]: [row["id"]]})
                 self._invalidate(result)
@@ -818,8 +835,8 @@ class Daemon:
                     why = f" ({from_dict(r['error']).line()})" if r.get("error") else ""
                     log.info("resumed ingest of %s: %s%s", r["path"], r["status"], why)
                 ids = [i for r in result if r.get("status") == "ingested" for i in r["doc_ids"]]
-                if encode and ids:
-                    self._submit_encode(ids, settings)
+                if (encode or summaries) and ids:
+                    self._submit_encode(ids, settings, states=encode, summaries=summaries)
                 return result
 
             self._enqueue(Job("ingest", params, settings, task=task, label="resume ingest"))

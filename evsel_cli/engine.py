@@ -17,7 +17,7 @@ from .answer import STYLES
 from .chunker import DEFAULT_CHUNK_TOKENS
 from .errors import EmptyStoreError, EvselError, InputError, NotFoundError
 from .parsers import KINDS, collect_files, parse_file
-from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer
+from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, methods_with_memory, with_memory
 from .settings import Settings
 from .store import DEFAULT_COLLECTION, ChunkRecord, Store
 
@@ -177,6 +177,7 @@ class Engine:
         on_event: EventSink = _ignore,
         encode: bool | None = None,
         resolve_links: bool = True,
+        summaries: bool = False,
     ) -> list[dict]:
         """Ingest files and directories. A failing file is reported and skipped; others go on.
 
@@ -185,7 +186,8 @@ class Engine:
         encoding. (The daemon stores first and encodes in the background: `encode_states`.)
         Each file is stored under its resolved path (symlinks followed); with `resolve_links`
         off, under its absolute path as found (a watched folder tracks a link by its own name, so
-        deleting the link removes the document)."""
+        deleting the link removes the document). With `summaries`, QRRanker's memory summaries
+        (models/memory.py) are written after the states (the daemon writes them in the background)."""
         if encode is None:
             encode = self.settings.encode
         if chunk_tokens < 16:
@@ -210,27 +212,53 @@ class Engine:
             result = self._ingest_file(where(path), collection, kind, chunk_tokens, on_event)
             if encode and result.status == "ingested":
                 self._encode_states(result, on_event)
+            if summaries and result.status == "ingested":
+                self._encode_states(result, on_event, states=False, summaries=True)
             results.append(result)
             on_event({"type": "file", **result.to_dict()})
         on_event({"type": "progress", "task": "files", "label": "", "done": len(unique), "total": len(unique)})
         return [r.to_dict() for r in results]
 
-    def _encode_states(self, result: FileResult, on_event: EventSink) -> None:
-        """Per-chunk model states for a stored file. A failure here leaves the file ingested:
-        the states are computed later, when a selector first needs them."""
+    def _encode_states(self, result: FileResult, on_event: EventSink, states: bool = True,
+                       summaries: bool = False) -> None:
+        """Per-chunk model states (and/or summaries) for a stored file. A failure here leaves the
+        file ingested: they are computed later, when a selector first needs them."""
         started = time.perf_counter()
         try:
-            self.encode_states(result.doc_ids, on_event)
+            self.encode_states(result.doc_ids, on_event, states=states, summaries=summaries)
         except EvselError as exc:
-            result.warnings.append(f"chunk states not computed now ({exc.message}); they will be at the first ask")
+            what = "chunk states" if states else "summaries"
+            result.warnings.append(f"{what} not computed now ({exc.message}); they will be at the first ask")
             on_event({"type": "warning", "message": f"{result.path}: {result.warnings[-1]}"})
         result.seconds += time.perf_counter() - started
 
     def encode_states(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore,
-                      batch: int = 64) -> dict:
+                      batch: int = 64, states: bool = True, summaries: bool = False) -> dict:
         """Compute the per-chunk states ingest keeps (UNREAL's, for the adapter in use) that are
-        missing for these documents (None: every document). Written per batch, so an interrupted
-        run resumes where it stopped. Returns {"encoded": chunks computed, "missing_before": ...}."""
+        missing for these documents (None: every document), and with `summaries` the memory
+        summaries of their blocks. Written per batch (per summary), so an interrupted run resumes
+        where it stopped. Returns {"encoded": chunks computed, "missing_before": ..., "summaries": written}."""
+        outcome = self._encode_unreal_states(doc_ids, on_event, batch) if states else {"encoded": 0,
+                                                                                         "missing_before": 0}
+        if summaries:
+            outcome["summaries"] = self.write_summaries(doc_ids, on_event)
+        return outcome
+
+    def write_summaries(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore) -> int:
+        """The memory summaries (models/memory.py) of these documents' blocks that are missing;
+        returns how many were written."""
+        from evsel.models import memory
+
+        known = {d["id"] for d in self.store.documents()}
+        doc_ids = [d for d in doc_ids if d in known] if doc_ids is not None else None
+        if doc_ids == []:
+            return 0
+        writer = memory.SummaryWriter(self.backbone, self.store)
+        missing = writer.missing(memory.blocks_of(self.store.chunks(doc_ids)))
+        writer.ensure(missing, on_event, "writing summaries")
+        return len(missing)
+
+    def _encode_unreal_states(self, doc_ids: list[int] | None, on_event: EventSink, batch: int) -> dict:
         from evsel.models import unreal
 
         key = unreal.ingest_state_key(self.backbone, self.settings.unreal_adapter)
@@ -360,11 +388,14 @@ class Engine:
         rerank: str | None = None,
         rerank_top: int = RERANK_TOP,
         style: str = "short",
+        memory: bool = False,
         on_event: EventSink = _ignore,
     ) -> dict:
         question = question.strip()
         if not question:
             raise EvselError("the question is empty", 'ask something, e.g. evsel ask "who killed the count?"')
+        if memory:
+            rerank = with_memory(rerank)
         spec = PipelineSpec(select=select, rerank=rerank, rerank_top=rerank_top, top_n=top_n)
         timings: dict[str, float] = {}
         started = time.perf_counter()
@@ -427,6 +458,8 @@ class Engine:
             "timings": {k: round(v, 4) for k, v in timings.items()},
             "usage": usage,
         }
+        if memory:
+            result["memory"] = getattr(pipeline.reranker, "memory_used", [])
         if not evidence_only or pipeline.needs_model:
             result["method"]["backbone"] = self.backbone.name
             result["method"]["fingerprint"] = self.backbone.fingerprint
@@ -450,16 +483,20 @@ class Engine:
         per_question: bool = False,
         rerank_top: int = RERANK_TOP,
         answer_style: str = "short",
+        memory: bool = False,
         on_event: EventSink = _ignore,
     ) -> dict:
         """`evsel eval`: every method through the ask pipeline on the same in-memory chunks. Chunk
-        states go to eval's own cache, never into the user's store."""
+        states (and summaries) go to eval's own cache, never into the user's store. `memory`:
+        every qrranker reranker reads the candidates' summaries (as qrranker:memory)."""
         from pathlib import Path as _Path
 
         from .evaluation import EvalConfig, load_dataset, run
 
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
+        if memory:
+            methods = methods_with_memory(methods)
         config = EvalConfig(methods=list(methods), ks=list(ks or [1, 3, 5, 10]), generate=generate, limit=limit,
                             top_n=top_n, chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens,
                             per_question=per_question, rerank_top=rerank_top, answer_style=answer_style)

@@ -42,6 +42,29 @@ class PipelineSpec:
         return self.select if self.rerank is None else f"{self.select}>{self.rerank}"
 
 
+def with_memory(rerank: str | None) -> str:
+    """`--memory`: the qrranker reranker with its memory variant (the candidates' summaries as a
+    prefix); it only applies to qrranker."""
+    base, _, variants = (rerank or "").partition(":")
+    if base.strip() != "qrranker":
+        raise EvselError("--memory applies to the qrranker reranker", "add --rerank qrranker (or drop --memory)")
+    chosen = [v for v in variants.replace(",", "+").split("+") if v.strip()]
+    return "qrranker:" + "+".join(dict.fromkeys([*chosen, "memory"]))
+
+
+def methods_with_memory(methods: list[str]) -> list[str]:
+    """eval's `--memory`: each FIRST>qrranker... method gets the memory variant; others stay."""
+    out, changed = [], False
+    for method in methods:
+        first, _, rerank = method.partition(">")
+        if rerank.strip().startswith("qrranker"):
+            method, changed = f"{first}>{with_memory(rerank.strip())}", True
+        out.append(method)
+    if not changed:
+        raise EvselError("--memory applies to the qrranker reranker", "add a method like bm25>qrranker")
+    return out
+
+
 class Pipeline:
     """Selectors for one spec, built once per request (or once per eval method) on a context."""
 

@@ -171,6 +171,20 @@ def m007_document_ids_never_reused(db: sqlite_utils.Database) -> None:
 m007_document_ids_never_reused.without_foreign_keys = True  # type: ignore[attr-defined]
 
 
+@migration
+def m008_summaries(db: sqlite_utils.Database) -> None:
+    # Block and session summaries for QRRanker's memory prefix (models/memory.py), keyed by the
+    # block's chunks' content, the writer's fingerprint and the summary config; `first_hash` (the
+    # block's first chunk) lets a delete drop the summaries no chunk holds any more. A background
+    # encode records whether it also writes summaries.
+    db.execute(
+        "create table summaries (key text primary key, model text not null, kind text not null,"
+        " first_hash text not null, text text not null, seconds float, created_at float)"
+    )
+    db.execute("create index summaries_first_hash on summaries (first_hash)")
+    db.execute("alter table pending_encodes add column summaries integer not null default 0")
+
+
 def migrate(db: sqlite_utils.Database) -> list[str]:
     """Apply the migrations not yet applied, each in its own transaction. Returns their names."""
     db.execute(
@@ -449,6 +463,7 @@ class Store:
         orphans = [(h,) for h in hashes
                    if not self.db.conn.execute("select 1 from chunks where content_hash = ? limit 1", [h]).fetchone()]
         self.db.conn.executemany("delete from chunk_states where content_hash = ?", orphans)
+        self.db.conn.executemany("delete from summaries where first_hash = ?", orphans)
 
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
         conn = self.db.conn
@@ -533,6 +548,31 @@ class Store:
         except BaseException:
             conn.execute("rollback")
             raise
+
+    # block summaries (m008)
+    def get_summaries(self, keys: Iterable[str]) -> dict[str, str]:
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, str] = {}
+        for at in range(0, len(wanted), 500):
+            part = wanted[at:at + 500]
+            rows = self.db.execute(f"select key, text from summaries where key in ({', '.join('?' for _ in part)})",
+                                   part).fetchall()
+            found.update(dict(rows))
+        return found
+
+    def put_summary(self, key: str, model: str, kind: str, first_hash: str, text: str, seconds: float) -> None:
+        conn = self.db.conn
+        conn.execute("begin immediate")
+        try:
+            conn.execute("insert or ignore into summaries values (?, ?, ?, ?, ?, ?, ?)",
+                         [key, model, kind, first_hash, text, seconds, time.time()])
+            conn.execute("commit")
+        except BaseException:
+            conn.execute("rollback")
+            raise
+
+    def count_summaries(self) -> int:
+        return self.db.execute("select count(*) from summaries").fetchone()[0]
 
     def chunks_missing_states(self, model: str, method: str, config: str,
                               doc_ids: list[int] | None = None) -> list[ChunkRecord]:

@@ -184,6 +184,10 @@ class Prompt:
             ids += self.ids(f"{self.config.memory_label}\n{memory}") + self._sep
         return ids + self.ids(self.config.instruction)
 
+    def memory_block(self, memory: str) -> list[int]:
+        """The memory prefix as a block of its own (block encoding): separator, label, summaries."""
+        return self._sep + self.ids(f"{self.config.memory_label}\n{memory}")
+
     def candidate(self, label: int, text: str) -> tuple[list[int], int]:
         """(separator + '[label] text', where the span '[label] text' starts)."""
         body = self.ids(f"[{label}] {text.strip()}")[: self.config.max_chunk_tokens]
@@ -932,8 +936,12 @@ class QRScorer:
         return tuple(layer for layer in self.layers if self.adapter is not None and self.adapter.has(layer))
 
     def _pieces(self, texts: list[str], memory: str | None):
-        prefix = self.prompt.prefix(memory)
-        same = self.config.encoding == "block" and self.config.block_labels == "same"
+        """Prefix, candidate blocks, where each candidate's span starts. Causal encoding puts the
+        memory in the prefix, as the seed does; block encoding gives it a block of its own
+        (`contexts`), so the candidates' KV stays independent of the memory and cacheable."""
+        block = self.config.encoding == "block"
+        prefix = self.prompt.prefix(None if block else memory)
+        same = block and self.config.block_labels == "same"
         pieces = [self.prompt.candidate(1 if same else i + 1, t) for i, t in enumerate(texts)]
         return prefix, [p[0] for p in pieces], [p[1] for p in pieces]
 
@@ -945,18 +953,25 @@ class QRScorer:
             self._contexts.move_to_end(key)
             return hit
         prefix, blocks, starts = self._pieces(texts, memory)
-        fixed = len(prefix) + self.prompt.suffix_budget()
+        block = self.config.encoding == "block"
+        memory_ids = self.prompt.memory_block(memory) if memory and block else []
+        fixed = len(prefix) + len(memory_ids) + self.prompt.suffix_budget()
         groups = groups_for([len(b) for b in blocks], fixed, self.window)
         made = []
-        if self.config.encoding == "causal":
+        if not block:
             for group in groups:
                 made.append((group, encode_causal(self.model, prefix, [blocks[i] for i in group],
                                                   [starts[i] for i in group], self.depth, self.captured)))
         else:
-            states = self._block_states(prefix, blocks)
+            # the memory block (if any) is encoded like a candidate, read by the query in every
+            # group, and is no candidate's span
+            states = self._block_states(prefix, blocks + ([memory_ids] if memory_ids else []))
             longest = max(states.lengths(), default=0)
+            lead = [len(blocks)] if memory_ids else []
             for group in groups:  # one query position for every group: after the longest block
-                made.append((group, states.context(group, starts, states.prefix_len + longest)))
+                context = states.context(lead + group, starts + [0] * len(lead), states.prefix_len + longest)
+                context.spans = context.spans[len(lead):]
+                made.append((group, context))
         self._contexts[key] = made
         while len(self._contexts) > 2:
             self._contexts.popitem(last=False)

@@ -27,6 +27,10 @@ def ask(
         help="Rerank the first stage's top candidates with this selector (any --select method).")] = None,
     rerank_top: Annotated[int, typer.Option("--rerank-top", metavar="N", parser=INT,
                                             help="How many first-stage candidates the reranker re-scores.")] = RERANK_TOP,
+    memory: Annotated[bool, typer.Option(
+        "--memory", help="With --rerank qrranker: give the reranker the summaries of the blocks (or dialogue "
+                         "sessions) holding its candidates, up to 512 tokens; missing ones are written first "
+                         "(see ingest --summaries).")] = False,
     evidence_only: Annotated[bool, typer.Option(
         "--evidence-only", help="Print the evidence without generating an answer.")] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=INT,
@@ -48,7 +52,7 @@ def ask(
     with ProgressView(enabled=not as_json) as view:
         result = engine.ask(question, doc_ids=list(doc_ids or ()) or None, collection=collection, top_n=top_n,
                             select=select, rerank=rerank, rerank_top=rerank_top, evidence_only=evidence_only,
-                            max_new_tokens=max_new_tokens, style=style, on_event=view)
+                            max_new_tokens=max_new_tokens, style=style, memory=memory, on_event=view)
     if as_json:
         print_json(result)
         return
@@ -62,6 +66,9 @@ def ask(
     method = result["method"]["select"] + (f" > {result['method']['rerank']}" if result["method"].get("rerank") else "")
     stdout.print(f"[bold]Evidence[/] ({method}, {len(result['evidence'])} of "
                  f"{result['method']['candidates']} passages, in document order):")
+    if result.get("memory"):
+        stdout.print(f"[bold]Memory[/] (summaries the reranker read): "
+                     f"{escape('; '.join(m['label'] + (' of ' + m['title'] if m.get('title') else '') for m in result['memory']))}")
     for number, item in enumerate(result["evidence"], 1):
         where = evidence_label(item)
         stdout.print(f"\n[cyan]#{item['rank']}[/] [dim]score {item['score']:.3f} | doc {item['doc_id']} | "

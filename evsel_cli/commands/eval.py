@@ -33,7 +33,7 @@ def eval_command(
     methods: Annotated[str, typer.Option(
         "--methods", metavar="LIST",
         help="Comma-separated methods: any selector (bm25, dense, random, ...), rrf:OTHER (BM25 fused "
-             "with OTHER), FIRST>RERANKER, full (whole document to the generator; needs --generate), or oracle (the gold evidence itself: "
+             "with OTHER), FIRST>RERANKER (e.g. bm25>qrranker, bm25>qrranker:untrained, bm25>qrranker:memory), full (whole document to the generator; needs --generate), or oracle (the gold evidence itself: "
              "what the answer step makes of perfect selection; needs --generate).")
     ] = "bm25,dense,random",
     ks: Annotated[str, typer.Option("--k", metavar="LIST", help="Cut-offs for recall@k.")] = "1,3,5,10",
@@ -61,6 +61,9 @@ def eval_command(
     answer_style: Annotated[str, typer.Option(
         "--answer-style", parser=choice(list(STYLES)),
         help="With --generate: the answer step, as evsel ask --style (short, span, sentence).")] = "short",
+    memory: Annotated[bool, typer.Option(
+        "--memory", help="Every FIRST>qrranker method reads its candidates' summaries (as qrranker:memory); "
+                         "missing summaries are written into eval's own cache first.")] = False,
     per_question: Annotated[bool, typer.Option(
         "--per-question", help="Include every question's record in the --json output.")] = False,
     plot_path: Annotated[Optional[Path], typer.Option(
@@ -96,7 +99,7 @@ def eval_command(
         result = engine.eval(dataset, method_list, ks=k_list, generate=generate, limit=limit, split=split,
                              concat=concat, data_dir=str(data_dir) if data_dir else None, top_n=top_n,
                              chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens, per_question=per_question,
-                             rerank_top=rerank_top, answer_style=answer_style, on_event=view)
+                             rerank_top=rerank_top, answer_style=answer_style, memory=memory, on_event=view)
     result["run"] = run_info(["evsel", *sys.argv[1:]] if sys.argv and "evsel" in Path(sys.argv[0]).name else None)
     if plot_path is not None:
         if plot(result, plot_path):

@@ -25,6 +25,10 @@ def ingest(
         "--encode/--no-encode",
         help="Compute the chunks' UNREAL states now, so the first ask needs no encoding "
              "(default: on; env EVSEL_ENCODE=0 turns it off).")] = None,
+    summaries: Annotated[bool, typer.Option(
+        "--summaries",
+        help="Also write the summaries QRRanker's --memory reads (one per 20 chunks, or per dialogue "
+             "session; by the backbone; in the daemon, in the background).")] = False,
     as_json: JsonOption = False,
 ):
     """Add books, PDFs and dialogues to the store.
@@ -38,15 +42,17 @@ def ingest(
         encode = settings(ctx).encode
     with ProgressView() as view:
         results = engine.ingest(list(paths), collection=collection, kind=kind, chunk_tokens=chunk_tokens,
-                                on_event=view, encode=encode)
+                                on_event=view, encode=encode, summaries=summaries)
     failed = [r for r in results if r["status"] == "failed"]
     if as_json:
         print_json({"files": results, "failed": len(failed)})
     else:
         for r in results:
             if r["status"] == "ingested":
-                later = "; chunk states are computed in the background (evsel daemon status)" \
-                    if r.get("states") == "background" else ""
+                later = [w for w, key in (("chunk states", "states"), ("summaries", "summaries"))
+                         if r.get(key) == "background"]
+                later = f"; {' and '.join(later)} are computed in the background (evsel daemon status)" \
+                    if later else ""
                 stderr.print(f"ingested {escape(r['path'])}: {len(r['doc_ids'])} document(s), {r['chunks']} chunks "
                              f"in {r['seconds']:.1f}s (id {', '.join(map(str, r['doc_ids']))}){later}", emoji=False)
             elif r["status"] == "unchanged":

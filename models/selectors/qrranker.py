@@ -58,6 +58,8 @@ class QRRankerSelector(Selector):
                 self.adapter, self.adapter_from = adapter, str(folder)
                 self.heads = [tuple(h) for h in adapter.config.heads] or self.heads
         self._scorer = None
+        self._scope: dict | None = None
+        self._blocks = None
 
     @property
     def scorer(self):
@@ -75,8 +77,44 @@ class QRRankerSelector(Selector):
                                       adapter=self.adapter)
         return self._scorer
 
+    def prepare(self, chunks: list[ChunkRecord]) -> None:
+        """Eval hands the whole scope first: the memory's blocks come from it (ask reads the
+        candidates' documents from the store)."""
+        self._scope = {c.id: c for c in chunks}
+        self._blocks = None
+
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
         if len(chunks) > MAX_CANDIDATES:
             raise EvselError(f"qrranker reranks at most {MAX_CANDIDATES} candidates; this scope has {len(chunks)}",
                              "use it as a reranker: --rerank qrranker (over the first stage's --rerank-top)")
-        return self.scorer.scores(question, [c.text for c in chunks]).tolist()
+        memory = None
+        if self.use_memory:
+            from evsel.models.memory import memory_text
+
+            self.memory_used = self._memory(chunks)
+            memory = memory_text(self.memory_used) or None
+        return self.scorer.scores(question, [c.text for c in chunks], memory).tolist()
+
+    def _memory(self, candidates: list[ChunkRecord]) -> list[dict]:
+        """The summaries covering the candidates (written now where missing), within the budget."""
+        from evsel.models import memory as mem
+
+        doc_ids = sorted({c.doc_id for c in candidates})
+        scope = self._scope
+        if scope and all(c.id in scope for c in candidates):
+            whole = [c for c in scope.values() if c.doc_id in set(doc_ids)]
+        elif self.context.store is not None:
+            whole = self.context.store.chunks(doc_ids)
+        else:
+            whole = list(candidates)
+        cache_key = tuple(doc_ids)
+        if self._blocks is None or self._blocks[0] != cache_key:
+            self._blocks = (cache_key, mem.blocks_of(whole))
+        blocks = self._blocks[1]
+        writer = mem.SummaryWriter(self.context.backbone, self.context.states.store)
+        ids = {c.id for c in candidates}
+        covering = [b for b in blocks if any(c.id in ids for c in b.chunks)]
+        summaries = writer.ensure(covering, self.context.on_event, "writing summaries for the memory prefix")
+        return mem.memory_for(candidates, covering, summaries, [writer.key(b) for b in covering],
+                              lambda text: len(self.context.backbone.tokenizer(text, add_special_tokens=False)
+                                               ["input_ids"]))
