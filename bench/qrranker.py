@@ -3,6 +3,10 @@ truncated vs full depth, with BM25 alone in the same run; recall@k on a Fairytal
 bm25 vs bm25>qrranker (the detected, untrained heads) per encoding; position bias per encoding.
 
     python bench/qrranker.py [--out bench/results/qrranker.json] [--questions 100] [--bias 20] [--quick]
+    python bench/qrranker.py --only latency   # section 1 alone, merged into the existing --out file
+
+Latency also times the block encoding with the trained adapter shipped beside the heads
+("block-truncated+adapter") and with a memory block of 512 tokens ("block-truncated+memory").
 
 Latency: the bundled sample story, its BM25 top 50 for a few questions; "cold" = the candidates'
 KV is not cached (every candidate encoded), "warm KV" = the candidates' block KV is cached from an
@@ -41,6 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=7, help="reranks timed per configuration")
     parser.add_argument("--no-slot", action="store_true", help="skip the block encoding with slot labels")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a check that the script runs)")
+    parser.add_argument("--only", choices=["latency"], help="run this section alone and merge it into --out")
     args = parser.parse_args(argv)
     if args.quick:
         args.questions, args.bias, args.reps = 6, 2, 2
@@ -76,9 +81,14 @@ def main(argv=None) -> int:
         "load_before": load_1m(),
     }
 
-    def scorer(encoding: str, truncate: bool = True, labels: str = "same") -> qr.QRScorer:
-        return qr.QRScorer(backbone, heads[encoding], qr.ScorerConfig(encoding=encoding, truncate=truncate,
-                                                                     block_labels=labels))
+    adapter_dir = qr.adapter_folder(backbone, None)
+    adapter = qr.load_adapter(adapter_dir, backbone.model) if adapter_dir else None
+
+    def scorer(encoding: str, truncate: bool = True, labels: str = "same", trained: bool = False) -> qr.QRScorer:
+        chosen = [tuple(h) for h in adapter.config.heads] if trained else heads[encoding]
+        return qr.QRScorer(backbone, chosen, qr.ScorerConfig(encoding=encoding, truncate=truncate,
+                                                             block_labels=labels),
+                           adapter=adapter if trained else None)
 
     # 1. latency of one 50-candidate rerank, warm model
     doc = parse_file(sample_story_path())[0]
@@ -98,21 +108,28 @@ def main(argv=None) -> int:
     warmup.scores(questions[0], candidates[questions[0]][:4])  # first-call costs (allocators, kernels) aside
     # configurations interleaved within each repetition, so that the load of a shared machine
     # drifting over the run hits them all alike; ratios are paired within a repetition
-    configs = [(e, t) for e in qr.ENCODINGS for t in (True, False)]
-    times: dict = {f"{e}-{'truncated' if t else 'full'}": {"cold": [], "warm_kv": []} for e, t in configs}
+    configs = [(e, t, "") for e in qr.ENCODINGS for t in (True, False)]
+    if adapter is not None:
+        configs.append(("block", True, "+adapter"))
+    configs.append(("block", True, "+memory"))
+    # a memory of the budget's size: summaries of the story's own blocks, repeated to 512 tokens
+    memory_text = " ".join(c.text for c in chunks[::20])
+    memory_text = backbone.tokenizer.decode(backbone.tokenizer(memory_text, add_special_tokens=False)["input_ids"][:512])
+    times: dict = {f"{e}-{'truncated' if t else 'full'}{x}": {"cold": [], "warm_kv": []} for e, t, x in configs}
     depths = {}
     for q in questions[1:]:
-        for encoding, truncate in configs:
-            name = f"{encoding}-{'truncated' if truncate else 'full'}"
-            s = scorer(encoding, truncate)  # a fresh scorer: nothing cached
+        for encoding, truncate, extra in configs:
+            name = f"{encoding}-{'truncated' if truncate else 'full'}{extra}"
+            s = scorer(encoding, truncate, trained=extra == "+adapter")  # a fresh scorer: nothing cached
+            memory = memory_text if extra == "+memory" else None
             depths[name] = s.depth
             t = time.perf_counter()
-            s.scores(q, candidates[q])
+            s.scores(q, candidates[q], memory)
             times[name]["cold"].append(time.perf_counter() - t)
             if encoding == "block":  # the candidates' KV cached by an earlier question
                 s._contexts.clear()  # ... the context is assembled again from the cached blocks
                 t = time.perf_counter()
-                s.scores(questions[0], candidates[q])
+                s.scores(questions[0], candidates[q], memory)
                 times[name]["warm_kv"].append(time.perf_counter() - t)
         print("latency rep", {k: round(v["cold"][-1], 2) for k, v in times.items()}, flush=True)
     for name, got in times.items():
@@ -127,6 +144,15 @@ def main(argv=None) -> int:
                       if isinstance(v, dict) and "cold_s" in v else v for k, v in latency.items()
                       if k.startswith(("block", "causal"))}, default=str), flush=True)
     result["latency"] = latency
+    if args.only == "latency":
+        out = Path(args.out)
+        whole = json.loads(out.read_text()) if out.is_file() else {}
+        whole["latency"] = latency
+        whole["latency_run"] = {k: result[k] for k in ("run", "threads", "load_before")}
+        whole["latency_run"]["load_after"] = load_1m()
+        out.write_text(json.dumps(whole, indent=1) + "\n")
+        print(f"wrote the latency section of {out}")
+        return 0
 
     # 2. recall on FairytaleQA val, and 3. position bias
     dataset = load_dataset("fairytaleqa", split="val")
