@@ -33,7 +33,8 @@ HELP = ("bm25 (default; words), unreal (the backbone's own states with the train
         "intrinsic (its untrained attention floor), dense (MiniLM bi-encoder), "
         "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random, "
         "qrranker (a reranker: the backbone's QR attention heads, e.g. --rerank qrranker; "
-        "qrranker:untrained, qrranker:memory, qrranker:causal for its variants)")
+        "qrranker:untrained, qrranker:memory, qrranker:causal for its variants), "
+        "blocksearch (in-context retrieval by the backbone's QK routing)")
 
 
 def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
@@ -59,6 +60,7 @@ def _load_builtins() -> None:
     from . import dense, random_order, rrf  # noqa: F401  (baselines for evsel eval)
     from . import intrinsic, unreal  # noqa: F401  (model-internal selection, seed 000)
     from . import qrranker  # noqa: F401  (reranking with QR heads, seed 003)
+    from . import blocksearch  # noqa: F401  (in-context retrieval by QK routing, seed 001)
 
 
 __all__ = ["HELP", "Scored", "Selector", "SelectorContext", "register", "available", "get_selector"]

@@ -1,0 +1,731 @@
+"""BlockSearch (seed 001), untrained: in-context retrieval by the backbone's own QK routing.
+
+Prompt (the seed's Appx. A, without its random document codes: untrained, nothing decodes them):
+
+    <chat header> Here are some documents:            <- prefix, shared (positions 0..P-1)
+    \\n\\nchunk text                                     <- every chunk a block: attends to the prefix
+    ...                                                   and itself only, positions P..P+L_i-1
+    \\n\\nWhich document ... query?\\n\\nQuery: q<footer>   <- the query block, at the fixed position
+                                                         P + query_offset, attending to everything
+
+Encoding is qrranker's block-sparse encoder (`encode_prefix`, `encode_blocks`: one encoder for
+both methods), truncated after the routing layer L (depth L + 1). A chunk's keys depend only on
+the prefix and its own tokens, so what routing reads of it, its post-RoPE keys at layer L
+(kv_heads, L_i, head_dim), is cached per chunk content hash on disk (`KeyCache`).
+
+Routing score (the seed's Sec. 4.1 and 5.1): at the query block's LAST position, the post-RoPE
+query q_h of every head h at layer L; per head QK-MaxSim(d) = max over d's text tokens t of
+q_h . k_t * scaling (query head h reads KV head h // (H / kv_heads)); R^sum(d) = sum over heads.
+The top-B chunks would go on to the layers above L; untrained, the score itself ranks the scope.
+Variant "mass": the query's softmax attention at layer L onto each chunk's text tokens (softmax
+over the prefix, every chunk of the scope and the query's own tokens), summed over heads: the
+quantity that dilutes as N grows (the seed's Sec. 4.2), where SSMax changes the ranking.
+
+SSMax: the pre-softmax scores of the query's row multiplied by s * log N (s = 0.43, the seed's
+init; N = chunks in scope). For MaxSim this is one positive factor for every head and chunk: a
+monotone rescale that leaves the ranking as it is (reported scores change, order does not). For
+the attention mass it sharpens the softmax and does change the ranking. `ssmax_layers="all"`
+(faithful mode) also applies it to the query block's attention in every layer below L (the
+seed's BlockSearch-SSMax, here on the frozen model; chunk blocks are untouched).
+
+Two query modes:
+- "faithful": the query block attends to the prefix and all chunks' KV at every layer up to L,
+  as in the seed, so its query vector at L depends on the scope. Cost: every chunk's K and V of
+  layers 0..L must be held (qrranker's in-memory BlockKVCache; SmolLM2 at L=17 in bf16: 18 layers
+  x 768 B = 13.8 KB per token, ~190 MB for the 14K-token sample story, ~1.9 GB for a 134K-token novel,
+  ~190 GB for 10^5 chunks), re-encoded when evicted, and each question runs a query pass that
+  attends over all of it (linear in scope tokens, per layer). A scope over `group_tokens` goes in
+  groups of chunks sharing the prefix, each with its own query pass: a chunk is then scored with
+  the query vector of its own group (exact for one group, an approximation beyond; the attention
+  mass still normalises over the whole scope).
+- "prefix" (the fast path, the default): the query block attends to the prefix only. Its query
+  vector is independent of the scope (one short pass per question, cached), and routing is a pure
+  lookup of cached keys: one (H x T) product per question over the scope's keys, no chunk
+  re-encoded. It is not the seed's model (the query never reads the chunks below L).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from evsel.errors import ModelError
+from evsel.models import qrranker as qr
+
+METHOD = "blocksearch"
+KEYS_FORMAT = 1  # bump when what a cached key file holds changes
+VARIANTS = ("maxsim", "mass")
+QUERY_MODES = ("prefix", "faithful")
+SSMAX_LAYERS = ("readout", "all")
+STORAGE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
+SLICE_TOKENS = 1 << 16  # keys scored at a time: (H, slice) logits, never T x T
+ENCODE_TOKENS = 8192  # block tokens encoded between two cache writes (bounds the KV held)
+STALE_TEMP_S = 3600  # a temp file older than this is a killed writer's, and is swept
+
+
+def default_prompt() -> qr.PromptConfig:
+    """The pieces of BlockSearch's prompt; the query pieces follow the seed's query block
+    (instruction, then the query, then the answer slot: here the assistant header)."""
+    return qr.PromptConfig(instruction="Here are some documents:",
+                           closing="Which document above answers the following query?",
+                           query_label="Query:", separator="\n\n", max_chunk_tokens=384, max_query_tokens=96)
+
+
+def default_layer(n_layers: int) -> int:
+    """The routing layer (0-based): the seed routes at L16 of Qwen3-0.6B's 28 layers, just above
+    the layers that build relevance (its retrieval band L11-L20). At the same relative depth
+    SmolLM2's 30 layers give 17, inside the band where its untrained QR heads were found (14-23);
+    encoding stops right after it."""
+    return max(0, min(n_layers - 1, round(n_layers * 16 / 28)))
+
+
+@dataclass
+class BlockSearchConfig:
+    layer: int | None = None  # routing layer L, 0-based (None: default_layer of the model)
+    top_b: int = 256  # chunks routed on to the layers above L (the seed's B)
+    variant: str = "maxsim"  # maxsim: R^sum of QK-MaxSim | mass: softmax attention mass at L
+    query_mode: str = "prefix"  # prefix: the query reads the prefix only (fast) | faithful
+    ssmax: bool = False  # multiply the query's pre-softmax scores by ssmax_s * log N
+    ssmax_s: float = 0.43  # the seed's (and SSMax's) initial s
+    ssmax_layers: str = "readout"  # readout: at the routing layer only | all: every layer <= L (faithful)
+    dtype: str = "fp16"  # the cached keys' storage type (fp16 | fp32)
+    query_offset: int | None = None  # query block position - prefix length (None: longest block)
+    batch_tokens: int = 4096  # block tokens per encoder batch
+    group_tokens: int = 16384  # faithful mode: block tokens one query pass reads (~220 MB of KV for SmolLM2)
+    prompt: qr.PromptConfig = field(default_factory=default_prompt)
+
+    def __post_init__(self) -> None:
+        checks = [("variant", self.variant, VARIANTS), ("query_mode", self.query_mode, QUERY_MODES),
+                  ("ssmax_layers", self.ssmax_layers, SSMAX_LAYERS), ("dtype", self.dtype, tuple(STORAGE_DTYPES))]
+        for name, value, allowed in checks:
+            if value not in allowed:
+                raise ModelError(f"unknown BlockSearch {name} {value!r}", f"use one of {', '.join(allowed)}")
+        if self.ssmax_layers == "all" and self.query_mode != "faithful":
+            raise ModelError("SSMax in the layers below the routing layer needs the faithful query mode",
+                             "use query_mode=faithful, or ssmax_layers=readout")
+        if self.top_b < 1:
+            raise ModelError("top_b must be at least 1")
+
+    def resolved(self, n_layers: int) -> BlockSearchConfig:
+        layer = default_layer(n_layers) if self.layer is None else int(self.layer)
+        if not 0 <= layer < n_layers:
+            raise ModelError(f"routing layer {layer} is not in this model (layers 0..{n_layers - 1})")
+        return replace(self, layer=layer)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def key_digest(layer: int, dtype: str, model_dtype: str, prefix: list[int], separator: list[int],
+               max_chunk_tokens: int) -> str:
+    """What a chunk's cached keys depend on besides its text and the weights: the layer, the
+    storage and compute types, the prefix and how a block is cut. (The query pieces do not enter:
+    changing the question template keeps the keys.)"""
+    data = {"format": KEYS_FORMAT, "layer": layer, "dtype": dtype, "model_dtype": model_dtype,
+            "prefix": list(prefix), "separator": list(separator), "max_chunk_tokens": max_chunk_tokens}
+    return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-chunk key cache: .npy files beside the store
+
+
+def cache_root(store_dir: str | Path) -> Path:
+    return Path(store_dir) / METHOD
+
+
+def cache_folder(store_dir: str | Path, fingerprint: str, digest: str) -> Path:
+    """<store dir>/blocksearch/<model fingerprint>/<config digest>/: one <content hash>.npy a chunk."""
+    return cache_root(store_dir) / fingerprint / digest
+
+
+def store_dir_of(store) -> Path | None:
+    """The folder of a Store's database file (None for an in-memory one)."""
+    if store is None:
+        return None
+    for _seq, name, file in store.db.conn.execute("pragma database_list").fetchall():
+        if name == "main":
+            return Path(file).parent if file else None
+    return None
+
+
+def _private_dirs(folder: Path, top: Path) -> None:
+    """mkdir -p `folder`, every level made from `top` down exactly 0700 (whatever the umask)."""
+    top.parent.mkdir(parents=True, exist_ok=True)
+    chain = []
+    at = folder
+    while at != top.parent and not at.is_dir():
+        chain.append(at)
+        at = at.parent
+    for level in reversed(chain):
+        try:
+            level.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(level, 0o700)
+
+
+_HASH = re.compile(r"[0-9A-Za-z_-]{1,128}")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class KeyCache:
+    """Routing keys per chunk content hash, (kv_heads, L_i, head_dim) arrays: one .npy file each
+    in `folder` (files 0600, folders 0700), or with `folder` None in memory (least recently used
+    out past `max_bytes`). A file is written to a temp sibling, fsynced and renamed, so a killed
+    writer never leaves a file that reads as valid; a file that does not load whole with the
+    expected shape and type is deleted and reported missing (the caller re-encodes it)."""
+
+    def __init__(self, folder: str | Path | None = None, top: str | Path | None = None, max_bytes: int = 1 << 30):
+        """`top`: the highest folder the cache may create (default: `folder` itself)."""
+        self.folder = Path(folder) if folder is not None else None
+        self.top = Path(top) if top is not None else self.folder
+        self.max_bytes = max_bytes
+        self.reads = self.writes = self.rejected = 0
+        self._memory: OrderedDict = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def on_disk(self) -> bool:
+        return self.folder is not None
+
+    def path(self, content_hash: str) -> Path:
+        if not _HASH.fullmatch(content_hash or ""):
+            raise ModelError(f"{content_hash!r} is not a content hash")
+        return self.folder / f"{content_hash}.npy"
+
+    def get(self, content_hash: str, shape: tuple | None = None, dtype=None) -> np.ndarray | None:
+        """The stored keys, or None when absent or not valid (then deleted)."""
+        if self.folder is None:
+            item = self._memory.get(content_hash)
+            if item is not None:
+                self._memory.move_to_end(content_hash)
+                self.reads += 1
+            return None if item is None or not _fits(item, shape, dtype) else item
+        path = self.path(content_hash)
+        try:
+            with open(path, "rb") as handle:
+                array = np.load(handle, allow_pickle=False)
+                whole = handle.read(1) == b""
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, EOFError):  # truncated or damaged: np.load checks header and size
+            array, whole = None, False
+        if array is None or not whole or not _fits(array, shape, dtype):
+            self.rejected += 1
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+        self.reads += 1
+        return array
+
+    def put_many(self, arrays: dict) -> None:
+        """Store {content_hash: array}; on disk each atomically, the folder synced once."""
+        if self.folder is None:
+            for h, array in arrays.items():
+                if h in self._memory:
+                    continue
+                self._memory[h] = array
+                self._bytes += array.nbytes
+                self.writes += 1
+            while self._bytes > self.max_bytes and self._memory:
+                _, old = self._memory.popitem(last=False)
+                self._bytes -= old.nbytes
+            return
+        _private_dirs(self.folder, self.top)
+        for h, array in arrays.items():
+            self._write(self.path(h), np.ascontiguousarray(array))
+            self.writes += 1
+        _fsync_dir(self.folder)
+
+    def put(self, content_hash: str, array: np.ndarray) -> None:
+        self.put_many({content_hash: array})
+
+    def _write(self, path: Path, array: np.ndarray) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                np.lib.format.write_array(handle, array, allow_pickle=False)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def delete(self, hashes) -> int:
+        """Drop the keys of these content hashes; returns how many were there."""
+        gone = 0
+        for h in hashes:
+            if self.folder is None:
+                old = self._memory.pop(h, None)
+                if old is not None:
+                    self._bytes -= old.nbytes
+                    gone += 1
+                continue
+            try:
+                self.path(h).unlink()
+                gone += 1
+            except FileNotFoundError:
+                pass
+        return gone
+
+    def __len__(self) -> int:
+        if self.folder is None:
+            return len(self._memory)
+        return sum(1 for _ in self.folder.glob("*.npy")) if self.folder.is_dir() else 0
+
+    @property
+    def bytes(self) -> int:
+        if self.folder is None:
+            return self._bytes
+        return sum(p.stat().st_size for p in self.folder.glob("*.npy")) if self.folder.is_dir() else 0
+
+
+def _fits(array: np.ndarray, shape: tuple | None, dtype) -> bool:
+    if array.ndim != 3:
+        return False
+    if shape is not None and tuple(array.shape) != tuple(shape):
+        return False
+    return dtype is None or array.dtype == np.dtype(dtype)
+
+
+def _cache_folders(store_dir: str | Path) -> list[Path]:
+    root = cache_root(store_dir)
+    if not root.is_dir():
+        return []
+    return [d for fp in root.iterdir() if fp.is_dir() for d in fp.iterdir() if d.is_dir()]
+
+
+def delete_cached_keys(store_dir: str | Path, hashes) -> int:
+    """Delete the key files of these content hashes under every model and config of a store (the
+    store's delete path calls it with the hashes no chunk holds any more). Returns files deleted."""
+    hashes = [h for h in hashes if _HASH.fullmatch(h or "")]
+    gone = 0
+    for folder in _cache_folders(store_dir):
+        for h in hashes:
+            try:
+                (folder / f"{h}.npy").unlink()
+                gone += 1
+            except FileNotFoundError:
+                pass
+    return gone
+
+
+def delete_orphans(store_dir: str | Path, keep_hashes, now: float | None = None) -> int:
+    """Delete every key file whose content hash is not in `keep_hashes` (the store's chunks), and
+    temp files a killed writer left over an hour ago. Returns files deleted."""
+    keep = set(keep_hashes)
+    now = time.time() if now is None else now
+    gone = 0
+    for folder in _cache_folders(store_dir):
+        for path in folder.iterdir():
+            try:
+                orphan = path.suffix == ".npy" and path.stem not in keep
+                stale = path.name.endswith(".tmp") and now - path.lstat().st_mtime > STALE_TEMP_S
+                if orphan or stale:
+                    path.unlink()
+                    gone += 1
+            except OSError:
+                pass
+    return gone
+
+
+def bytes_per_token(model_config, dtype: str = "fp16") -> int:
+    """Cached bytes a chunk token costs: its keys at one layer (kv_heads x head_dim); each file
+    adds a 128-byte .npy header."""
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    return int(model_config.num_key_value_heads * head_dim * np.dtype(STORAGE_DTYPES[dtype]).itemsize)
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring: pure tensor functions over packed keys
+
+
+@dataclass
+class PackedKeys:
+    """The scope's keys at the routing layer, concatenated: keys (kv, T, d) in their storage type,
+    owner (T,) the chunk of each token, counted (T,) True for text tokens (the separator every
+    block starts with is the same in all of them and enters softmax denominators only), offsets
+    (N + 1,) where each chunk's tokens start."""
+
+    keys: object
+    owner: object
+    counted: object
+    offsets: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def subset(self, which: list[int]) -> PackedKeys:
+        """The chunks `which` only, in that order (renumbered 0..len(which) - 1)."""
+        import torch
+
+        index = torch.cat([torch.arange(int(self.offsets[i]), int(self.offsets[i + 1])) for i in which]) \
+            if which else torch.zeros(0, dtype=torch.long)
+        lengths = [int(self.offsets[i + 1] - self.offsets[i]) for i in which]
+        owner = torch.repeat_interleave(torch.arange(len(which)), torch.tensor(lengths, dtype=torch.long))
+        return PackedKeys(self.keys.index_select(1, index), owner, self.counted.index_select(0, index),
+                          np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
+
+def pack(keys: list, start: int = 0) -> PackedKeys:
+    """Pack per-chunk keys [(kv, L_i, d)] (numpy or torch); the first `start` tokens of each
+    chunk are the shared separator (not counted)."""
+    import torch
+
+    tensors = [torch.as_tensor(k) for k in keys]
+    lengths = [int(k.shape[1]) for k in tensors]
+    if any(n <= start for n in lengths):
+        raise ModelError("a chunk has no text tokens to score")
+    owner = torch.repeat_interleave(torch.arange(len(tensors)), torch.tensor(lengths, dtype=torch.long))
+    counted = torch.cat([torch.arange(n) >= start for n in lengths]) if tensors else torch.zeros(0, dtype=torch.bool)
+    stacked = torch.cat(tensors, dim=1) if tensors else torch.zeros(0, 0, 0)
+    return PackedKeys(stacked, owner, counted, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
+
+def head_logits(q, keys, scaling: float):
+    """q (H, d) against keys (kv, T, d): (H, T) float32 logits q_h . k_t * scaling, query head h
+    reading KV head h // (H / kv)."""
+    kv, t, d = keys.shape
+    h = q.shape[0]
+    grouped = q.float().reshape(kv, h // kv, d)  # heads kv*g .. kv*g + g - 1 share KV head kv
+    return (grouped @ keys.float().transpose(1, 2)).reshape(h, t) * scaling  # (H, T)
+
+
+def maxsim(q, packed: PackedKeys, scaling: float, factor: float = 1.0, slice_tokens: int = SLICE_TOKENS):
+    """(N, H) per-head QK-MaxSim: for each chunk the max over its text tokens of
+    factor * q_h . k_t * scaling (factor: SSMax's s log N, else 1)."""
+    import torch
+
+    h = q.shape[0]
+    out = torch.full((h, packed.n), float("-inf"))
+    for a in range(0, packed.tokens, slice_tokens):
+        b = min(a + slice_tokens, packed.tokens)
+        keep = packed.counted[a:b]
+        logits = head_logits(q, packed.keys[:, a:b][:, keep], scaling) * factor  # (H, t)
+        owner = packed.owner[a:b][keep]
+        out.scatter_reduce_(1, owner.expand(h, -1), logits, reduce="amax", include_self=True)
+    return out.T
+
+
+def attention_mass(q, packed: PackedKeys, scaling: float, factor: float = 1.0, extra=None,
+                   slice_tokens: int = SLICE_TOKENS):
+    """(N, H) the query's softmax attention onto each chunk's text tokens, the softmax taken over
+    `extra` keys (kv, E, d: the prefix and the query's own tokens) and every packed token, of the
+    logits factor * q . k * scaling. Two passes over the keys (log-sum-exp, then the masses)."""
+    import torch
+
+    h = q.shape[0]
+    lse = torch.full((h,), float("-inf"))
+    if extra is not None and extra.shape[1]:
+        lse = torch.logsumexp(head_logits(q, extra, scaling) * factor, dim=1)
+    for a in range(0, packed.tokens, slice_tokens):
+        logits = head_logits(q, packed.keys[:, a:a + slice_tokens], scaling) * factor
+        lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
+    out = torch.zeros(h, packed.n)
+    for a in range(0, packed.tokens, slice_tokens):
+        b = min(a + slice_tokens, packed.tokens)
+        keep = packed.counted[a:b]
+        logits = head_logits(q, packed.keys[:, a:b][:, keep], scaling) * factor
+        out.index_add_(1, packed.owner[a:b][keep], torch.exp(logits - lse[:, None]))
+    return out.T
+
+
+def ssmax_factor(s: float, n: int) -> float:
+    """SSMax's multiplier s * log N for N chunks in scope (0 for a single chunk: nothing to rank)."""
+    return float(s) * math.log(max(n, 1))
+
+
+@contextmanager
+def _scaled_attention(model, layers: list[int], factor: float):
+    """The attention scaling of `layers` multiplied by `factor` for the passes inside (SSMax on the
+    query block: only its rows are computed in a suffix pass over cached context KV)."""
+    modules = [model.model.layers[layer].self_attn for layer in layers]
+    before = [m.scaling for m in modules]
+    try:
+        for m in modules:
+            m.scaling = m.scaling * factor
+        yield
+    finally:
+        for m, value in zip(modules, before):
+            m.scaling = value
+
+
+# ---------------------------------------------------------------------------------------------
+# the router
+
+
+@dataclass
+class Scope:
+    """The chunks routed over: content hashes, block token ids (separator + text) and the packed
+    routing keys."""
+
+    hashes: list[str]
+    blocks: list[list[int]]
+    packed: PackedKeys
+
+    @property
+    def n(self) -> int:
+        return len(self.hashes)
+
+
+@dataclass
+class Routing:
+    scores: np.ndarray  # (N,) float64: R^sum (maxsim) or the attention mass summed over heads (mass)
+    per_head: np.ndarray  # (N, H) float64
+    top: np.ndarray  # the top-B chunk indices, best first
+    factor: float  # the multiplier on the routing layer's logits (SSMax's s log N, else 1)
+    groups: int  # query passes (faithful mode: groups of chunks; prefix mode: 1)
+
+
+def content_hash(text: str) -> str:
+    """The store's key of a chunk text (as the chunker computes it)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class BlockSearch:
+    """The untrained BlockSearch router of one backbone: encodes chunks block-sparse up to the
+    routing layer (keys cached per chunk), runs the query block, scores the scope."""
+
+    def __init__(self, backbone, config: BlockSearchConfig | None = None, store_dir: str | Path | None = None,
+                 memory: dict | None = None, kv_cache: qr.BlockKVCache | None = None):
+        """`store_dir`: key files go under <store_dir>/blocksearch/ (None: in memory; `memory`, a
+        dict shared between routers, keeps one KeyCache per config digest). `kv_cache`: the full
+        per-block KV the faithful mode reads (None: a private one)."""
+        self.backbone = backbone
+        self.model = backbone.model
+        cfg = self.model.config
+        self.config = (config or BlockSearchConfig()).resolved(cfg.num_hidden_layers)
+        self.layer = int(self.config.layer)
+        self.depth = self.layer + 1  # truncated forward: nothing above the routing layer runs
+        self.n_heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scaling = float(self.model.model.layers[self.layer].self_attn.scaling)
+        self.prompt = qr.Prompt(backbone.tokenizer, self.config.prompt)
+        self.prefix_ids = self.prompt.prefix()
+        self.separator = self.prompt.ids(self.config.prompt.separator)
+        offset = self.config.query_offset
+        self.query_offset = len(self.separator) + self.config.prompt.max_chunk_tokens if offset is None else offset
+        self.model_dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
+        self.storage = STORAGE_DTYPES[self.config.dtype]
+        self.digest = key_digest(self.layer, self.config.dtype, self.model_dtype, self.prefix_ids, self.separator,
+                                 self.config.prompt.max_chunk_tokens)
+        if store_dir is not None:
+            self.keys = KeyCache(cache_folder(store_dir, backbone.fingerprint, self.digest), top=cache_root(store_dir))
+        elif memory is not None:
+            self.keys = memory.setdefault(self.digest, KeyCache(None))
+        else:
+            self.keys = KeyCache(None)
+        self.kv_cache = kv_cache if kv_cache is not None else qr.BlockKVCache()
+        self.model_key = f"{backbone.fingerprint}:{self.model_dtype}"
+        self.pad_id = backbone.tokenizer.pad_token_id or 0
+        self.encoded = 0  # blocks this router encoded (tests, reports)
+        self._prefix_kv = None
+        self._queries: OrderedDict = OrderedDict()  # prefix mode: question -> (q, own keys)
+        self._rope_checked = False
+
+    # pieces
+    @property
+    def prefix_len(self) -> int:
+        return len(self.prefix_ids)
+
+    @property
+    def query_position(self) -> int:
+        """Where the query block starts: a fixed offset after the prefix, whatever the scope."""
+        return self.prefix_len + self.query_offset
+
+    @property
+    def bytes_per_token(self) -> int:
+        return bytes_per_token(self.model.config, self.config.dtype)
+
+    def blocks(self, texts: list[str]) -> list[list[int]]:
+        """Block ids: separator + the text's tokens (cut at max_chunk_tokens; an empty text is the
+        EOS token, so every block has a token to score)."""
+        tok = self.backbone.tokenizer
+        limit = self.config.prompt.max_chunk_tokens
+        bodies = tok([t.strip() for t in texts], add_special_tokens=False)["input_ids"] if texts else []
+        return [self.separator + (list(b[:limit]) or [tok.eos_token_id or 0]) for b in bodies]
+
+    def suffix(self, question: str) -> list[int]:
+        return self.prompt.suffix(question)[0]
+
+    @property
+    def prefix_kv(self) -> list[tuple]:
+        if self._prefix_kv is None:
+            self._prefix_kv = qr.encode_prefix(self.model, self.prefix_ids, self.depth)
+        return self._prefix_kv
+
+    # encoding
+    def encode_keys(self, blocks: list[list[int]]) -> list:
+        """Post-RoPE keys (kv, L_i, d) at the routing layer of blocks encoded block-sparse after the
+        prefix, through layer L only (qrranker's encoder), as torch tensors of the model's type."""
+        states = qr.encode_blocks(self.model, self.prefix_kv, blocks, self.config.batch_tokens, self.pad_id)
+        self.encoded += len(blocks)
+        return [b[self.layer][0] for b in states.blocks]
+
+    def _full_states(self, blocks: list[list[int]]) -> qr.BlockStates:
+        """Every layer's KV up to L of `blocks` (faithful mode), through the in-memory KV cache."""
+        cache = self.kv_cache
+        prefix_cached = cache.get(cache.key("prefix", self.model_key, self.depth, self.prefix_ids)) is not None
+        before = cache.misses
+        states = qr.encode_blocks_cached(self.model, self.prefix_ids, blocks, self.depth, cache,
+                                         self.config.batch_tokens, self.pad_id, self.model_key)
+        self.encoded += cache.misses - before - (0 if prefix_cached else 1)
+        return states
+
+    def scope(self, texts: list[str], hashes: list[str] | None = None, on_event=None) -> Scope:
+        """The routing keys of `texts` (content hashes: computed when not given): read from the
+        key cache, the rest encoded now (in slices, each written as it is done)."""
+        hashes = list(hashes) if hashes is not None else [content_hash(t) for t in texts]
+        blocks = self.blocks(texts)
+        shape = {h: (self.kv_heads, len(b), self.head_dim) for h, b in zip(hashes, blocks)}
+        found: dict = {}
+        for h in dict.fromkeys(hashes):
+            array = self.keys.get(h, shape[h], self.storage)
+            if array is not None:
+                found[h] = array
+        block_of = dict(zip(hashes, blocks))
+        missing = [h for h in dict.fromkeys(hashes) if h not in found]
+        if missing and on_event:
+            on_event({"type": "progress", "task": "encode", "label": f"BlockSearch keys (layer {self.layer})",
+                      "done": 0, "total": len(missing)})
+        done = 0
+        budget = self.config.group_tokens if self.config.query_mode == "faithful" else ENCODE_TOKENS
+        for part in _slices(missing, [len(block_of[h]) for h in missing], budget):
+            part_blocks = [block_of[h] for h in part]
+            if self.config.query_mode == "faithful":  # keep the full KV the query pass reads
+                keys = [b[self.layer][0] for b in self._full_states(part_blocks).blocks]
+            else:
+                keys = self.encode_keys(part_blocks)
+            fresh = {h: self._storable(k) for h, k in zip(part, keys)}
+            self.keys.put_many(fresh)
+            found.update(fresh)
+            done += len(part)
+            if on_event:
+                on_event({"type": "progress", "task": "encode", "label": f"BlockSearch keys (layer {self.layer})",
+                          "done": done, "total": len(missing)})
+        start = len(self.separator)
+        return Scope(hashes, blocks, pack([found[h] for h in hashes], start))
+
+    def _storable(self, keys) -> np.ndarray:
+        array = keys.float().cpu().numpy().astype(self.storage)
+        if not np.isfinite(array).all():
+            raise ModelError(f"routing keys at layer {self.layer} overflow {self.config.dtype}",
+                             "store them as fp32 (BlockSearchConfig.dtype)")
+        return array
+
+    # the query block
+    def _query_pass(self, question: str, context: qr.Context, factor: float = 1.0):
+        """The query block over `context`: (q (H, d) float32 at its last position, its own keys
+        (kv, S, d) at layer L), both post-RoPE."""
+        import torch
+
+        suffix = self.suffix(question)
+        layers = list(range(self.layer)) if factor != 1.0 else []
+        with torch.inference_mode(), _scaled_attention(self.model, layers, factor):
+            [state] = qr.suffix_states(self.model, context, [(suffix, len(suffix) - 1)], [self.layer],
+                                       check_rope=not self._rope_checked)
+        self._rope_checked = True
+        return state.queries[self.layer][:, -1].float().clone(), state.keys[self.layer].clone()
+
+    def prefix_query(self, question: str):
+        """Prefix mode: the query block reads the prefix only, so its vectors depend on the
+        question alone (kept for the last questions)."""
+        hit = self._queries.get(question)
+        if hit is None:
+            hit = self._query_pass(question, qr.Context(self.prefix_kv, [], self.query_position))
+            self._queries[question] = hit
+            while len(self._queries) > 256:
+                self._queries.popitem(last=False)
+        self._queries.move_to_end(question)
+        return hit
+
+    def groups(self, scope: Scope) -> list[list[int]]:
+        """Faithful mode: chunks in document order, in groups of at most `group_tokens` tokens."""
+        return _slices(list(range(scope.n)), [len(b) for b in scope.blocks], self.config.group_tokens)
+
+    def faithful_query(self, question: str, scope: Scope, group: list[int], factor: float = 1.0):
+        """The query block over the prefix and the chunks of `group` (their full KV, from the KV
+        cache or encoded again)."""
+        states = self._full_states([scope.blocks[i] for i in group])
+        return self._query_pass(question, states.context(next_position=self.query_position), factor)
+
+    def route(self, question: str, scope: Scope) -> Routing:
+        """Score every chunk of the scope for the question; top-B best first."""
+        import torch
+
+        cfg = self.config
+        n = scope.n
+        if n == 0:
+            return Routing(np.zeros(0), np.zeros((0, self.n_heads)), np.zeros(0, dtype=np.int64), 1.0, 0)
+        ssmax = ssmax_factor(cfg.ssmax_s, n) if cfg.ssmax else 1.0
+        inner = ssmax if cfg.ssmax and cfg.ssmax_layers == "all" else 1.0
+        if cfg.query_mode == "prefix":
+            passes = [(list(range(n)), *self.prefix_query(question))]
+        else:
+            passes = [(g, *self.faithful_query(question, scope, g, inner)) for g in self.groups(scope)]
+        prefix_keys = self.prefix_kv[self.layer][0][0]  # (kv, P, d)
+        per_head = torch.empty(n, self.n_heads)
+        for group, q, own in passes:
+            if cfg.variant == "maxsim":
+                packed = scope.packed if len(passes) == 1 else scope.packed.subset(group)
+                per_head[group] = maxsim(q, packed, self.scaling, ssmax)
+            else:
+                extra = torch.cat([prefix_keys.float(), own.float()], dim=1)
+                per_head[group] = attention_mass(q, scope.packed, self.scaling, ssmax, extra)[group]
+        per_head = per_head.double().numpy()
+        scores = per_head.sum(axis=1)
+        top = np.argsort(-scores, kind="stable")[: cfg.top_b]
+        return Routing(scores, per_head, top, ssmax, len(passes))
+
+    def scores(self, question: str, texts: list[str], hashes: list[str] | None = None) -> np.ndarray:
+        return self.route(question, self.scope(texts, hashes)).scores
+
+
+def _slices(items: list, lengths: list[int], budget: int) -> list[list]:
+    """`items` in order, in runs of at most `budget` total length (a longer item alone)."""
+    out, current, used = [], [], 0
+    for item, n in zip(items, lengths):
+        if current and used + n > budget:
+            out.append(current)
+            current, used = [], 0
+        current.append(item)
+        used += n
+    if current:
+        out.append(current)
+    return out

