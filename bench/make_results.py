@@ -410,6 +410,32 @@ def generate_section(result: dict) -> list[str]:
     return out
 
 
+def qrranker_section(result: dict) -> list[str]:
+    """bench/qrranker.py: one 50-candidate rerank's latency, BM25 alone in the same run."""
+    lat = result["latency"]
+    run = result.get("latency_run") or result
+    out = ["## QRRanker rerank latency (`python bench/qrranker.py`)", ""]
+    out += provenance(run["run"]) + [""]
+    out += [f"One 50-candidate rerank of the sample story ({lat['candidate_tokens']} candidate tokens), warm model, "
+            f"{run.get('threads', result.get('threads'))} torch thread(s); medians. Cold: every candidate encoded; "
+            "warm KV: the candidates' block KV cached by an earlier question.", "",
+            "| configuration | depth | cold s | warm KV s | cold / BM25 alone |", "|---|---|---|---|---|"]
+    bm25 = lat["bm25_s"]["median"]
+    out.append(f"| BM25 alone (first stage) | | {bm25:.4f} | | 1 |")
+    for name, row in lat.items():
+        if not isinstance(row, dict) or "cold_s" not in row:
+            continue
+        warm = row.get("warm_kv_s", {}).get("median")
+        out.append(f"| {name} | {row['depth']} | {row['cold_s']['median']:.2f} | "
+                   f"{f3(warm) if warm is not None else ''} | {row['cold_s']['median'] / bm25:.0f}x |")
+    for encoding in ("block", "causal"):
+        pair = lat.get(f"{encoding}-truncated_over_full")
+        if pair:
+            out.append(f"\n{encoding}: truncated / full depth {pair['median_of_paired']:.2f} (median of paired ratios)")
+    out.append("")
+    return out
+
+
 def faults_section(result: dict) -> list[str]:
     load, bad, proto = result["load"], result["bad_inputs"], result["protocol"]
     out = ["## Faults and hostile input (`bench/faults.py`)", ""]
@@ -458,6 +484,19 @@ def headline(evals: dict[str, dict], throughput: dict | None) -> list[str]:
         if abst.get("precision") is not None:
             line += f"; abstention on adversarial: precision {abst['precision']:.3f}, recall {abst['recall']:.3f}"
         out.append(line + f" ({r['dataset']['questions']} questions)")
+    for name in ("fairytaleqa-qrranker", "locomo-qrranker", "fairytaleqa-memory", "locomo-memory"):
+        r = evals.get(name)
+        if not r:
+            continue
+        m = r["methods"]
+        base = (m.get("bm25") or {}).get("recall@3")
+        parts = []
+        for spec, row in m.items():
+            if row.get("recall@3") is None:
+                continue
+            delta = f" ({(row['recall@3'] - base) * 100:+.1f} pts)" if base is not None and spec != "bm25" else ""
+            parts.append(f"{spec} {row['recall@3']:.3f}{delta}")
+        out.append(f"- {name}: recall@3 " + ", ".join(parts) + f" ({r['dataset']['questions']} questions)")
     if throughput:
         for layer, row in throughput["encoding"]["layers"].items():
             out.append(f"- chunk encoding to layer {layer}: {row['tokens_per_s_median']:,.0f} tokens/s = "
@@ -510,6 +549,8 @@ def main() -> int:
         lines += ingest_section(ingest)
     if (RESULTS / "generate.json").exists():
         lines += generate_section(json.loads((RESULTS / "generate.json").read_text()))
+    if (RESULTS / "qrranker.json").exists():
+        lines += qrranker_section(json.loads((RESULTS / "qrranker.json").read_text()))
     if (RESULTS / "faults.json").exists():
         lines += faults_section(json.loads((RESULTS / "faults.json").read_text()))
     OUT.parent.mkdir(parents=True, exist_ok=True)
