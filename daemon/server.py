@@ -729,8 +729,9 @@ class Daemon:
                 self.worker_store.db.execute("delete from pending_encodes where id = ?", [row["id"]])
                 continue
             flag = int(row.get("summaries") or 0)
-            log.info("resuming the chunk states of documents %s", doc_ids)
-            self.resumed.append(f"chunk states of documents {_id_list(doc_ids)}")
+            what = " and ".join(w for w, on in (("chunk states", not flag & 2), ("summaries", flag & 1)) if on)
+            log.info("resuming the %s of documents %s", what, doc_ids)
+            self.resumed.append(f"{what} of documents {_id_list(doc_ids)}")
             self._submit_encode(doc_ids, settings, row["id"], states=not flag & 2, summaries=bool(flag & 1))
 
     def _invalidate(self, result) -> None:

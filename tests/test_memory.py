@@ -15,7 +15,7 @@ from evsel.models import memory as mem
 from evsel.models import qrranker as qr
 from evsel.store import ChunkRecord, Store
 
-from daemon_helpers import daemon_home, evsel_json, status, wait_for  # noqa: F401  (fixture)
+from daemon_helpers import daemon_home, evsel, evsel_json, status, wait_for  # noqa: F401  (fixture)
 from test_qrranker import (  # noqa: F401  (fixtures)
     HEADS, QUESTION, TEXTS, _eager, _reference_attention, _reference_scores, gqa_model_dir, tiny_backbone)
 
@@ -234,3 +234,26 @@ def test_the_daemon_writes_summaries_in_the_background(daemon_home, tmp_path):  
     result = evsel_json("ask", "--rerank", "qrranker", "--memory", "--evidence-only", "What did Ann adopt?")
     assert [m["kind"] for m in result["memory"]] == ["session", "session"]
     assert result["evidence"][0]["text"]
+
+    # a summaries job a crash left in pending_encodes (summaries, no states) is resumed as that
+    evsel("daemon", "stop")
+    conn = sqlite3.connect(daemon_home / "evsel.db")
+    try:
+        settings = json.dumps(__import__("evsel.settings", fromlist=["Settings"]).Settings.resolve().to_dict())
+        conn.execute("delete from summaries")
+        conn.execute("insert into pending_encodes (doc_ids, settings, created_at, summaries) values (?, ?, 0, 3)",
+                     [json.dumps([result["evidence"][0]["doc_id"]]), settings])
+        conn.commit()
+    finally:
+        conn.close()
+    evsel("daemon", "start")
+    assert any(r.startswith("summaries of documents") for r in status(daemon_home)["resumed"]), \
+        status(daemon_home)["resumed"]
+    wait_for(lambda: len(_summary_rows(daemon_home)) == 2 and not status(daemon_home)["queue"]["background"],
+             timeout=600, what="the resumed summaries")
+    conn = sqlite3.connect(daemon_home / "evsel.db")
+    try:
+        assert conn.execute("select count(*) from pending_encodes").fetchone()[0] == 0
+        assert conn.execute("select count(*) from chunk_states").fetchone()[0] == 0  # bit 2: no states
+    finally:
+        conn.close()
