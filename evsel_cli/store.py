@@ -463,7 +463,8 @@ class Store:
         orphans = [(h,) for h in hashes
                    if not self.db.conn.execute("select 1 from chunks where content_hash = ? limit 1", [h]).fetchone()]
         self.db.conn.executemany("delete from chunk_states where content_hash = ?", orphans)
-        self.db.conn.executemany("delete from summaries where first_hash = ?", orphans)
+        if self.db.conn.execute("select 1 from sqlite_master where name = 'summaries'").fetchone():  # m008
+            self.db.conn.executemany("delete from summaries where first_hash = ?", orphans)
 
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
         conn = self.db.conn
