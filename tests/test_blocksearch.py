@@ -481,3 +481,16 @@ def test_real_model_routes_the_sample_story(tmp_path):
     # by attention mass (59th with SSMax, 47th faithful); BM25 ranks it 1st. Other routing layers
     # (5..29) put it between 38th and 89th. So: at least in the better half.
     assert ranks["blocksearch"] <= len(chunks) // 2, report
+
+
+def test_the_spec_names_the_variants():
+    from evsel.errors import EvselError
+    from evsel.models.selectors import SelectorContext, get_selector
+
+    context = SelectorContext(load_backbone=lambda: None, states=None)
+    chosen = get_selector("blocksearch:mass+ssmax", context)
+    assert chosen.name == "blocksearch:mass+ssmax" and chosen.config.variant == "mass" and chosen.config.ssmax
+    assert get_selector("blocksearch:faithful", context).config.query_mode == "faithful"
+    assert get_selector("blocksearch", context).name == "blocksearch"
+    with pytest.raises(EvselError, match="unknown blocksearch variant"):
+        get_selector("blocksearch:wide", context)

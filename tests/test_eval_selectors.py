@@ -56,7 +56,7 @@ def test_rrf_fuses_reciprocal_ranks():
 
 def test_spec_with_argument_builds_rrf():
     assert get_selector("rrf:random").name == "rrf:random"
-    with pytest.raises(EvselError, match="only rrf and qrranker take an argument"):
+    with pytest.raises(EvselError, match="only rrf, qrranker and blocksearch take an argument"):
         get_selector("bm25:dense")
     with pytest.raises(EvselError, match="unknown selector"):
         get_selector("rrf:nope")

@@ -34,7 +34,8 @@ HELP = ("bm25 (default; words), unreal (the backbone's own states with the train
         "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random, "
         "qrranker (a reranker: the backbone's QR attention heads, e.g. --rerank qrranker; "
         "qrranker:untrained, qrranker:memory, qrranker:causal for its variants), "
-        "blocksearch (in-context retrieval by the backbone's QK routing)")
+        "blocksearch (in-context retrieval by the backbone's QK routing; blocksearch:mass, "
+        "blocksearch:mass+ssmax, blocksearch:faithful for its variants)")
 
 
 def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
@@ -45,10 +46,10 @@ def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
     if arg:
         if base == "rrf":
             kwargs["other"] = arg
-        elif base == "qrranker":
+        elif base in ("qrranker", "blocksearch"):
             kwargs["variants"] = arg
         else:
-            raise EvselError(f"selector {name!r}: only rrf and qrranker take an argument",
+            raise EvselError(f"selector {name!r}: only rrf, qrranker and blocksearch take an argument",
                              "use rrf:OTHER (e.g. rrf:unreal) or qrranker:untrained / qrranker:memory")
     if base not in _REGISTRY:
         raise EvselError(f"unknown selector {name!r}", f"choose one of: {', '.join(sorted(_REGISTRY))}, rrf:OTHER")

@@ -6,10 +6,23 @@ when there is none."""
 
 from __future__ import annotations
 
+from evsel.errors import EvselError
 from evsel.store import ChunkRecord
 
 from . import register
 from .base import Selector
+
+
+VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix")
+
+
+def parse_variants(text: str | None) -> list[str]:
+    chosen = [v.strip() for v in (text or "").replace(",", "+").split("+") if v.strip()]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        raise EvselError(f"unknown blocksearch variant {unknown[0]!r}",
+                         f"use one or more of {', '.join(VARIANTS)}, joined by + (e.g. blocksearch:mass+ssmax)")
+    return chosen
 
 
 @register("blocksearch")
@@ -18,7 +31,8 @@ class BlockSearchSelector(Selector):
     needs_model = True
 
     def __init__(self, context, ssmax: bool = False, variant: str = "maxsim", query_mode: str = "prefix",
-                 layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout", **_):
+                 layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
+                 variants: str | None = None, **_):
         """`variant`: maxsim (R^sum of per-head QK-MaxSim) or mass (the query's softmax attention
         onto each chunk at the routing layer); `query_mode`: prefix (the fast path: the query block
         reads the prefix only) or faithful (it reads every chunk below the routing layer, as in the
@@ -26,6 +40,13 @@ class BlockSearchSelector(Selector):
         from evsel.models import blocksearch as bs
 
         super().__init__(context)
+        for option in parse_variants(variants):  # the spec's blocksearch:mass+ssmax+faithful
+            if option == "ssmax":
+                ssmax = True
+            elif option in ("mass", "maxsim"):
+                variant = option
+            else:
+                query_mode = option
         self.config = bs.BlockSearchConfig(layer=layer, top_b=top_b, variant=variant, query_mode=query_mode,
                                            ssmax=bool(ssmax), ssmax_layers=ssmax_layers)
         options = [v for v, on in ((variant, variant != "maxsim"), (query_mode, query_mode != "prefix"),
