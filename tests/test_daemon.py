@@ -211,7 +211,7 @@ def test_kill_9_during_a_pdf_ingest_loses_nothing_and_resumes(daemon_home, tmp_p
 
 
 def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path):
-    folder = _pdf_folder(tmp_path, 2)
+    folder = _pdf_folder(tmp_path, 4)  # enough that a loaded machine cannot finish before the signal lands
     evsel("daemon", "start", "--no-preload")
     pid = pid_of(daemon_home)
     client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder)], stdout=subprocess.PIPE,
@@ -232,7 +232,7 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path):
     assert info["pid"] == pid  # the daemon carried on
     assert info["recent"][-1]["status"] == "cancelled"
     assert not _pending(daemon_home)  # a cancelled ingest is not resumed later
-    assert len(_documents(daemon_home)) < 2  # it stopped before the end
+    assert len(_documents(daemon_home)) < 4  # it stopped before the end
     assert all(n_chunks == rows for _, _, n_chunks, rows in _documents(daemon_home))
     # and serves the next request
     evsel("ingest", evsel("sample").stdout.strip())
