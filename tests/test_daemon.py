@@ -214,8 +214,11 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path):
     folder = _pdf_folder(tmp_path, 4)  # enough that a loaded machine cannot finish before the signal lands
     evsel("daemon", "start", "--no-preload")
     pid = pid_of(daemon_home)
+    # the client gets SIGINT's default action even when the suite runs in the background (a shell
+    # starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT ignored)
     client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         def reading():
             running = (status(daemon_home) or {}).get("queue", {}).get("running")
