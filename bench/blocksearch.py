@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_1m  # noqa: E402
+from common import load_1m, write_result  # noqa: E402
 
 QUESTIONS = ["Who killed Ambrose Tenterden?", "What did the keeper find on the stairs?",
              "Where was the knife hidden?", "Who sent the letter?", "What happened to the lamp oil?"]
@@ -110,8 +110,7 @@ def main(argv=None) -> int:
         result["scaling"] = rows
     result["load_after"] = load_1m()
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(out, result)
     print(f"wrote {out}")
     return 0
 

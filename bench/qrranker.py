@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_1m  # noqa: E402
+from common import load_1m, write_result  # noqa: E402
 
 QUESTIONS = ["Who killed Ambrose Tenterden?", "What did the keeper find on the stairs?",
              "Where was the knife hidden?", "Who sent the letter?", "What happened to the lamp oil?",
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         whole["latency"] = latency
         whole["latency_run"] = {k: result[k] for k in ("run", "threads", "load_before")}
         whole["latency_run"]["load_after"] = load_1m()
-        out.write_text(json.dumps(whole, indent=1) + "\n")
+        write_result(out, whole)
         print(f"wrote the latency section of {out}")
         return 0
 
@@ -204,8 +204,7 @@ def main(argv=None) -> int:
     result["load_after"] = load_1m()
 
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(out, result)
     print(f"wrote {out}")
     return 0
 

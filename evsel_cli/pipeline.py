@@ -48,7 +48,10 @@ def with_memory(rerank: str | None) -> str:
     base, _, variants = (rerank or "").partition(":")
     if base.strip() != "qrranker":
         raise EvselError("--memory applies to the qrranker reranker", "add --rerank qrranker (or drop --memory)")
-    chosen = [v for v in variants.replace(",", "+").split("+") if v.strip()]
+    from evsel.models.selectors import base as selector_base
+    from evsel.models.selectors.qrranker import VARIANTS
+
+    chosen = selector_base.parse_variants("qrranker", variants, VARIANTS, "qrranker:untrained+memory")
     return "qrranker:" + "+".join(dict.fromkeys([*chosen, "memory"]))
 
 

@@ -17,7 +17,8 @@ from evsel.store import ChunkRecord, Store
 
 from daemon_helpers import daemon_home, evsel, evsel_json, status, wait_for  # noqa: F401  (fixture)
 from test_qrranker import (  # noqa: F401  (fixtures)
-    HEADS, QUESTION, TEXTS, _eager, _reference_attention, _reference_scores, gqa_model_dir, tiny_backbone)
+    HEADS, QUESTION, TEXTS, _block_reference, _eager, _reference_attention, _reference_scores, gqa_model_dir,
+    tiny_backbone)
 
 
 def _chunk(i: int, doc: int = 1, session: str | None = None, text: str | None = None) -> ChunkRecord:
@@ -87,36 +88,6 @@ def _db(path):
     return db
 
 
-def _memory_reference(scorer, texts, question, memory):
-    """Block encoding with a memory block as one explicit sequence (hand-built mask, positions):
-    prefix causal; the memory and every candidate see the prefix and themselves, positions
-    restarting after the prefix; the suffix sees everything."""
-    prompt = scorer.prompt
-    prefix = prompt.prefix()
-    p = len(prefix)
-    pieces = [(prompt.memory_block(memory), 0)] + [prompt.candidate(1, t) for t in texts]
-    suffix, s0 = prompt.suffix(question)
-    ids, positions, owner, spans = list(prefix), list(range(p)), [-1] * p, []
-    for i, (block, start) in enumerate(pieces):
-        if i:
-            spans.append((len(ids) + start, len(ids) + len(block)))
-        ids += block
-        positions += list(range(p, p + len(block)))
-        owner += [i] * len(block)
-    q0 = p + max(len(b) for b, _ in pieces)
-    ctx_len = len(ids)
-    ids += suffix
-    positions += list(range(q0, q0 + len(suffix)))
-    owner += [-2] * len(suffix)
-    t = len(ids)
-    allowed = torch.zeros(t, t, dtype=torch.bool)
-    for r in range(t):
-        for c in range(r + 1):
-            allowed[r, c] = owner[r] < 0 or owner[c] == -1 or owner[c] == owner[r]
-    mask = torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    return ids, torch.tensor([positions]), mask, spans, ctx_len, s0
-
-
 def test_block_memory_equals_masked_full_attention_and_keeps_the_candidates_cached(tiny_backbone):
     scorer = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block", batch_tokens=24))
     memory = "- doc 1, chunks 1-20: who killed the keeper"
@@ -127,9 +98,9 @@ def test_block_memory_equals_masked_full_attention_and_keeps_the_candidates_cach
     assert not np.allclose(got, plain)
 
     ref = _eager(tiny_backbone)
-    ids, positions, mask, spans, ctx_len, s0 = _memory_reference(scorer, TEXTS, QUESTION, memory)
+    ids, positions, mask, spans, ctx_len, s0, _ = _block_reference(scorer, TEXTS, QUESTION, memory, labels="same")
     real, _ = _reference_attention(ref, ids, range(ctx_len + s0, len(ids)), mask, positions)
-    null_ids, null_pos, null_mask, _, _, n0 = _memory_reference(scorer, TEXTS, "N/A", memory)
+    null_ids, null_pos, null_mask, _, _, n0, _ = _block_reference(scorer, TEXTS, "N/A", memory, labels="same")
     null, _ = _reference_attention(ref, null_ids, range(ctx_len + n0, len(null_ids)), null_mask, null_pos)
     assert np.allclose(got, _reference_scores(real, null, spans, HEADS), atol=1e-5, rtol=1e-4)
 

@@ -110,20 +110,24 @@ def test_causal_head_scores_equal_eager_attention(tiny_backbone):
                            atol=1e-5, rtol=1e-4)
 
 
-def _block_reference(scorer, texts, question):
-    """The block-sparse prompt as one explicit sequence: hand-built mask and position ids."""
+def _block_reference(scorer, texts, question, memory=None, labels="slot"):
+    """The block-sparse prompt as one explicit sequence: hand-built mask and position ids. The
+    prefix is causal; every block (the memory block first, when given; it is no candidate's span)
+    sees the prefix and itself, positions restarting after the prefix; the suffix sees everything."""
     prompt = scorer.prompt
     prefix = prompt.prefix()
     p = len(prefix)
-    blocks = [prompt.candidate(i + 1, t) for i, t in enumerate(texts)]
+    blocks = [prompt.candidate(i + 1 if labels == "slot" else 1, t) for i, t in enumerate(texts)]
+    lead = [(prompt.memory_block(memory), 0)] if memory else []
     suffix, s0 = prompt.suffix(question)
     ids, positions, owner, spans = list(prefix), list(range(p)), [-1] * p, []
-    for i, (block, start) in enumerate(blocks):
-        spans.append((len(ids) + start, len(ids) + len(block)))
+    for i, (block, start) in enumerate(lead + blocks):
+        if i >= len(lead):
+            spans.append((len(ids) + start, len(ids) + len(block)))
         ids += block
         positions += list(range(p, p + len(block)))
         owner += [i] * len(block)
-    q0 = p + max(len(b) for b, _ in blocks)
+    q0 = p + max(len(b) for b, _ in lead + blocks)
     ctx_len = len(ids)
     ids += suffix
     positions += list(range(q0, q0 + len(suffix)))

@@ -98,3 +98,17 @@ class Selector(ABC):
         if top_n is not None:
             order = order[:top_n]
         return [Scored(chunks[i], float(values[i]), rank) for rank, i in enumerate(order.tolist(), 1)]
+
+
+def parse_variants(selector: str, text: str | None, allowed: tuple[str, ...], example: str) -> list[str]:
+    """A spec's SELECTOR:VARIANTS part (`untrained+memory`, also comma-separated), in order, each
+    once; one that `allowed` lacks fails naming them."""
+    chosen = list(dict.fromkeys(v.strip() for v in (text or "").replace(",", "+").split("+") if v.strip()))
+    unknown = [v for v in chosen if v not in allowed]
+    if unknown:
+        from evsel.errors import EvselError
+
+        raise EvselError(f"unknown {selector} variant {unknown[0]!r}",
+                         f"use one or more of {', '.join(allowed)}, joined by + (e.g. {example})")
+    return chosen
+

@@ -6,10 +6,9 @@ when there is none."""
 
 from __future__ import annotations
 
-from evsel.errors import EvselError
 from evsel.store import ChunkRecord
 
-from . import register
+from . import base, register
 from .base import Selector
 
 
@@ -17,12 +16,7 @@ VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix")
 
 
 def parse_variants(text: str | None) -> list[str]:
-    chosen = [v.strip() for v in (text or "").replace(",", "+").split("+") if v.strip()]
-    unknown = [v for v in chosen if v not in VARIANTS]
-    if unknown:
-        raise EvselError(f"unknown blocksearch variant {unknown[0]!r}",
-                         f"use one or more of {', '.join(VARIANTS)}, joined by + (e.g. blocksearch:mass+ssmax)")
-    return chosen
+    return base.parse_variants("blocksearch", text, VARIANTS, "blocksearch:mass+ssmax")
 
 
 @register("blocksearch")

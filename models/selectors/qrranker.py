@@ -9,7 +9,7 @@ from __future__ import annotations
 from evsel.errors import EvselError
 from evsel.store import ChunkRecord
 
-from . import register
+from . import base, register
 from .base import Selector
 
 MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
@@ -18,12 +18,7 @@ VARIANTS = ("untrained", "memory", "causal")
 
 def parse_variants(text: str | None) -> set[str]:
     """`untrained+memory` -> {"untrained", "memory"} (also comma-separated)."""
-    chosen = {v.strip() for v in (text or "").replace(",", "+").split("+") if v.strip()}
-    unknown = sorted(chosen - set(VARIANTS))
-    if unknown:
-        raise EvselError(f"unknown qrranker variant {unknown[0]!r}",
-                         f"use one or more of {', '.join(VARIANTS)}, joined by + (e.g. qrranker:untrained+memory)")
-    return chosen
+    return set(base.parse_variants("qrranker", text, VARIANTS, "qrranker:untrained+memory"))
 
 
 @register("qrranker")
