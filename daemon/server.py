@@ -898,7 +898,8 @@ class Daemon:
 # Request params: types from the engine methods' annotations, and the params that are paths (the
 # client makes them absolute where the user typed them; the daemon runs in / and never guesses).
 PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
-               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "watch_add": ("path",),
+               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",),
+               "watch_add": ("path",),
                "watch_remove": ("path",)}
 _INGEST_OPTIONS = frozenset(inspect.signature(Engine.ingest).parameters) - {"self", "on_event"}
 _HINTS: dict[str, dict] = {}

@@ -56,7 +56,8 @@ def evidence_label(item: dict) -> str:
 
 # The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
 REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
-            "train_convert", "train_unreal", "train_qrranker", "watch_add", "watch_remove", "watch_list")
+            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "watch_add", "watch_remove",
+            "watch_list")
 
 Event = dict
 EventSink = Callable[[Event], None]
@@ -531,6 +532,13 @@ class Engine:
 
         if detect_heads:
             return recipe.run_detection(self, out, options or {}, command, self.settings.data_dir, on_event)
+        return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
+
+    def train_blocksearch(self, out: str, options: dict | None = None, command: str | None = None,
+                          on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
+        """`evsel train blocksearch`: train (or resume) BlockSearch's code decoder (OUT/adapter.safetensors)."""
+        from evsel.recipes import blocksearch as recipe
+
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
 
     # documents

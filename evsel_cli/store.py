@@ -436,11 +436,12 @@ class Store:
                 ids.append(doc_id)
             for stale in old.values():  # parts that vanished from the new version of the file
                 dropped |= self._delete_document(stale["id"])
-            self._drop_orphan_states(dropped)
+            orphans = self._drop_orphan_states(dropped)
             conn.execute("commit")
         except BaseException:
             conn.execute("rollback")
             raise
+        self._drop_orphan_files(orphans)
         return ids
 
     def _chunk_hashes(self, doc_id: int) -> set[str]:
@@ -457,14 +458,33 @@ class Store:
         self.db.conn.execute("delete from documents where id = ?", [doc_id])
         return hashes
 
-    def _drop_orphan_states(self, hashes: Iterable[str]) -> None:
+    def _drop_orphan_states(self, hashes: Iterable[str]) -> list[str]:
         """Delete the cached states (m003) of these content hashes that no chunk holds any more
-        (states are shared by every chunk with the same text, so only the last one takes them)."""
+        (states are shared by every chunk with the same text, so only the last one takes them).
+        Returns those orphaned hashes, for `_drop_orphan_files` once the transaction commits."""
         orphans = [(h,) for h in hashes
                    if not self.db.conn.execute("select 1 from chunks where content_hash = ? limit 1", [h]).fetchone()]
         self.db.conn.executemany("delete from chunk_states where content_hash = ?", orphans)
         if self.db.conn.execute("select 1 from sqlite_master where name = 'summaries'").fetchone():  # m008
             self.db.conn.executemany("delete from summaries where first_hash = ?", orphans)
+        return [h for (h,) in orphans]
+
+    def _drop_orphan_files(self, hashes: Iterable[str] | None) -> None:
+        """Delete the per-chunk files kept beside the database (BlockSearch's routing keys) of
+        orphaned content hashes. Run after the commit, so a rolled-back deletion keeps them; a file
+        that cannot be deleted stays (it is a cache: an orphan costs disk, never a wrong answer)."""
+        hashes = list(hashes or ())
+        if not hashes:
+            return
+        from evsel.models import blocksearch  # lazy: numpy only, and only when chunks went
+
+        folder = blocksearch.store_dir_of(self)
+        if folder is None:  # an in-memory store has no files
+            return
+        try:
+            blocksearch.delete_cached_keys(folder, hashes)
+        except OSError:
+            pass
 
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
         conn = self.db.conn
@@ -473,11 +493,12 @@ class Store:
             dropped: set[str] = set()
             for doc_id in doc_ids:
                 dropped |= self._delete_document(doc_id)
-            self._drop_orphan_states(dropped)
+            orphans = self._drop_orphan_states(dropped)
             conn.execute("commit")
         except BaseException:
             conn.execute("rollback")
             raise
+        self._drop_orphan_files(orphans)
 
     def documents(self, collection: str | None = None) -> list[dict]:
         sql = (

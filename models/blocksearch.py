@@ -68,7 +68,7 @@ VARIANTS = ("maxsim", "mass")
 QUERY_MODES = ("prefix", "faithful")
 SSMAX_LAYERS = ("readout", "all")
 STORAGE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
-SLICE_TOKENS = 1 << 16  # keys scored at a time: (H, slice) logits, never T x T
+SLICE_TOKENS = 1 << 13  # keys scored at a time: their float32 copy (kv x d x slice) stays in cache
 ENCODE_TOKENS = 8192  # block tokens encoded between two cache writes (bounds the KV held)
 STALE_TEMP_S = 3600  # a temp file older than this is a killed writer's, and is swept
 
@@ -375,12 +375,15 @@ class PackedKeys:
     """The scope's keys at the routing layer, concatenated: keys (kv, T, d) in their storage type,
     owner (T,) the chunk of each token, counted (T,) True for text tokens (the separator every
     block starts with is the same in all of them and enters softmax denominators only), offsets
-    (N + 1,) where each chunk's tokens start."""
+    (N + 1,) where each chunk's tokens start. `pack` lays the keys out dim-major underneath (keys
+    is a (kv, T, d) view of a (kv, d, T) tensor): a slice of tokens is then d contiguous rows,
+    which converts to float32 and multiplies at full speed."""
 
     keys: object
     owner: object
     counted: object
     offsets: np.ndarray
+    _skipped: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def n(self) -> int:
@@ -390,16 +393,30 @@ class PackedKeys:
     def tokens(self) -> int:
         return int(self.offsets[-1])
 
+    @property
+    def skipped(self) -> np.ndarray:
+        """Positions of the tokens not counted (sorted), found once."""
+        if self._skipped is None:
+            counted = np.asarray(self.counted.numpy() if hasattr(self.counted, "numpy") else self.counted, dtype=bool)
+            self._skipped = np.flatnonzero(~counted)
+        return self._skipped
+
     def subset(self, which: list[int]) -> PackedKeys:
-        """The chunks `which` only, in that order (renumbered 0..len(which) - 1)."""
+        """The chunks `which` only, in that order (renumbered 0..len(which) - 1), in the same layout."""
         import torch
 
-        index = torch.cat([torch.arange(int(self.offsets[i]), int(self.offsets[i + 1])) for i in which]) \
-            if which else torch.zeros(0, dtype=torch.long)
-        lengths = [int(self.offsets[i + 1] - self.offsets[i]) for i in which]
+        spans = [(int(self.offsets[i]), int(self.offsets[i + 1])) for i in which]
+        lengths = [b - a for a, b in spans]
+        keys = torch.as_tensor(self.keys)
+        if not spans:
+            picked = keys[:, :0]
+        elif _dim_major(keys):
+            picked = torch.cat([keys.transpose(1, 2)[:, :, a:b] for a, b in spans], dim=2).transpose(1, 2)
+        else:
+            picked = torch.cat([keys[:, a:b] for a, b in spans], dim=1)
+        counted = torch.cat([self.counted[a:b] for a, b in spans]) if spans else self.counted[:0]
         owner = torch.repeat_interleave(torch.arange(len(which)), torch.tensor(lengths, dtype=torch.long))
-        return PackedKeys(self.keys.index_select(1, index), owner, self.counted.index_select(0, index),
-                          np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        return PackedKeys(picked, owner, counted, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
 
 
 def pack(keys: list, start: int = 0) -> PackedKeys:
@@ -413,8 +430,15 @@ def pack(keys: list, start: int = 0) -> PackedKeys:
         raise ModelError("a chunk has no text tokens to score")
     owner = torch.repeat_interleave(torch.arange(len(tensors)), torch.tensor(lengths, dtype=torch.long))
     counted = torch.cat([torch.arange(n) >= start for n in lengths]) if tensors else torch.zeros(0, dtype=torch.bool)
-    stacked = torch.cat(tensors, dim=1) if tensors else torch.zeros(0, 0, 0)
+    if tensors:  # dim-major underneath, see PackedKeys
+        stacked = torch.cat([k.transpose(1, 2) for k in tensors], dim=2).transpose(1, 2)
+    else:
+        stacked = torch.zeros(0, 0, 0)
     return PackedKeys(stacked, owner, counted, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
+
+def _dim_major(keys) -> bool:
+    return keys.dim() == 3 and keys.stride(1) == 1 and keys.shape[1] > 1
 
 
 def head_logits(q, keys, scaling: float):
@@ -426,43 +450,97 @@ def head_logits(q, keys, scaling: float):
     return (grouped @ keys.float().transpose(1, 2)).reshape(h, t) * scaling  # (H, T)
 
 
-def maxsim(q, packed: PackedKeys, scaling: float, factor: float = 1.0, slice_tokens: int = SLICE_TOKENS):
-    """(N, H) per-head QK-MaxSim: for each chunk the max over its text tokens of
-    factor * q_h . k_t * scaling (factor: SSMax's s log N, else 1)."""
+def _spans(offsets: np.ndarray, slice_tokens: int) -> list[tuple[int, int]]:
+    """Runs of whole chunks [i, j) of at most `slice_tokens` tokens (a longer chunk alone), so that
+    each chunk's max or sum is taken inside one slice."""
+    spans, i, n = [], 0, len(offsets) - 1
+    while i < n:
+        j = int(np.searchsorted(offsets, offsets[i] + slice_tokens, side="right")) - 1
+        j = min(max(j, i + 1), n)
+        spans.append((i, j))
+        i = j
+    return spans
+
+
+def _sliced_logits(q, packed: PackedKeys, scale: float, slice_tokens: int, masked: float):
+    """Per run of whole chunks (i, j, first token a, (H, t) float32 logits scale * q_h . k_t as a
+    numpy view of a reused buffer, the positions of uncounted tokens in it): one (g, d) @ (d, t)
+    product per KV head (its g query heads together), on a float32 copy of the slice that stays in
+    cache. Uncounted tokens' logits are set to `masked` when it is not None."""
     import torch
 
+    keys = torch.as_tensor(packed.keys)
+    kv, _, d = keys.shape
     h = q.shape[0]
-    out = torch.full((h, packed.n), float("-inf"))
-    for a in range(0, packed.tokens, slice_tokens):
-        b = min(a + slice_tokens, packed.tokens)
-        keep = packed.counted[a:b]
-        logits = head_logits(q, packed.keys[:, a:b][:, keep], scaling) * factor  # (H, t)
-        owner = packed.owner[a:b][keep]
-        out.scatter_reduce_(1, owner.expand(h, -1), logits, reduce="amax", include_self=True)
-    return out.T
+    g = h // kv  # heads kv*g .. kv*g + g - 1 share KV head kv (GQA)
+    qs = (torch.as_tensor(q).float() * scale).reshape(kv, g, d)
+    spans = _spans(packed.offsets, slice_tokens)
+    if not spans:
+        return
+    longest = max(int(packed.offsets[j] - packed.offsets[i]) for i, j in spans)
+    by_dim = _dim_major(keys)
+    source = keys.transpose(1, 2) if by_dim else keys  # (kv, d, T) or (kv, T, d)
+    convert = keys.dtype != torch.float32
+    logits_flat = torch.empty(h * longest)
+    copy_flat = torch.empty(d * longest) if convert else None
+    skipped = packed.skipped
+    for i, j in spans:
+        a, b = int(packed.offsets[i]), int(packed.offsets[j])
+        t = b - a
+        out = logits_flat[: h * t].view(h, t)
+        for k in range(kv):
+            part = source[k, :, a:b] if by_dim else source[k, a:b]
+            if convert:
+                part = copy_flat[: d * t].view(part.shape).copy_(part)
+            torch.matmul(qs[k], part if by_dim else part.T, out=out[k * g:(k + 1) * g])
+        lo, hi = np.searchsorted(skipped, (a, b))
+        skip = skipped[lo:hi] - a
+        logits = out.numpy()
+        if masked is not None and len(skip):
+            logits[:, skip] = masked
+        yield i, j, a, logits, skip
+
+
+def maxsim(q, packed: PackedKeys, scaling: float, factor: float = 1.0, slice_tokens: int = SLICE_TOKENS):
+    """(N, H) per-head QK-MaxSim: for each chunk the max over its text tokens of
+    factor * q_h . k_t * scaling (factor: SSMax's s log N, else 1). A segment max over each slice's
+    chunk runs (the uncounted tokens masked to -inf)."""
+    import torch
+
+    out = np.full((q.shape[0], packed.n), -np.inf, dtype=np.float32)
+    for i, j, a, logits, _ in _sliced_logits(q, packed, scaling * factor, slice_tokens, -np.inf):
+        out[:, i:j] = np.maximum.reduceat(logits, packed.offsets[i:j] - a, axis=1)
+    return torch.from_numpy(out).T
 
 
 def attention_mass(q, packed: PackedKeys, scaling: float, factor: float = 1.0, extra=None,
                    slice_tokens: int = SLICE_TOKENS):
     """(N, H) the query's softmax attention onto each chunk's text tokens, the softmax taken over
     `extra` keys (kv, E, d: the prefix and the query's own tokens) and every packed token, of the
-    logits factor * q . k * scaling. Two passes over the keys (log-sum-exp, then the masses)."""
+    logits factor * q . k * scaling. One pass over the keys: per slice its max m and the segment
+    sums of exp(logit - m) over each chunk's text tokens, rescaled by exp(m - lse) at the end."""
     import torch
 
     h = q.shape[0]
-    lse = torch.full((h,), float("-inf"))
+    scale = scaling * factor
+    parts = []  # the log-sum-exp terms: extra keys, then each slice's
     if extra is not None and extra.shape[1]:
-        lse = torch.logsumexp(head_logits(q, extra, scaling) * factor, dim=1)
-    for a in range(0, packed.tokens, slice_tokens):
-        logits = head_logits(q, packed.keys[:, a:a + slice_tokens], scaling) * factor
-        lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
-    out = torch.zeros(h, packed.n)
-    for a in range(0, packed.tokens, slice_tokens):
-        b = min(a + slice_tokens, packed.tokens)
-        keep = packed.counted[a:b]
-        logits = head_logits(q, packed.keys[:, a:b][:, keep], scaling) * factor
-        out.index_add_(1, packed.owner[a:b][keep], torch.exp(logits - lse[:, None]))
-    return out.T
+        parts.append(torch.logsumexp(head_logits(q, extra, scale), dim=1).double().numpy())
+    out = np.zeros((h, packed.n), dtype=np.float32)
+    peaks = np.zeros((h, packed.n), dtype=np.float32)
+    for i, j, a, logits, skip in _sliced_logits(q, packed, scale, slice_tokens, None):
+        peak = logits.max(axis=1, keepdims=True)
+        e = torch.from_numpy(logits)
+        e.sub_(torch.from_numpy(peak)).exp_()  # in place: logits is the reused buffer
+        parts.append(peak[:, 0].astype(np.float64) + np.log(logits.sum(axis=1, dtype=np.float64)))
+        if len(skip):
+            logits[:, skip] = 0.0  # separators count in the denominator only
+        out[:, i:j] = np.add.reduceat(logits, packed.offsets[i:j] - a, axis=1)
+        peaks[:, i:j] = peak
+    if not parts:
+        return torch.from_numpy(out).T
+    lse = np.logaddexp.reduce(np.stack(parts), axis=0)  # (H,)
+    return torch.from_numpy((out * np.exp(peaks - lse[:, None])).astype(np.float32)).T
 
 
 def ssmax_factor(s: float, n: int) -> float:

@@ -696,12 +696,16 @@ class QRAdapter:
     the untouched hidden states, so the answering path, the KV a block caches and everything the
     scorer does not read stay those of the frozen model."""
 
+    FORMAT = ADAPTER_FORMAT
+    PROJECTIONS = ("q", "k")  # the projections carrying deltas (BlockSearch's decoder: q and v)
+
     def __init__(self, config: AdapterConfig, hidden: int, q_out: int, k_out: int, device=None, seed: int = 0,
                  tensors: dict | None = None):
+        """`k_out`: the output width of k_proj and v_proj (kv_heads * head_dim)."""
         import torch
 
         self.config = config
-        self.shapes = {"q": q_out, "k": k_out}
+        self.shapes = {p: q_out if p == "q" else k_out for p in self.PROJECTIONS}
         self.params: dict = {}
         generator = torch.Generator().manual_seed(seed)
         for layer in config.layers:
@@ -754,12 +758,13 @@ class QRAdapter:
         folder.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().float().cpu().contiguous() for k, v in self.params.items()},
                   str(folder / ADAPTER_FILE))
-        meta = {"format": ADAPTER_FORMAT, **asdict(self.config), "shapes": self.shapes, **(extra or {})}
+        meta = {"format": self.FORMAT, **asdict(self.config), "shapes": self.shapes, **(extra or {})}
         (folder / ADAPTER_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
 
 
-def load_adapter(folder: str | Path, model) -> QRAdapter:
-    """The adapter in `folder` (adapter.safetensors + adapter.json) on the model's device."""
+def load_adapter(folder: str | Path, model, kind: type[QRAdapter] = QRAdapter) -> QRAdapter:
+    """The adapter in `folder` (adapter.safetensors + adapter.json) on the model's device; `kind`:
+    the adapter class (its FORMAT must match the file's)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -769,13 +774,13 @@ def load_adapter(folder: str | Path, model) -> QRAdapter:
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot read a QRRanker adapter from {folder}: {exc}",
                          "give a folder written by: evsel train qrranker --out DIR") from exc
-    if meta.get("format") != ADAPTER_FORMAT:
-        raise ModelError(f"{folder / ADAPTER_CONFIG} is not a QRRanker adapter ({ADAPTER_FORMAT})")
+    if meta.get("format") != kind.FORMAT:
+        raise ModelError(f"{folder / ADAPTER_CONFIG} is not a {kind.FORMAT} adapter (it says {meta.get('format')!r})")
     config = AdapterConfig(layers=[int(x) for x in meta["layers"]], rank=int(meta["rank"]), alpha=float(meta["alpha"]),
                            heads=[list(h) for h in meta.get("heads", [])],
                            encoding=meta.get("encoding", DEFAULT_ENCODING))
     check_heads(model, [(layer, 0) for layer in config.layers])
-    adapter = QRAdapter.for_model(model, config, tensors=tensors)
+    adapter = kind.for_model(model, config, tensors=tensors)
     if adapter.shapes != {k: int(v) for k, v in meta.get("shapes", adapter.shapes).items()}:
         raise ModelError(f"the adapter in {folder} was trained for another backbone shape",
                          "train one for this backbone: evsel train qrranker --out DIR")

@@ -181,38 +181,74 @@ def test_truncated_forward_never_runs_the_layers_above_routing(backbone):
     assert calls == []
 
 
-def _packed_random(seed=0, lengths=(3, 1, 5, 2, 4), kv=2, d=8, start=1):
+def _packed_random(seed=0, lengths=(3, 1, 5, 2, 4), kv=2, d=8, start=1, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    keys = [torch.randn(kv, n + start, d, generator=g) for n in lengths]
+    keys = [torch.randn(kv, n + start, d, generator=g).to(dtype) for n in lengths]
     return keys, bs.pack(keys, start)
 
 
-def test_maxsim_and_attention_mass_equal_brute_force_loops():
-    keys, packed = _packed_random()
+def _brute_force(q, keys, start, scaling, factor=1.0, extra=None):
+    """Per-chunk MaxSim and attention mass by explicit loops over heads and tokens."""
+    h = q.shape[0]
+    group = h // keys[0].shape[0]
+    want = torch.zeros(len(keys), h)
+    want_mass = torch.zeros(len(keys), h)
+    for head in range(h):
+        kvh = head // group  # GQA: query head h reads KV head h // (H / kv)
+
+        def logit(k, t):
+            return float(q[head] @ k[kvh, t].float()) * scaling * factor
+
+        every = [logit(extra, t) for t in range(extra.shape[1])] if extra is not None else []
+        for k in keys:
+            every += [logit(k, t) for t in range(k.shape[1])]
+        top = max(every)
+        z = sum(math.exp(s - top) for s in every)
+        for i, k in enumerate(keys):
+            logits = [logit(k, t) for t in range(start, k.shape[1])]  # text tokens
+            want[i, head] = max(logits)
+            want_mass[i, head] = sum(math.exp(s - top) for s in logits) / z
+    return want, want_mass
+
+
+@pytest.mark.parametrize("case", ["small", "uneven", "one-token", "fp16", "smollm2-heads"])
+def test_maxsim_and_attention_mass_equal_brute_force_loops(case):
+    # uneven: chunk runs that straddle every slice size, chunks longer than a slice, one-token
+    # chunks first and last; one-token: no separator, chunks of a single token
+    lengths, start, kv, h, d, dtype = {
+        "small": ((3, 1, 5, 2, 4), 1, 2, 6, 8, torch.float32),
+        "uneven": ((1, 40, 2, 17, 1, 3, 129, 6, 1), 1, 2, 6, 8, torch.float32),
+        "one-token": ((1, 1, 4, 1), 0, 2, 6, 8, torch.float32),
+        "fp16": ((1, 9, 33, 2), 2, 2, 6, 8, torch.float16),  # the storage type: converted per slice
+        "smollm2-heads": ((5, 1, 12), 1, 3, 9, 16, torch.float16),  # 9 query heads over 3 KV heads
+    }[case]
+    keys, packed = _packed_random(lengths=lengths, kv=kv, d=d, start=start, dtype=dtype)
+    assert packed.keys.stride(1) == 1  # dim-major underneath
+    token_major = bs.PackedKeys(packed.keys.contiguous(), packed.owner, packed.counted, packed.offsets)
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(6, 8, generator=g)
-    extra = torch.randn(2, 4, 8, generator=g)
-    scaling = 8 ** -0.5
-    for slice_tokens in (3, 1 << 16):  # several slices, one slice
-        got = bs.maxsim(q, packed, scaling, slice_tokens=slice_tokens)
-        mass = bs.attention_mass(q, packed, scaling, extra=extra, slice_tokens=slice_tokens)
-        want = torch.zeros(len(keys), 6)
-        want_mass = torch.zeros(len(keys), 6)
-        for h in range(6):
-            kvh = h // 3  # GQA: query head h reads KV head h // (6 / 2)
-            every = [float(q[h] @ extra[kvh, t]) * scaling for t in range(extra.shape[1])]
-            for k in keys:
-                every += [float(q[h] @ k[kvh, t]) * scaling for t in range(k.shape[1])]
-            z = sum(math.exp(s) for s in every)
-            for i, k in enumerate(keys):
-                logits = [float(q[h] @ k[kvh, t]) * scaling for t in range(1, k.shape[1])]  # text tokens
-                want[i, h] = max(logits)
-                want_mass[i, h] = sum(math.exp(s) for s in logits) / z
-        assert torch.allclose(got, want, atol=1e-5)
-        assert torch.allclose(mass, want_mass, atol=1e-6)
-    # R^sum is the sum over heads; a subset scores its chunks as the whole does
-    sub = packed.subset([3, 0])
-    assert torch.allclose(bs.maxsim(q, sub, scaling), got[[3, 0]], atol=1e-6)
+    q = torch.randn(h, d, generator=g)
+    extra = torch.randn(kv, 4, d, generator=g)
+    scaling = d ** -0.5
+    for factor in (1.0, 1.7):
+        want, want_mass = _brute_force(q, keys, start, scaling, factor, extra)
+        _, alone = _brute_force(q, keys, start, scaling, factor)  # no extra keys in the softmax
+        for layout in (packed, token_major):
+            for slice_tokens in (1, 3, 50, 1 << 16):  # a chunk a slice, several, one slice
+                got = bs.maxsim(q, layout, scaling, factor, slice_tokens=slice_tokens)
+                mass = bs.attention_mass(q, layout, scaling, factor, extra=extra, slice_tokens=slice_tokens)
+                assert got.shape == mass.shape == (len(keys), h)
+                assert torch.allclose(got, want, atol=1e-5)
+                assert torch.allclose(mass, want_mass, rtol=1e-4, atol=1e-7)
+                assert torch.allclose(bs.attention_mass(q, layout, scaling, factor, slice_tokens=slice_tokens),
+                                      alone, rtol=1e-4, atol=1e-7)
+    # R^sum is the sum over heads; a subset scores its chunks as the whole does, in either layout
+    which = [len(keys) - 1, 0, 1]
+    for layout in (packed, token_major):
+        sub = layout.subset(which)
+        assert sub.n == 3 and torch.equal(sub.counted, torch.cat([packed.counted[packed.offsets[i]:packed.offsets[i + 1]]
+                                                                   for i in which]))
+        assert torch.allclose(bs.maxsim(q, sub, scaling, 1.7), want[which], atol=1e-5)
+    assert bs.maxsim(q, packed.subset([]), scaling).shape == (0, h)
 
 
 def test_ssmax_multiplies_the_scores_by_s_log_n(backbone):

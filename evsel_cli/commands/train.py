@@ -256,3 +256,77 @@ def train_qrranker(
         stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev recall@{k} "
                      f"{best.get(f'recall@{k}', float('nan')):.3f} (BM25 {summary['dev_bm25'].get(f'recall@{k}', float('nan')):.3f}); "
                      f"adapter in {out}")
+
+
+@app.command("blocksearch")
+def train_blocksearch(
+    ctx: typer.Context,
+    out: Annotated[str, typer.Option(
+        "--out", parser=path(file_okay=False),
+        help="Folder to write: the decoder adapter (adapter.safetensors, the best by dev recall@1), "
+             "metrics.json, checkpoint/ (resumable), log.jsonl.")],
+    recipe: Annotated[Literal["smoke", "full"], typer.Option(
+        "--recipe", parser=choice(["smoke", "full"]),
+        help="smoke (a minute on a CPU, proves the path) or full (docs/BLOCKSEARCH.md's run).")] = "full",
+    sources: Annotated[Optional[List[str]], typer.Option(
+        "--source", help=_source_help)] = None,
+    stories: Annotated[Optional[int], typer.Option(
+        "--stories", parser=INT, help="FairytaleQA train stories trained on (full: 64).")] = None,
+    dev_stories: Annotated[Optional[int], typer.Option(
+        "--dev-stories", parser=INT, help="Held-out FairytaleQA train stories for the dev recall log (full: 8).")
+    ] = None,
+    questions_per_story: Annotated[Optional[int], typer.Option(
+        "--questions-per-story", parser=INT, help="Questions per training story (full: 6).")] = None,
+    stories_per_context: Annotated[Optional[int], typer.Option(
+        "--stories-per-context", parser=INT, help="Stories whose chunks share one coded context (default 2).")
+    ] = None,
+    rank: Annotated[Optional[int], typer.Option("--rank", parser=INT, help="LoRA rank (default 8).")] = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", parser=INT, help="Questions per step.")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", parser=INT, help="Optimizer steps.")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", parser=FLOAT, help="Peak learning rate.")] = None,
+    aux_weight: Annotated[Optional[float], typer.Option(
+        "--aux-weight", parser=FLOAT, help="λ of the on-policy auxiliary loss (default 1; 0: teacher forcing only).")
+    ] = None,
+    dev_every: Annotated[Optional[int], typer.Option(
+        "--dev-every", parser=INT, help="Steps between dev recall checks.")] = None,
+    train_device: Annotated[Optional[Literal["auto", "cpu", "cuda"]], typer.Option(
+        "--device", parser=choice(["auto", "cpu", "cuda"]), help="Where to train (default: evsel --device).")
+    ] = None,
+    minutes: Annotated[Optional[float], typer.Option(
+        "--minutes", parser=FLOAT, help="Checkpoint and stop after this many minutes; a rerun continues.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", parser=INT, help="CPU threads for torch.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", parser=INT)] = None,
+    as_json: JsonOption = False,
+):
+    """BlockSearch's code decoder (seed 001): every chunk of a context carries a random four-digit
+    code and the query block learns to decode the gold chunk's code.
+
+    Loss: teacher-forced cross-entropy on the gold code plus the on-policy auxiliary loss (the
+    model rolls a code out, each digit slot gets a teacher from the candidates matching the
+    rollout's prefix, the rollout is replayed with gradients). Training splits only (FairytaleQA
+    train by default); LoCoMo and FairytaleQA val are refused. What trains is a LoRA adapter on
+    q_proj and v_proj applied to the query block alone: the chunks' states and the answering
+    backbone stay the frozen model's. The best adapter by dev recall@1 goes to OUT; use it with
+    EVSEL_BLOCKSEARCH_DECODER=OUT and --select blocksearch:trained. Rerunning resumes from
+    OUT/checkpoint.
+    """
+    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    options = {"sources": list(sources) if sources else None, "stories": stories, "dev_stories": dev_stories,
+               "questions_per_story": questions_per_story, "stories_per_context": stories_per_context,
+               "rank": rank, "batch": batch, "steps": steps, "lr": lr, "aux_weight": aux_weight,
+               "dev_every": dev_every, "minutes": minutes, "threads": threads, "seed": seed}
+    engine = engine_from(ctx, **({"device": train_device} if train_device else {}))
+    with ProgressView(enabled=not as_json) as view:
+        def on_event(event: dict) -> None:
+            if not (as_json and event.get("type") == "log"):
+                view(event)
+
+        summary = engine.train_blocksearch(str(Path(out).absolute()), options, command, on_event=on_event,
+                                           recipe_name=recipe)
+    if as_json:
+        print_json(summary)
+    else:
+        best = summary["best_dev"] or {}
+        stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev recall@1 "
+                     f"{best.get('recall@1', float('nan')):.3f} (BM25 {best.get('bm25', {}).get('recall@1', float('nan')):.3f}); "
+                     f"adapter in {out}")

@@ -1,0 +1,214 @@
+"""BlockSearch's trained code decoder (seed 001, Sec. 3.2, Appx. F, J) on the tiny random Llama of
+tests/test_qrranker.py (6 query heads over 2 KV heads): our query pass against the model's own
+forward over the same block-sparse context, with and without the LoRA merged into the weights; the
+beam search's codes; the auxiliary loss's teachers by hand; three training steps lowering the loss;
+resume; the CLI smoke run; and the real model end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from evsel.models import blockdecoder as bd
+from evsel.models import qrranker as qr
+
+from test_qrranker import QUESTION, _text, gqa_model_dir, tiny_backbone  # noqa: F401  (fixtures)
+
+TEXTS = [_text(11, 7), _text(12, 3), _text(13, 10), _text(14, 5), _text(15, 2), _text(16, 8)]
+
+
+def _nonzero_adapter(model, seed=0):
+    adapter = bd.new_adapter(model, rank=4, alpha=8.0, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in adapter.params.items():
+            if name.endswith("lora_B"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return adapter
+
+
+def _reference_logits(model, decoder, ctx, ids):
+    """The model's own forward of `ids` after the context KV (a DynamicCache), digit logits."""
+    cache = qr._cache([(k[None].clone(), v[None].clone()) for k, v in zip(ctx.keys, ctx.values)])
+    positions = (torch.arange(len(ids)) + ctx.position)[None]
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), cache=cache, position_ids=positions)
+    return out.logits[0][:, decoder.digit_ids].float()
+
+
+def test_query_pass_equals_the_models_forward_over_the_context(tiny_backbone):
+    decoder = bd.Decoder(tiny_backbone)
+    codes = bd.scope_codes([f"h{i}" for i in range(len(TEXTS))])
+    ctx = decoder.context(TEXTS, codes)
+    ids = decoder.query_ids(QUESTION) + [decoder.digit_ids[3], decoder.digit_ids[1]]
+    with torch.no_grad():
+        hidden, _ = decoder.forward(ctx, torch.tensor([ids]), ctx.position)
+        ours = decoder.digit_logits(hidden[0])
+    torch.testing.assert_close(ours, _reference_logits(tiny_backbone.model, decoder, ctx, ids), atol=1e-4, rtol=1e-4)
+    # the same, one token at a time through the past
+    with torch.no_grad():
+        hidden, past = decoder.forward(ctx, torch.tensor([ids[:-2]]), ctx.position)
+        for j in (len(ids) - 2, len(ids) - 1):
+            hidden, past = decoder.forward(ctx, torch.tensor([[ids[j]]]), ctx.position + j, past)
+    torch.testing.assert_close(decoder.digit_logits(hidden[0, -1]), ours[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_the_adapter_acts_on_the_query_only_as_a_merged_lora_would(tiny_backbone):
+    """Our pass with the adapter equals the model with the LoRA merged into q_proj / v_proj, run over
+    the frozen backbone's context KV: the chunks' states never see the adapter."""
+    model = tiny_backbone.model
+    adapter = _nonzero_adapter(model)
+    decoder = bd.Decoder(tiny_backbone, adapter)
+    ctx = decoder.context(TEXTS, bd.scope_codes([f"h{i}" for i in range(len(TEXTS))]))
+    merged = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in adapter.config.layers:
+            attn = merged.model.layers[layer].self_attn
+            for proj in ("q", "v"):
+                a = adapter.params[adapter.name(layer, proj, "A")]
+                b = adapter.params[adapter.name(layer, proj, "B")]
+                getattr(attn, f"{proj}_proj").weight += adapter.config.scale * (b @ a)
+    ids = decoder.query_ids(QUESTION)
+    with torch.no_grad():
+        hidden, _ = decoder.forward(ctx, torch.tensor([ids]), ctx.position)
+        ours = decoder.digit_logits(hidden[0])
+    reference = _reference_logits(merged, decoder, ctx, ids)
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(reference, _reference_logits(model, decoder, ctx, ids), atol=1e-3)
+
+
+def test_codes_are_distinct_stable_and_bracket_their_chunk(tiny_backbone):
+    hashes = [f"hash{i}" for i in range(3000)]
+    codes = bd.scope_codes(hashes)
+    assert len(set(codes)) == len(codes) and all(0 <= c < bd.CODES for c in codes)
+    assert bd.scope_codes(hashes[:5]) == codes[:5]  # a chunk keeps its code
+    decoder = bd.Decoder(tiny_backbone)
+    block = decoder.block(42, "the keeper")
+    tag = decoder.code_ids(42)
+    assert block[: len(decoder.separator)] == decoder.separator
+    assert block[len(decoder.separator) + 1: len(decoder.separator) + 5] == tag and block[-5:-1] == tag
+    assert len(decoder.block(7, " ".join(["sea"] * 1000))) <= decoder.query_offset
+    with pytest.raises(Exception, match="share a code"):
+        decoder.context(TEXTS[:2], [5, 5])
+
+
+def test_beam_search_returns_valid_codes_only_and_finds_the_best(tiny_backbone):
+    decoder = bd.Decoder(tiny_backbone, _nonzero_adapter(tiny_backbone.model))
+    rng = random.Random(3)
+    codes = bd.random_codes(len(TEXTS), rng)
+    ctx = decoder.context(TEXTS, codes)
+    found = decoder.beam_search(ctx, QUESTION, width=25, per_step=5)
+    assert {c for c, _ in found} <= set(codes) and len({c for c, _ in found}) == len(found)
+    assert len(found) == len(codes)  # fewer codes than the beam: every one comes back
+    assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+    # exhaustive: each code's log p under the digit softmax restricted to the codes present
+    trie = bd.CodeTrie(codes)
+    exact = {}
+    for code in codes:
+        digits = bd.digits_of(code)
+        with torch.no_grad():
+            logits = decoder.teacher_forced_logits(ctx, QUESTION, [digits])[0].double()
+        exact[code] = sum(float(torch.log_softmax(logits[t], -1)[digits[t]]) for t in range(4))
+        assert trie.allowed(digits[:3]) and digits[3] in trie.allowed(digits[:3])
+    for code, score in found:
+        assert score == pytest.approx(exact[code], abs=1e-4)
+    assert found[0][0] == max(exact, key=exact.get)
+    narrow = decoder.beam_search(ctx, QUESTION, width=2, per_step=1)
+    assert len(narrow) <= 2 and {c for c, _ in narrow} <= set(codes)
+
+
+def test_auxiliary_teachers_by_hand():
+    codes = [1234, 1299, 5678]
+    weights = np.array([0.5, 0.3, 0.2])
+    q = bd.position_teachers(codes, weights, [1, 2, 9, 9])
+    assert q[0][1] == pytest.approx(0.8) and q[0][5] == pytest.approx(0.2)
+    assert q[1][2] == pytest.approx(1.0)  # both 1xxx codes have 2 next
+    assert q[2][3] == pytest.approx(0.5 / 0.8) and q[2][9] == pytest.approx(0.3 / 0.8)
+    assert q[3][9] == pytest.approx(1.0)  # only 1299 matches 129
+    off = bd.position_teachers(codes, weights, [5, 0, 0, 0])
+    assert off[1][6] == pytest.approx(1.0) and off[2].sum() == 0  # no code starts 50: no teacher there
+    w = bd.teacher_weights(3, [2], {0: 1.0, 1: 0.0}, gold_margin=4.0)
+    assert w.argmax() == 2 and w.sum() == pytest.approx(1.0) and w[0] > w[1]
+
+
+def _groups(n_groups=2, per=3):
+    out = []
+    for g in range(n_groups):
+        texts = [_text(100 + 10 * g + j, 3 + j % 4) for j in range(5)]
+        questions = [{"id": f"g{g}q{i}", "question": QUESTION if i % 2 == 0 else "where is the lamp ?",
+                      "candidates": list(range(5)), "rest": [], "units": [[(g + i) % 5]], "gold": [(g + i) % 5]}
+                     for i in range(per)]
+        out.append({"id": f"g{g}", "texts": texts, "questions": questions})
+    return out
+
+
+def _trainer(backbone, out, steps=3, **kwargs):
+    from evsel.recipes import blocksearch as recipe
+
+    config = recipe.TrainConfig(out=str(out), steps=steps, batch=3, lr=5e-2, warmup=1, rank=4, alpha=8.0,
+                                dev_every=0, checkpoint_every=1, stories_per_context=2, aux_warmup=1, **kwargs)
+    trainer = recipe.DecoderTrainer(config, backbone)
+    groups = _groups()
+    trainer.setup(groups, groups[:1])
+    return trainer
+
+
+def test_three_training_steps_lower_the_loss_on_a_fixed_batch(tiny_backbone, tmp_path):
+    trainer = _trainer(tiny_backbone, tmp_path / "run", steps=3)
+    trainer.schedule = [trainer.schedule[0]] * 3  # the same batch and codes every step
+    before = trainer.fixed_loss(0)
+    records = [trainer.train_step() for _ in range(3)]
+    assert all(r["aux"] > 0 for r in records[1:])  # the on-policy term is on once λ ramps in
+    assert trainer.fixed_loss(0) < before - 1e-3
+
+
+def test_training_resumes_and_writes_an_adapter_the_selector_loads(tiny_backbone, tmp_path):
+    out = tmp_path / "run"
+    whole = _trainer(tiny_backbone, tmp_path / "whole", steps=4)
+    whole.run()
+    first = _trainer(tiny_backbone, out, steps=4)
+    first.config.minutes = 0.0  # stops at once, checkpointing step 0
+    first.run()
+    part = _trainer(tiny_backbone, out, steps=2)
+    part.run()
+    resumed = _trainer(tiny_backbone, out, steps=4)
+    assert resumed.step == 2
+    resumed.run()
+    a = [json.loads(x) for x in (tmp_path / "whole" / "log.jsonl").read_text().splitlines() if '"loss"' in x]
+    b = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], abs=1e-4)
+    loaded = bd.load_decoder_adapter(out, tiny_backbone.model)
+    assert loaded.config.layers == list(range(tiny_backbone.model.config.num_hidden_layers))
+    with pytest.raises(Exception, match="adapter"):
+        qr.load_adapter(out, tiny_backbone.model)  # a decoder adapter is not a QRRanker one
+
+
+def test_training_refuses_evaluation_sets(tmp_path):
+    from evsel.errors import InputError
+    from evsel.recipes import blocksearch as recipe
+
+    with pytest.raises(InputError, match="refusing"):
+        recipe.training_groups(recipe.TrainConfig(out=str(tmp_path), sources=["locomo"]), None, None)
+
+
+def test_the_training_pass_shares_the_query_and_matches_teacher_forcing(tiny_backbone):
+    """train_logits runs the query block once and both rows (gold, rollout) over its KV: each row
+    equals a separate teacher-forced pass of its own digits; the rollout is a code present."""
+    decoder = bd.Decoder(tiny_backbone, _nonzero_adapter(tiny_backbone.model))
+    codes = bd.random_codes(len(TEXTS), random.Random(5))
+    ctx = decoder.context(TEXTS, codes).trainable()
+    gold = bd.digits_of(codes[2])
+    forced, replay, rollout = decoder.train_logits(ctx, QUESTION, gold, np.random.default_rng(0))
+    assert int("".join(map(str, rollout))) in codes
+    with torch.no_grad():
+        both = decoder.teacher_forced_logits(ctx, QUESTION, [gold, rollout])
+    torch.testing.assert_close(forced.detach(), both[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(replay.detach(), both[1], atol=1e-4, rtol=1e-4)
+    loss, parts, _ = bd.decoder_loss(decoder, ctx, QUESTION, codes[2], bd.teacher_weights(len(codes), [2]), 1.0,
+                                     np.random.default_rng(0))
+    loss.backward()
+    assert parts["aux"] > 0 and all(p.grad is not None for p in decoder.adapter.parameters())
