@@ -27,7 +27,6 @@ to the next free code), so a chunk's block, and its cached KV, is the same for e
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -1,18 +1,26 @@
-"""BlockSearch (seed 001), untrained: ranks the whole scope by the backbone's own routing score at
-a middle layer (QK-MaxSim of the query block's last position against each chunk's keys, summed
-over heads; models/blocksearch.py). Each chunk's keys at that layer are cached as files beside
-the store the chunks come from (the user's store for ask, eval's cache for eval), or in memory
-when there is none."""
+"""BlockSearch (seed 001): ranks the whole scope by the backbone's own routing score at a middle
+layer (QK-MaxSim of the query block's last position against each chunk's keys, summed over heads;
+models/blocksearch.py). Each chunk's keys at that layer are cached as files beside the store the
+chunks come from (the user's store for ask, eval's cache for eval), or in memory when there is none.
+
+`blocksearch:trained`: the routing's top-B chunks (B = 256, or `topN`) go on to the trained code
+decoder (models/blockdecoder.py): each carries a four-digit code, the query block reads them all at
+every layer and the digit beam search returns codes, best first. Those chunks lead the ranking in
+beam order, then the rest by routing score."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 from evsel.store import ChunkRecord
 
 from . import base, register
 from .base import Selector
 
 
-VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix")
+TOP_B = {"top16": 16, "top32": 32, "top64": 64, "top128": 128, "top256": 256, "top512": 512}
+VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", *TOP_B)
 
 
 def parse_variants(text: str | None) -> list[str]:
@@ -26,27 +34,35 @@ class BlockSearchSelector(Selector):
 
     def __init__(self, context, ssmax: bool = False, variant: str = "maxsim", query_mode: str = "prefix",
                  layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
-                 variants: str | None = None, **_):
+                 variants: str | None = None, trained: bool = False, **_):
         """`variant`: maxsim (R^sum of per-head QK-MaxSim) or mass (the query's softmax attention
         onto each chunk at the routing layer); `query_mode`: prefix (the fast path: the query block
         reads the prefix only) or faithful (it reads every chunk below the routing layer, as in the
-        seed); `ssmax`: SSMax's s log N on the query's scores (changes the ranking of mass only)."""
+        seed); `ssmax`: SSMax's s log N on the query's scores (changes the ranking of mass only);
+        `trained`: the top-B go on to the trained code decoder."""
         from evsel.models import blocksearch as bs
 
         super().__init__(context)
         for option in parse_variants(variants):  # the spec's blocksearch:mass+ssmax+faithful
             if option == "ssmax":
                 ssmax = True
+            elif option == "trained":
+                trained = True
+            elif option in TOP_B:
+                top_b = TOP_B[option]
             elif option in ("mass", "maxsim"):
                 variant = option
             else:
                 query_mode = option
         self.config = bs.BlockSearchConfig(layer=layer, top_b=top_b, variant=variant, query_mode=query_mode,
                                            ssmax=bool(ssmax), ssmax_layers=ssmax_layers)
+        self.trained = bool(trained)
         options = [v for v, on in ((variant, variant != "maxsim"), (query_mode, query_mode != "prefix"),
-                                   ("ssmax", bool(ssmax))) if on]
+                                   ("ssmax", bool(ssmax)), ("trained", self.trained),
+                                   (f"top{top_b}", top_b != 256)) if on]
         self.name = "blocksearch" + (":" + "+".join(options) if options else "")
         self._router = None
+        self._decoder = None
         self._scope: tuple[tuple, object] | None = None
         self.last_routing = None  # the last question's Routing (per-head scores, top-B)
 
@@ -68,6 +84,31 @@ class BlockSearchSelector(Selector):
                 self._router = bs.BlockSearch(context.backbone, self.config, store_dir=store_dir,
                                               memory=None if store_dir else memory, kv_cache=kv_cache)
         return self._router
+
+    @property
+    def decoder(self):
+        """The trained code decoder: EVSEL_BLOCKSEARCH_DECODER's adapter, else the one shipped for
+        the backbone; its coded blocks' KV is shared through the engine's resources."""
+        from evsel.errors import ModelError
+        from evsel.models import blockdecoder as bd
+        from evsel.models import qrranker as qr
+
+        if self._decoder is None:
+            context = self.context
+            backbone = context.backbone
+            setting = getattr(context.settings, "blocksearch_decoder", None)
+            folder = Path(setting) if setting else bd.shipped_adapter_dir(backbone.fingerprint)
+            if not (folder / qr.ADAPTER_FILE).is_file():
+                raise ModelError(f"no trained BlockSearch decoder in {folder}",
+                                 "train one with: evsel train blocksearch --out DIR, then set "
+                                 "EVSEL_BLOCKSEARCH_DECODER=DIR (or use the untrained --select blocksearch)")
+            adapter = bd.load_decoder_adapter(folder, backbone.model)
+            with context.resources_lock:
+                kv_cache = context.resources.get("blocksearch.decoder.kv")
+                if kv_cache is None:
+                    kv_cache = context.resources["blocksearch.decoder.kv"] = qr.BlockKVCache(1 << 30)
+            self._decoder = bd.Decoder(backbone, adapter, kv_cache=kv_cache)
+        return self._decoder
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         self.scope(chunks)
@@ -98,4 +139,15 @@ class BlockSearchSelector(Selector):
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
         routing = self.router.route(question, self.scope(chunks))
         self.last_routing = routing
-        return routing.scores.tolist()
+        if not self.trained or not len(chunks):
+            return routing.scores.tolist()
+        chunks = self.chunks_hashed(chunks)
+        routed = sorted(int(i) for i in routing.top)  # the decode set, in document order
+        found = self.decoder.rank(question, [chunks[i].text for i in routed], [chunks[i].content_hash for i in routed])
+        order = [routed[j] for j, _ in found]
+        taken = set(order)
+        order += [int(i) for i in np.argsort(-routing.scores, kind="stable") if int(i) not in taken]
+        scores = [0.0] * len(chunks)
+        for rank, i in enumerate(order):  # the decoded codes first, then routing: a rank as a score
+            scores[i] = float(len(order) - rank)
+        return scores
