@@ -212,3 +212,66 @@ def test_the_training_pass_shares_the_query_and_matches_teacher_forcing(tiny_bac
                                      np.random.default_rng(0))
     loss.backward()
     assert parts["aux"] > 0 and all(p.grad is not None for p in decoder.adapter.parameters())
+
+
+def test_train_cli_smoke_on_a_tiny_model(gqa_model_dir, tmp_path, capsys, monkeypatch):
+    import sys
+
+    from conftest import shared_data
+    from evsel.cli import main
+
+    shared_data("fairytaleqa", "questions", "train")
+    out = tmp_path / "bs"
+    args = ["--model", str(gqa_model_dir), "--device", "cpu", "train", "blocksearch", "--recipe", "smoke",
+            "--out", str(out), "--stories", "2", "--steps", "2", "--json"]
+    monkeypatch.setattr(sys, "argv", ["evsel", *args])
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 2 and "recall@1" in summary["best_dev"]["bm25"]
+    assert (out / qr.ADAPTER_FILE).is_file() and (out / "checkpoint" / qr.ADAPTER_FILE).is_file()
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0, 1, 2] and all(np.isfinite(r["loss"]) for r in log[1:])
+    assert "train blocksearch --recipe smoke" in json.loads((out / "metrics.json").read_text())["command"]
+    assert main(args[:-1] + ["--source", "locomo"]) == 1
+    assert "refusing" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# the real model
+
+
+@pytest.mark.model
+def test_ask_select_blocksearch_trained_decodes_codes_of_the_sample(capsys):
+    """The shipped decoder end to end: the routing's top 64 of the sample story decoded by beam
+    search; every decoded code names one of those chunks, and they lead the evidence."""
+    from evsel.cli import main
+    from evsel.models.backbone import Backbone, default_model_path, fingerprint
+    from evsel.paths import sample_story_path
+
+    assert (bd.shipped_adapter_dir(fingerprint(default_model_path())) / qr.ADAPTER_FILE).is_file()
+    assert main(["ingest", "--json", str(sample_story_path())]) == 0
+    capsys.readouterr()
+    question = "Who killed Ambrose Tenterden?"
+    assert main(["ask", "--select", "blocksearch:trained+top64", "--evidence-only", "--json", "--top-n", "8",
+                 question]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["method"]["select"] == "blocksearch:trained+top64"
+    assert len(result["evidence"]) == 8 and all(e["text"] and e["doc_id"] for e in result["evidence"])
+    # the same decode by hand: the beam's codes, in order, are the evidence's leading chunks
+    from evsel.chunker import chunk_document
+    from evsel.models.blocksearch import BlockSearch, BlockSearchConfig
+    from evsel.parsers import parse_file
+
+    backbone = Backbone()
+    [doc] = parse_file(sample_story_path())
+    records = [c.record() for c in chunk_document(doc, backbone)]
+    texts, hashes = [r["text"] for r in records], [r["content_hash"] for r in records]
+    router = BlockSearch(backbone, BlockSearchConfig(top_b=64))
+    routing = router.route(question, router.scope(texts, hashes))
+    routed = sorted(int(i) for i in routing.top)
+    decoder = bd.Decoder(backbone, bd.load_decoder_adapter(bd.shipped_adapter_dir(backbone.fingerprint),
+                                                           backbone.model))
+    found = decoder.rank(question, [texts[i] for i in routed], [hashes[i] for i in routed])
+    assert 0 < len(found) <= bd.BEAM_WIDTH and len({j for j, _ in found}) == len(found)
+    best = [texts[routed[j]] for j, _ in found[:8]]
+    assert sorted(e["text"] for e in result["evidence"]) == sorted(best), (best, result["evidence"])
