@@ -397,7 +397,9 @@ class Daemon:
             settings = Settings.from_dict(message.get("settings"))
         except (EvselError, TypeError) as exc:
             self.counts["errors"] += 1
-            _send(conn, _error_message(request_id, {"type": "ProtocolError", "message": f"bad settings: {exc}",
+            # an EvselError's str() carries its hint already: the message alone, the hint once
+            text = exc.message if isinstance(exc, EvselError) else str(exc)
+            _send(conn, _error_message(request_id, {"type": "ProtocolError", "message": f"bad settings: {text}",
                                                     "hint": "a client of another evsel version? run: evsel daemon stop"}))
             return
         job = Job(method, params, settings, client_pid=(message.get("client") or {}).get("pid"))
