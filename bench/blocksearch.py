@@ -9,7 +9,9 @@ back cold. Larger scopes are the story's keys repeated to N chunks (routing cost
 number of key tokens, not on their values; encoding 10^5 real chunks would take hours on this
 CPU), held packed in memory as the daemon holds a scope. Per question and size: MaxSim routing
 (prefix mode, the fast path), attention-mass routing with and without SSMax, and BM25's scoring
-over the same N chunk texts with its index already built (what a warm ask pays for each).
+over the same N chunk texts with its index already built (what a warm ask pays for each); each
+row gives every routing variant's time as a multiple of BM25's, the time to pack the scope's keys
+(once per scope: the daemon memoises it), the load average and the peak memory so far.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_1m, write_result  # noqa: E402
+from common import load_1m, peak_rss_mib, write_result  # noqa: E402
 
 QUESTIONS = ["Who killed Ambrose Tenterden?", "What did the keeper find on the stairs?",
              "Where was the knife hidden?", "Who sent the letter?", "What happened to the lamp oil?"]
@@ -86,11 +88,14 @@ def main(argv=None) -> int:
         rows = []
         for n in sizes:
             picked = [i % len(keys) for i in range(n)]
+            started = time.perf_counter()
             packed = bs.pack([keys[i] for i in picked], start)
+            pack_s = time.perf_counter() - started
             big = bs.Scope([f"{i}" for i in range(n)], [scope.blocks[i] for i in picked], packed)
             corpus = [chunk_tokens(texts[i]) for i in picked]
             index = BM25Okapi(corpus)
-            row = {"chunks": n, "key_tokens": packed.tokens, "keys_mb": packed.keys.numel() * 2 / 2 ** 20}
+            row = {"chunks": n, "key_tokens": packed.tokens, "keys_mb": packed.keys.numel() * 2 / 2 ** 20,
+                   "pack_s": pack_s}
             for name, r in routers.items():
                 times = []
                 for q in QUESTIONS:
@@ -104,7 +109,9 @@ def main(argv=None) -> int:
                 np.argsort(-index.get_scores(tokenize(q)))
                 times.append(time.perf_counter() - t)
             row["bm25_s"] = statistics.median(times)
-            row["maxsim_over_bm25"] = row["maxsim_s"] / row["bm25_s"]
+            for name in routers:
+                row[f"{name}_over_bm25"] = row[f"{name}_s"] / row["bm25_s"]
+            row.update(load=load_1m(), peak_rss_mib=peak_rss_mib())
             rows.append(row)
             print(json.dumps(row), flush=True)
         result["scaling"] = rows

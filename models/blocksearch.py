@@ -68,7 +68,7 @@ VARIANTS = ("maxsim", "mass")
 QUERY_MODES = ("prefix", "faithful")
 SSMAX_LAYERS = ("readout", "all")
 STORAGE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
-SLICE_TOKENS = 1 << 13  # keys scored at a time: their float32 copy (kv x d x slice) stays in cache
+SLICE_TOKENS = 1 << 13  # keys scored at a time (whole chunks): one reused float32 copy and (H, slice) logits
 ENCODE_TOKENS = 8192  # block tokens encoded between two cache writes (bounds the KV held)
 STALE_TEMP_S = 3600  # a temp file older than this is a killed writer's, and is swept
 
@@ -375,9 +375,7 @@ class PackedKeys:
     """The scope's keys at the routing layer, concatenated: keys (kv, T, d) in their storage type,
     owner (T,) the chunk of each token, counted (T,) True for text tokens (the separator every
     block starts with is the same in all of them and enters softmax denominators only), offsets
-    (N + 1,) where each chunk's tokens start. `pack` lays the keys out dim-major underneath (keys
-    is a (kv, T, d) view of a (kv, d, T) tensor): a slice of tokens is then d contiguous rows,
-    which converts to float32 and multiplies at full speed."""
+    (N + 1,) where each chunk's tokens start: every chunk is one contiguous run."""
 
     keys: object
     owner: object
@@ -395,28 +393,22 @@ class PackedKeys:
 
     @property
     def skipped(self) -> np.ndarray:
-        """Positions of the tokens not counted (sorted), found once."""
+        """Positions of the tokens not counted, sorted (found once: routing masks them per slice)."""
         if self._skipped is None:
-            counted = np.asarray(self.counted.numpy() if hasattr(self.counted, "numpy") else self.counted, dtype=bool)
-            self._skipped = np.flatnonzero(~counted)
+            counted = self.counted.numpy() if hasattr(self.counted, "numpy") else self.counted
+            self._skipped = np.flatnonzero(~np.asarray(counted, dtype=bool))
         return self._skipped
 
     def subset(self, which: list[int]) -> PackedKeys:
-        """The chunks `which` only, in that order (renumbered 0..len(which) - 1), in the same layout."""
+        """The chunks `which` only, in that order (renumbered 0..len(which) - 1)."""
         import torch
 
         spans = [(int(self.offsets[i]), int(self.offsets[i + 1])) for i in which]
         lengths = [b - a for a, b in spans]
-        keys = torch.as_tensor(self.keys)
-        if not spans:
-            picked = keys[:, :0]
-        elif _dim_major(keys):
-            picked = torch.cat([keys.transpose(1, 2)[:, :, a:b] for a, b in spans], dim=2).transpose(1, 2)
-        else:
-            picked = torch.cat([keys[:, a:b] for a, b in spans], dim=1)
+        keys = torch.cat([self.keys[:, a:b] for a, b in spans], dim=1) if spans else self.keys[:, :0]
         counted = torch.cat([self.counted[a:b] for a, b in spans]) if spans else self.counted[:0]
         owner = torch.repeat_interleave(torch.arange(len(which)), torch.tensor(lengths, dtype=torch.long))
-        return PackedKeys(picked, owner, counted, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        return PackedKeys(keys, owner, counted, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
 
 
 def pack(keys: list, start: int = 0) -> PackedKeys:
@@ -430,15 +422,8 @@ def pack(keys: list, start: int = 0) -> PackedKeys:
         raise ModelError("a chunk has no text tokens to score")
     owner = torch.repeat_interleave(torch.arange(len(tensors)), torch.tensor(lengths, dtype=torch.long))
     counted = torch.cat([torch.arange(n) >= start for n in lengths]) if tensors else torch.zeros(0, dtype=torch.bool)
-    if tensors:  # dim-major underneath, see PackedKeys
-        stacked = torch.cat([k.transpose(1, 2) for k in tensors], dim=2).transpose(1, 2)
-    else:
-        stacked = torch.zeros(0, 0, 0)
+    stacked = torch.cat(tensors, dim=1) if tensors else torch.zeros(0, 0, 0)
     return PackedKeys(stacked, owner, counted, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-
-
-def _dim_major(keys) -> bool:
-    return keys.dim() == 3 and keys.stride(1) == 1 and keys.shape[1] > 1
 
 
 def head_logits(q, keys, scaling: float):
@@ -462,40 +447,38 @@ def _spans(offsets: np.ndarray, slice_tokens: int) -> list[tuple[int, int]]:
     return spans
 
 
-def _sliced_logits(q, packed: PackedKeys, scale: float, slice_tokens: int, masked: float):
-    """Per run of whole chunks (i, j, first token a, (H, t) float32 logits scale * q_h . k_t as a
-    numpy view of a reused buffer, the positions of uncounted tokens in it): one (g, d) @ (d, t)
-    product per KV head (its g query heads together), on a float32 copy of the slice that stays in
-    cache. Uncounted tokens' logits are set to `masked` when it is not None."""
+def _sliced_logits(q, packed: PackedKeys, scale: float, slice_tokens: int, masked: float | None):
+    """Per run of whole chunks: (i, j, its first token a, the (H, t) float32 logits
+    scale * q_h . k_t as a numpy view of a reused buffer, the positions of its uncounted tokens
+    in it). One (g, d) @ (d, t) product per KV head, its g query heads together (GQA), on a
+    float32 copy of the slice small enough to stay in cache. Uncounted tokens' logits are set to
+    `masked` unless it is None."""
     import torch
 
     keys = torch.as_tensor(packed.keys)
     kv, _, d = keys.shape
     h = q.shape[0]
-    g = h // kv  # heads kv*g .. kv*g + g - 1 share KV head kv (GQA)
+    g = h // kv  # query heads k*g .. k*g + g - 1 read KV head k
     qs = (torch.as_tensor(q).float() * scale).reshape(kv, g, d)
     spans = _spans(packed.offsets, slice_tokens)
     if not spans:
         return
     longest = max(int(packed.offsets[j] - packed.offsets[i]) for i, j in spans)
-    by_dim = _dim_major(keys)
-    source = keys.transpose(1, 2) if by_dim else keys  # (kv, d, T) or (kv, T, d)
     convert = keys.dtype != torch.float32
     logits_flat = torch.empty(h * longest)
-    copy_flat = torch.empty(d * longest) if convert else None
+    copy_flat = torch.empty(kv * longest * d) if convert else None
     skipped = packed.skipped
     for i, j in spans:
         a, b = int(packed.offsets[i]), int(packed.offsets[j])
         t = b - a
-        out = logits_flat[: h * t].view(h, t)
-        for k in range(kv):
-            part = source[k, :, a:b] if by_dim else source[k, a:b]
-            if convert:
-                part = copy_flat[: d * t].view(part.shape).copy_(part)
-            torch.matmul(qs[k], part if by_dim else part.T, out=out[k * g:(k + 1) * g])
+        part = keys[:, a:b]
+        if convert:
+            part = copy_flat[: kv * t * d].view(kv, t, d).copy_(part)
+        out = logits_flat[: h * t].view(kv, g, t)
+        torch.bmm(qs, part.transpose(1, 2), out=out)
+        logits = out.view(h, t).numpy()
         lo, hi = np.searchsorted(skipped, (a, b))
         skip = skipped[lo:hi] - a
-        logits = out.numpy()
         if masked is not None and len(skip):
             logits[:, skip] = masked
         yield i, j, a, logits, skip
@@ -780,12 +763,13 @@ class BlockSearch:
         prefix_keys = self.prefix_kv[self.layer][0][0]  # (kv, P, d)
         per_head = torch.empty(n, self.n_heads)
         for group, q, own in passes:
+            rows = slice(None) if len(passes) == 1 else group  # one pass: the whole scope, no gather
             if cfg.variant == "maxsim":
                 packed = scope.packed if len(passes) == 1 else scope.packed.subset(group)
-                per_head[group] = maxsim(q, packed, self.scaling, ssmax)
+                per_head[rows] = maxsim(q, packed, self.scaling, ssmax)
             else:
                 extra = torch.cat([prefix_keys.float(), own.float()], dim=1)
-                per_head[group] = attention_mass(q, scope.packed, self.scaling, ssmax, extra)[group]
+                per_head[rows] = attention_mass(q, scope.packed, self.scaling, ssmax, extra)[rows]
         per_head = per_head.double().numpy()
         scores = per_head.sum(axis=1)
         top = np.argsort(-scores, kind="stable")[: cfg.top_b]

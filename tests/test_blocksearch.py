@@ -223,8 +223,9 @@ def test_maxsim_and_attention_mass_equal_brute_force_loops(case):
         "smollm2-heads": ((5, 1, 12), 1, 3, 9, 16, torch.float16),  # 9 query heads over 3 KV heads
     }[case]
     keys, packed = _packed_random(lengths=lengths, kv=kv, d=d, start=start, dtype=dtype)
-    assert packed.keys.stride(1) == 1  # dim-major underneath
-    token_major = bs.PackedKeys(packed.keys.contiguous(), packed.owner, packed.counted, packed.offsets)
+    # the same keys laid out dim-major underneath (a strided view): scoring reads any layout
+    strided = bs.PackedKeys(packed.keys.transpose(1, 2).contiguous().transpose(1, 2), packed.owner,
+                            packed.counted, packed.offsets)
     g = torch.Generator().manual_seed(1)
     q = torch.randn(h, d, generator=g)
     extra = torch.randn(kv, 4, d, generator=g)
@@ -232,7 +233,7 @@ def test_maxsim_and_attention_mass_equal_brute_force_loops(case):
     for factor in (1.0, 1.7):
         want, want_mass = _brute_force(q, keys, start, scaling, factor, extra)
         _, alone = _brute_force(q, keys, start, scaling, factor)  # no extra keys in the softmax
-        for layout in (packed, token_major):
+        for layout in (packed, strided):
             for slice_tokens in (1, 3, 50, 1 << 16):  # a chunk a slice, several, one slice
                 got = bs.maxsim(q, layout, scaling, factor, slice_tokens=slice_tokens)
                 mass = bs.attention_mass(q, layout, scaling, factor, extra=extra, slice_tokens=slice_tokens)
@@ -243,7 +244,7 @@ def test_maxsim_and_attention_mass_equal_brute_force_loops(case):
                                       alone, rtol=1e-4, atol=1e-7)
     # R^sum is the sum over heads; a subset scores its chunks as the whole does, in either layout
     which = [len(keys) - 1, 0, 1]
-    for layout in (packed, token_major):
+    for layout in (packed, strided):
         sub = layout.subset(which)
         assert sub.n == 3 and torch.equal(sub.counted, torch.cat([packed.counted[packed.offsets[i]:packed.offsets[i + 1]]
                                                                    for i in which]))
@@ -396,6 +397,51 @@ def test_deleting_a_documents_chunks_deletes_their_key_files(backbone, tmp_path)
     memory = bs.KeyCache(None)
     memory.put("x1", np.zeros((1, 2, 3), dtype=np.float16))
     assert memory.delete(["x1", "x2"]) == 1 and len(memory) == 0
+
+
+def _store_doc(texts: list[str]) -> dict:
+    chunks = [{"seq": i, "text": t, "content_hash": bs.content_hash(t), "n_tokens": 1, "char_start": 0,
+               "char_end": len(t)} for i, t in enumerate(texts)]
+    return {"part": "", "kind": "book", "title": "t", "metadata": {}, "n_chars": 0, "chunks": chunks}
+
+
+def test_removing_a_document_deletes_exactly_its_orphaned_key_files(capsys):
+    """A real store on disk (EVSEL_HOME), key files planted for its chunks under two models and
+    two configs; removing a document (the store's call, then `evsel docs rm`, then a file's new
+    version) deletes the key files of the hashes no chunk holds any more, and nothing else."""
+    from evsel.cli import main
+    from evsel.store import Store
+
+    store = Store()
+    folder = bs.store_dir_of(store)
+    assert folder is not None and (folder / "evsel.db").exists()
+    collection = store.collection_id("default", create=True)
+    texts = {"a": ["shared text", "only in a"], "b": ["shared text", "only in b", "twice in b", "twice in b"],
+             "c": ["only in c"]}
+    ids = {name: store.replace_file(collection, f"/{name}.txt", name, [_store_doc(t)])[0] for name, t in texts.items()}
+    planted = sorted({t for ts in texts.values() for t in ts} | {"no chunk ever held it"})
+    caches = [bs.KeyCache(bs.cache_folder(folder, fp, digest), top=bs.cache_root(folder))
+              for fp, digest in (("model-1", "cfg-1"), ("model-1", "cfg-2"), ("model-2", "cfg-1"))]
+    for cache in caches:
+        cache.put_many({bs.content_hash(t): np.zeros((2, 3, 8), dtype=np.float16) for t in planted})
+    by_hash = {bs.content_hash(t): t for t in planted}
+
+    def left() -> list[str]:
+        """The texts whose key files remain, the same under every model and config."""
+        each = [sorted(by_hash[p.stem] for p in cache.folder.glob("*.npy")) for cache in caches]
+        assert all(e == each[0] for e in each)
+        assert len(list(bs.cache_root(folder).rglob("*.npy"))) == 3 * len(each[0])
+        return each[0]
+
+    assert left() == planted
+    store.remove_documents([ids["a"]])  # "shared text" is still in b
+    assert left() == sorted(set(planted) - {"only in a"})
+    code = main(["docs", "rm", str(ids["b"])])  # the CLI path (in-process engine: EVSEL_NO_DAEMON)
+    assert code == 0, capsys.readouterr().err
+    assert left() == ["no chunk ever held it", "only in c"]
+    store.replace_file(collection, "/c.txt", "c2", [_store_doc(["new in c"])])  # a new version of c
+    assert left() == ["no chunk ever held it"]
+    assert store.count_states() == 0 and len(store.chunks()) == 1
 
 
 # ---------------------------------------------------------------------------------------------
