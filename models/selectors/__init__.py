@@ -36,7 +36,8 @@ HELP = ("bm25 (default; words), unreal (the backbone's own states with the train
         "qrranker:untrained, qrranker:memory, qrranker:causal for its variants), "
         "blocksearch (in-context retrieval by the backbone's QK routing; blocksearch:mass, "
         "blocksearch:mass+ssmax, blocksearch:faithful for its variants; blocksearch:trained decodes "
-        "the top 256 chunks' codes with the trained decoder, blocksearch:trained+top64 the top 64)")
+        "the top 256 chunks' codes with the trained decoder, blocksearch:trained+top64 the top 64, "
+        "blocksearch:decode with the untouched backbone)")
 
 
 def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:

@@ -6,7 +6,8 @@ chunks come from (the user's store for ask, eval's cache for eval), or in memory
 `blocksearch:trained`: the routing's top-B chunks (B = 256, or `topN`) go on to the trained code
 decoder (models/blockdecoder.py): each carries a four-digit code, the query block reads them all at
 every layer and the digit beam search returns codes, best first. Those chunks lead the ranking in
-beam order, then the rest by routing score."""
+beam order, then the rest by routing score. `blocksearch:decode`: the same with the untouched
+backbone decoding the codes (no adapter), the decoder's untrained baseline."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .base import Selector
 
 
 TOP_B = {"top16": 16, "top32": 32, "top64": 64, "top128": 128, "top256": 256, "top512": 512}
-VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", *TOP_B)
+VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", *TOP_B)
 
 
 def parse_variants(text: str | None) -> list[str]:
@@ -34,7 +35,7 @@ class BlockSearchSelector(Selector):
 
     def __init__(self, context, ssmax: bool = False, variant: str = "maxsim", query_mode: str = "prefix",
                  layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
-                 variants: str | None = None, trained: bool = False, **_):
+                 variants: str | None = None, trained: bool = False, decode: bool = False, **_):
         """`variant`: maxsim (R^sum of per-head QK-MaxSim) or mass (the query's softmax attention
         onto each chunk at the routing layer); `query_mode`: prefix (the fast path: the query block
         reads the prefix only) or faithful (it reads every chunk below the routing layer, as in the
@@ -48,6 +49,8 @@ class BlockSearchSelector(Selector):
                 ssmax = True
             elif option == "trained":
                 trained = True
+            elif option == "decode":
+                decode = True
             elif option in TOP_B:
                 top_b = TOP_B[option]
             elif option in ("mass", "maxsim"):
@@ -56,9 +59,14 @@ class BlockSearchSelector(Selector):
                 query_mode = option
         self.config = bs.BlockSearchConfig(layer=layer, top_b=top_b, variant=variant, query_mode=query_mode,
                                            ssmax=bool(ssmax), ssmax_layers=ssmax_layers)
+        if trained and decode:
+            from evsel.errors import EvselError
+
+            raise EvselError("blocksearch:trained and :decode are two decoders", "choose one of them")
         self.trained = bool(trained)
+        self.decode = bool(decode)
         options = [v for v, on in ((variant, variant != "maxsim"), (query_mode, query_mode != "prefix"),
-                                   ("ssmax", bool(ssmax)), ("trained", self.trained),
+                                   ("ssmax", bool(ssmax)), ("trained", self.trained), ("decode", self.decode),
                                    (f"top{top_b}", top_b != 256)) if on]
         self.name = "blocksearch" + (":" + "+".join(options) if options else "")
         self._router = None
@@ -93,6 +101,8 @@ class BlockSearchSelector(Selector):
         from evsel.models import blockdecoder as bd
         from evsel.models import qrranker as qr
 
+        if self._decoder is None and self.decode:  # the untouched backbone decodes
+            self._decoder = bd.Decoder(self.context.backbone, None, kv_cache=self._decoder_kv())
         if self._decoder is None:
             context = self.context
             backbone = context.backbone
@@ -103,12 +113,20 @@ class BlockSearchSelector(Selector):
                                  "train one with: evsel train blocksearch --out DIR, then set "
                                  "EVSEL_BLOCKSEARCH_DECODER=DIR (or use the untrained --select blocksearch)")
             adapter = bd.load_decoder_adapter(folder, backbone.model)
-            with context.resources_lock:
-                kv_cache = context.resources.get("blocksearch.decoder.kv")
-                if kv_cache is None:
-                    kv_cache = context.resources["blocksearch.decoder.kv"] = qr.BlockKVCache(1 << 30)
-            self._decoder = bd.Decoder(backbone, adapter, kv_cache=kv_cache)
+            self._decoder = bd.Decoder(backbone, adapter, kv_cache=self._decoder_kv())
         return self._decoder
+
+    def _decoder_kv(self):
+        """The coded blocks' KV cache, shared by the engine's decoders (the frozen backbone's KV:
+        the same whichever adapter reads it)."""
+        from evsel.models import qrranker as qr
+
+        context = self.context
+        with context.resources_lock:
+            kv_cache = context.resources.get("blocksearch.decoder.kv")
+            if kv_cache is None:
+                kv_cache = context.resources["blocksearch.decoder.kv"] = qr.BlockKVCache(1 << 30)
+        return kv_cache
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         self.scope(chunks)
@@ -139,7 +157,7 @@ class BlockSearchSelector(Selector):
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
         routing = self.router.route(question, self.scope(chunks))
         self.last_routing = routing
-        if not self.trained or not len(chunks):
+        if not (self.trained or self.decode) or not len(chunks):
             return routing.scores.tolist()
         chunks = self.chunks_hashed(chunks)
         routed = sorted(int(i) for i in routing.top)  # the decode set, in document order
