@@ -64,7 +64,7 @@ def load_decoder_adapter(folder: str | Path, model) -> DecoderAdapter:
 
 
 def shipped_adapter_dir(fingerprint: str) -> Path:
-    return Path(__file__).resolve().parent / "adapters" / fingerprint / "blocksearch"
+    return Path(__file__).resolve().parent / "adapters" / fingerprint[:16] / "blocksearch"  # as the other adapters
 
 
 def digits_of(code: int) -> list[int]:

@@ -245,10 +245,11 @@ def test_ask_select_blocksearch_trained_decodes_codes_of_the_sample(capsys):
     """The shipped decoder end to end: the routing's top 64 of the sample story decoded by beam
     search; every decoded code names one of those chunks, and they lead the evidence."""
     from evsel.cli import main
-    from evsel.models.backbone import Backbone, default_model_path, fingerprint
+    from evsel.models.backbone import Backbone
     from evsel.paths import sample_story_path
 
-    assert (bd.shipped_adapter_dir(fingerprint(default_model_path())) / qr.ADAPTER_FILE).is_file()
+    backbone = Backbone()
+    assert (bd.shipped_adapter_dir(backbone.fingerprint) / qr.ADAPTER_FILE).is_file()
     assert main(["ingest", "--json", str(sample_story_path())]) == 0
     capsys.readouterr()
     question = "Who killed Ambrose Tenterden?"
@@ -262,7 +263,6 @@ def test_ask_select_blocksearch_trained_decodes_codes_of_the_sample(capsys):
     from evsel.models.blocksearch import BlockSearch, BlockSearchConfig
     from evsel.parsers import parse_file
 
-    backbone = Backbone()
     [doc] = parse_file(sample_story_path())
     records = [c.record() for c in chunk_document(doc, backbone)]
     texts, hashes = [r["text"] for r in records], [r["content_hash"] for r in records]
