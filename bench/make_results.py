@@ -106,11 +106,12 @@ def eval_section(path: Path, result: dict) -> list[str]:
     return out
 
 
-def scaling_section(result: dict, throughput: dict | None = None) -> list[str]:
+def scaling_section(result: dict, throughput: dict | None = None, title: str = "Long-context scaling (bench/scaling.py)",
+                    image: str = "scaling.png") -> list[str]:
     config = result["config"]
     lengths = config["lengths"]
     ks = config["k"]
-    out = ["## Long-context scaling (bench/scaling.py)", ""]
+    out = [f"## {title}", ""]
     out += provenance(result["run"])
     out += [f"- {config['questions']} FairytaleQA val questions (one gold section each); contexts padded with "
             f"distractor passages from a pool of {config['pool_passages']} passages ({config['pool_tokens']:,} "
@@ -160,7 +161,32 @@ def scaling_section(result: dict, throughput: dict | None = None) -> list[str]:
             + f" for all {config['questions']} questions and lengths (dense: MiniLM embeddings of every pool chunk "
             "that appeared in a context). A model-internal selector pays chunk encoding the same way: the "
             "projected cold-ask row above is what the first question about an unencoded context would cost.",
-            "", "![scaling](../bench/results/scaling.png)", ""]
+            "", f"![scaling](../bench/results/{image})", ""]
+    return out
+
+
+def seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def blocksearch_section(result: dict) -> list[str]:
+    """bench/blocksearch.py: routing latency against scope size over cached keys, BM25 in the same run."""
+    cache = result["cache"]
+    out = ["## BlockSearch routing latency (bench/blocksearch.py)", ""]
+    out += provenance(result["run"])
+    out += [f"- {result['backbone']}, {result['threads']} thread(s); routing layer {cache['layer']}; the sample "
+            f"story's keys ({cache['chunks']} chunks, {cache['key_tokens']:,} tokens) repeated to N chunks; "
+            "prefix query mode, warm (keys cached and packed)", "",
+            "| chunks | key tokens | MaxSim | mass | mass+SSMax | BM25 | MaxSim / BM25 | mass / BM25 | pack |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for row in result["scaling"]:
+        out.append(f"| {row['chunks']:,} | {row['key_tokens']:,} | {seconds(row['maxsim_s'])} | "
+                   f"{seconds(row['mass_s'])} | {seconds(row['mass+ssmax_s'])} | {seconds(row['bm25_s'])} | "
+                   f"{row['maxsim_over_bm25']:.0f}x | {row['mass_over_bm25']:.0f}x | {seconds(row['pack_s'])} |")
+    out += ["", f"Key cache: {cache['bytes_per_token_keys']} bytes a token of keys, {cache['disk_bytes_per_token']:.0f} "
+            f"on disk with the file headers ({cache['disk_per_million_tokens_mb']:.0f} MiB per million tokens); "
+            f"encoding the sample's keys took {cache['encode_s']:.1f} s, reading them back {cache['read_s'] * 1000:.0f} ms.",
+            ""]
     return out
 
 
@@ -537,6 +563,11 @@ def main() -> int:
         lines += eval_section(*evals[name])
     if scaling:
         lines += scaling_section(scaling, throughput)
+    if (RESULTS / "scaling-blocksearch.json").exists():
+        lines += scaling_section(json.loads((RESULTS / "scaling-blocksearch.json").read_text()), throughput,
+                                 "Long-context scaling: BlockSearch (bench/scaling.py)", "scaling-blocksearch.png")
+    if (RESULTS / "blocksearch.json").exists():
+        lines += blocksearch_section(json.loads((RESULTS / "blocksearch.json").read_text()))
     if throughput:
         lines += throughput_section(throughput)
     if bm25_store:
