@@ -308,7 +308,7 @@ class Decoder:
             beams: list[list[int]] = [[]]
             scores = torch.zeros(1, dtype=torch.float64)
             for t in range(CODE_LENGTH):
-                logp = torch.log_softmax(self.digit_logits(hidden[:, -1]).double(), dim=-1)  # (beams, 10)
+                logp = torch.log_softmax(self.digit_logits(hidden[:, -1]).double(), dim=-1).cpu()  # (beams, 10)
                 cand = torch.full_like(logp, float("-inf"))
                 for row, prefix in enumerate(beams):
                     allowed = torch.tensor(trie.allowed(prefix), dtype=torch.long)
