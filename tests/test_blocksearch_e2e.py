@@ -315,4 +315,25 @@ def test_variant_mass_ssmax_on_the_cli_reads_the_same_keys(locomo_run):
     assert all(0 < e["score"] <= 9 for e in result["evidence"])
     # another process, another variant, the same routing layer: the keys were read, not re-encoded
     assert locomo_run["keys_after_variant"] == locomo_run["keys_after_first"]
-    assert result["timings"]["select_s"] < locomo_run["first"]["timings"]["select_s"]
+
+
+def test_locomo_through_the_daemon_with_the_trained_decoder(locomo_run, model_cache):
+    """The same store through an auto-started daemon: blocksearch and blocksearch:trained+top32 on
+    conv-26 give dialogue evidence with its provenance, the decoded chunks among the routing's top
+    32, and the routing keys written by the CLI are read, not written again."""
+    home = locomo_run["home"]
+    env = _env(home, model_cache, daemon=True)
+    ask = ("ask", "--doc", str(locomo_run["doc"]["id"]), "--evidence-only", LOCOMO_QUESTION)
+    try:
+        routed, _ = _timed_json(env, *ask, "--select", "blocksearch", "--top-n", "32")
+        decoded, _ = _timed_json(env, *ask, "--select", "blocksearch:trained+top32")
+        assert pid_of(home) is not None  # answered by the daemon
+    finally:
+        kill_daemon(home)
+    assert [e["chunk_id"] for e in sorted(routed["evidence"], key=lambda e: e["rank"])][:5] == \
+        [e["chunk_id"] for e in sorted(locomo_run["first"]["evidence"], key=lambda e: e["rank"])]
+    assert decoded["method"]["select"] == "blocksearch:trained+top32"
+    _check_ranks_and_scores(decoded)
+    _check_dialogue_evidence(locomo_run, decoded)
+    assert {e["chunk_id"] for e in decoded["evidence"]} <= {e["chunk_id"] for e in routed["evidence"]}
+    assert _key_files(home) == locomo_run["keys_after_first"]
