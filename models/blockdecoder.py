@@ -125,10 +125,19 @@ class DecodeContext:
     values: list
     codes: list[int]
     position: int
+    _float: dict | None = None
 
     @property
     def length(self) -> int:
         return int(self.keys[0].shape[1])
+
+    def float_kv(self, layer: int):
+        """Layer `layer`'s K and V as float32, converted once (a beam search reads them 4 times)."""
+        if self._float is None:
+            self._float = {}
+        if layer not in self._float:
+            self._float[layer] = (self.keys[layer].float(), self.values[layer].float())
+        return self._float[layer]
 
     def trainable(self) -> DecodeContext:
         """Plain copies (tensors made under inference mode cannot be saved for a backward pass)."""
@@ -232,7 +241,8 @@ class Decoder:
                 k = torch.cat([past[li][0], k], dim=2)
                 v = torch.cat([past[li][1], v], dim=2)
             out_past.append((k, v))
-            o = _attend(q, ctx.keys[li].float(), ctx.values[li].float(), k, v, float(attn.scaling))
+            ctx_k, ctx_v = ctx.float_kv(li)
+            o = _attend(q, ctx_k, ctx_v, k, v, float(attn.scaling))
             x = x + attn.o_proj(o.transpose(1, 2).reshape(b, s, h * d).to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x, out_past
