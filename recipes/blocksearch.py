@@ -67,9 +67,9 @@ FULL = {"stories": 64, "dev_stories": 8, "questions_per_story": 6, "dev_question
 
 
 def train_recipe(name: str) -> dict:
-    if name not in ("smoke", "full"):
-        raise InputError(f"unknown recipe {name!r}", "use smoke or full")
-    return dict(SMOKE if name == "smoke" else FULL)
+    from .qrranker import pick_recipe
+
+    return pick_recipe(name, SMOKE, FULL)
 
 
 def training_groups(config: TrainConfig, backbone, data_dir: Path | None, on_event=_ignore):
@@ -187,11 +187,9 @@ class DecoderTrainer:
         return cfg.aux_weight * min(1.0, step / max(1, cfg.aux_warmup))
 
     def lr_at(self, step: int) -> float:
-        cfg = self.config
-        warmup = min(cfg.warmup, max(1, cfg.steps // 10))
-        if step < warmup:
-            return cfg.lr * (step + 1) / warmup
-        return cfg.lr * max(0.0, (cfg.steps - step) / max(1, cfg.steps - warmup))
+        from .qrranker import warmup_then_linear
+
+        return warmup_then_linear(step, self.config.lr, self.config.warmup, self.config.steps)
 
     def train_step(self) -> dict:
         import torch
@@ -341,13 +339,9 @@ class DecoderTrainer:
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
                  data_dir: str | None = None, on_event: Callable[[dict], None] = _ignore) -> dict:
     """`evsel train blocksearch`: the recipe's settings with the given options over them."""
-    settings = train_recipe(recipe_name)
-    known = set(TrainConfig.__dataclass_fields__)
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise InputError(f"unknown training options {', '.join(unknown)}")
-    settings.update({k: v for k, v in options.items() if v is not None})
-    config = TrainConfig(out=str(Path(out)), **{k: v for k, v in settings.items() if k != "out"})
+    from .qrranker import config_of
+
+    config = config_of(TrainConfig, out, train_recipe(recipe_name), options)
 
     def log(line: str) -> None:
         on_event({"type": "log", "message": line})

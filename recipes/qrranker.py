@@ -239,10 +239,34 @@ FULL = {"stories": 24, "dev_stories": 8, "questions_per_story": 6, "dev_question
         "steps": 100, "batch": 4, "dev_every": 20, "checkpoint_every": 10, "warmup": 10, "lr": 1e-3}
 
 
-def train_recipe(name: str) -> dict:
+def pick_recipe(name: str, smoke: dict, full: dict) -> dict:
+    """A copy of the smoke or the full recipe's settings (shared by the training recipes)."""
     if name not in ("smoke", "full"):
         raise InputError(f"unknown recipe {name!r}", "use smoke or full")
-    return dict(SMOKE if name == "smoke" else FULL)
+    return dict(smoke if name == "smoke" else full)
+
+
+def train_recipe(name: str) -> dict:
+    return pick_recipe(name, SMOKE, FULL)
+
+
+def config_of(config_class, out: str, settings: dict, options: dict):
+    """`config_class` (a training config dataclass) from a recipe's settings with the options that
+    were given (not None) over them; an option the config lacks is an error."""
+    unknown = sorted(set(options) - set(config_class.__dataclass_fields__))
+    if unknown:
+        raise InputError(f"unknown training options {', '.join(unknown)}")
+    settings = {**settings, **{k: v for k, v in options.items() if v is not None}}
+    return config_class(out=str(Path(out)), **{k: v for k, v in settings.items() if k != "out"})
+
+
+def warmup_then_linear(step: int, lr: float, warmup: int, total: int) -> float:
+    """The learning rate at `step`: linear warmup over min(warmup, total / 10) steps, then linear
+    decay to 0 at `total`."""
+    warmup = min(warmup, max(1, total // 10))
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * max(0.0, (total - step) / max(1, total - warmup))
 
 
 def _detection_stories(heads_data: dict | None) -> set[str]:
@@ -478,10 +502,7 @@ class ListwiseTrainer:
         return {key: round(float(np.mean([r[key] for r in rows])), 4) for key in keys} if rows else {}
 
     def lr_at(self, step: int) -> float:
-        warmup = min(self.config.warmup, max(1, self.total_steps // 10))
-        if step < warmup:
-            return self.config.lr * (step + 1) / warmup
-        return self.config.lr * max(0.0, (self.total_steps - step) / max(1, self.total_steps - warmup))
+        return warmup_then_linear(step, self.config.lr, self.config.warmup, self.total_steps)
 
     def _better(self, dev: dict) -> bool:
         key = f"recall@{self.config.k}"
@@ -608,13 +629,7 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
     listwise instances, then train (or resume). Log lines go to `on_event` as {"type": "log"}."""
     from evsel.models import qrranker as qr
 
-    settings = train_recipe(recipe_name)
-    known = set(TrainConfig.__dataclass_fields__)
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise InputError(f"unknown training options {', '.join(unknown)}")
-    settings.update({k: v for k, v in options.items() if v is not None})
-    config = TrainConfig(out=str(Path(out)), **{k: v for k, v in settings.items() if k != "out"})
+    config = config_of(TrainConfig, out, train_recipe(recipe_name), options)
     backbone = engine.backbone
 
     def log(line: str) -> None:
