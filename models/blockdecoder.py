@@ -52,6 +52,8 @@ class DecoderAdapter(qr.QRAdapter):
 
     FORMAT = FORMAT
     PROJECTIONS = ("q", "v")
+    KIND = "BlockSearch decoder"
+    TRAIN_COMMAND = "evsel train blocksearch"
 
 
 def new_adapter(model, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> DecoderAdapter:

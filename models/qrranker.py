@@ -698,6 +698,8 @@ class QRAdapter:
 
     FORMAT = ADAPTER_FORMAT
     PROJECTIONS = ("q", "k")  # the projections carrying deltas (BlockSearch's decoder: q and v)
+    KIND = "QRRanker adapter"  # what errors call it, and the command that writes one
+    TRAIN_COMMAND = "evsel train qrranker"
 
     def __init__(self, config: AdapterConfig, hidden: int, q_out: int, k_out: int, device=None, seed: int = 0,
                  tensors: dict | None = None):
@@ -772,8 +774,8 @@ def load_adapter(folder: str | Path, model, kind: type[QRAdapter] = QRAdapter) -
         meta = json.loads((folder / ADAPTER_CONFIG).read_text())
         tensors = load_file(str(folder / ADAPTER_FILE))
     except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read a QRRanker adapter from {folder}: {exc}",
-                         "give a folder written by: evsel train qrranker --out DIR") from exc
+        raise ModelError(f"cannot read a {kind.KIND} from {folder}: {exc}",
+                         f"give a folder written by: {kind.TRAIN_COMMAND} --out DIR") from exc
     if meta.get("format") != kind.FORMAT:
         raise ModelError(f"{folder / ADAPTER_CONFIG} is not a {kind.FORMAT} adapter (it says {meta.get('format')!r})")
     config = AdapterConfig(layers=[int(x) for x in meta["layers"]], rank=int(meta["rank"]), alpha=float(meta["alpha"]),
@@ -783,7 +785,7 @@ def load_adapter(folder: str | Path, model, kind: type[QRAdapter] = QRAdapter) -
     adapter = kind.for_model(model, config, tensors=tensors)
     if adapter.shapes != {k: int(v) for k, v in meta.get("shapes", adapter.shapes).items()}:
         raise ModelError(f"the adapter in {folder} was trained for another backbone shape",
-                         "train one for this backbone: evsel train qrranker --out DIR")
+                         f"train one for this backbone: {kind.TRAIN_COMMAND} --out DIR")
     for p in adapter.parameters():
         p.requires_grad_(False)
     return adapter
