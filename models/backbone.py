@@ -92,7 +92,7 @@ def fingerprint(path: Path) -> str:
     return value
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """transformers draws its own tqdm bars and warnings on stderr; evsel reports progress itself."""
     from transformers.utils import logging as hf_logging
 
@@ -278,7 +278,7 @@ class Backbone:
     def _load_tokenizer(self):
         from transformers import AutoTokenizer
 
-        _quiet_transformers()
+        quiet_transformers()
         if self.path.is_dir():
             return AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
         saved = self.cache_dir / "tokenizer"
@@ -319,7 +319,7 @@ class Backbone:
         import torch
         from transformers import AutoModelForCausalLM
 
-        _quiet_transformers()
+        quiet_transformers()
         threads = self.threads
         if threads:
             torch.set_num_threads(threads)

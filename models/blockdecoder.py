@@ -10,7 +10,7 @@ Prompt (the seed's Fig. 4 in our chat frame):
     \\n\\nWhich document ... code.\\n\\nQuery: q<assistant header>[d1 d2 d3 d4   <- the query block at the
                                                                                  fixed position P + offset
 
-The chunks' K/V are the frozen backbone's (qrranker's block-sparse encoder, cached per block), so
+The chunks' K/V are the frozen backbone's (models/blocksparse.py's encoder, cached per block), so
 they cache like every other block and the answering path never sees a trained weight. What trains
 is a LoRA adapter on q_proj and v_proj of every layer, applied only to the query block's own
 tokens (`Decoder.forward`, our own pass of the query over the context KV): the query learns to read
@@ -32,7 +32,15 @@ from pathlib import Path
 
 import numpy as np
 from evsel.errors import ModelError
-from evsel.models import qrranker as qr
+from evsel.models.blocksparse import (
+    BlockStateCache,
+    Prompt,
+    PromptConfig,
+    encode_blocks_cached,
+    model_device,
+    rotate,
+)
+from evsel.models.lora import AdapterConfig, AdapterKind, LoRAAdapter, load_adapter
 
 FORMAT = "evsel-blocksearch-decoder/1"
 CODE_LENGTH = 4
@@ -41,28 +49,24 @@ BEAM_WIDTH = 25
 PER_STEP = 5
 
 
-def decoder_prompt() -> qr.PromptConfig:
-    return qr.PromptConfig(instruction="Here are some documents, each with a four-digit code:",
+def decoder_prompt() -> PromptConfig:
+    return PromptConfig(instruction="Here are some documents, each with a four-digit code:",
                            closing="Which document above answers the following query? Answer with its code.",
                            query_label="Query:", separator="\n\n", max_chunk_tokens=384, max_query_tokens=96)
 
 
-class DecoderAdapter(qr.QRAdapter):
-    """LoRA deltas on q_proj and v_proj, read by `Decoder.forward` for the query block only."""
-
-    FORMAT = FORMAT
-    PROJECTIONS = ("q", "v")
-    KIND = "BlockSearch decoder"
-    TRAIN_COMMAND = "evsel train blocksearch"
+# LoRA deltas on q_proj and v_proj of every layer, read by `Decoder.forward` for the query block only
+ADAPTER = AdapterKind(format=FORMAT, projections=("q", "v"), name="BlockSearch decoder",
+                      train_command="evsel train blocksearch")
 
 
-def new_adapter(model, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> DecoderAdapter:
+def new_adapter(model, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> LoRAAdapter:
     layers = list(range(model.config.num_hidden_layers))
-    return DecoderAdapter.for_model(model, qr.AdapterConfig(layers=layers, rank=rank, alpha=alpha), seed)
+    return LoRAAdapter.for_model(model, ADAPTER, AdapterConfig(layers=layers, rank=rank, alpha=alpha), seed)
 
 
-def load_decoder_adapter(folder: str | Path, model) -> DecoderAdapter:
-    return qr.load_adapter(folder, model, DecoderAdapter)
+def load_decoder_adapter(folder: str | Path, model) -> LoRAAdapter:
+    return load_adapter(folder, model, ADAPTER)
 
 
 def shipped_adapter_dir(fingerprint: str) -> Path:
@@ -115,7 +119,7 @@ class DecoderConfig:
     beam: int = BEAM_WIDTH
     per_step: int = PER_STEP
     batch_tokens: int = 4096
-    prompt: qr.PromptConfig = field(default_factory=decoder_prompt)
+    prompt: PromptConfig = field(default_factory=decoder_prompt)
 
 
 @dataclass
@@ -150,8 +154,8 @@ class DecodeContext:
 class Decoder:
     """The trained decoder of one backbone (`adapter` None: the untouched backbone decodes)."""
 
-    def __init__(self, backbone, adapter: DecoderAdapter | None = None, config: DecoderConfig | None = None,
-                 kv_cache: qr.BlockKVCache | None = None):
+    def __init__(self, backbone, adapter: LoRAAdapter | None = None, config: DecoderConfig | None = None,
+                 kv_cache: BlockStateCache | None = None):
         self.backbone = backbone
         self.model = backbone.model
         self.adapter = adapter
@@ -162,7 +166,7 @@ class Decoder:
         self.n_heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.prompt = qr.Prompt(backbone.tokenizer, self.config.prompt)
+        self.prompt = Prompt(backbone.tokenizer, self.config.prompt)
         self.prefix_ids = self.prompt.prefix()
         self.separator = self.prompt.ids(self.config.prompt.separator)
         self.digit_ids = []
@@ -208,7 +212,7 @@ class Decoder:
             raise ModelError("two chunks of a decode set share a code")
         blocks = [self.block(c, t) for c, t in zip(codes, texts)]
         before = self.kv_cache.misses if self.kv_cache is not None else 0
-        states = qr.encode_blocks_cached(self.model, self.prefix_ids, blocks, self.n_layers, self.kv_cache,
+        states = encode_blocks_cached(self.model, self.prefix_ids, blocks, self.n_layers, self.kv_cache,
                                          self.config.batch_tokens, self.pad_id, self.model_key)
         self.encoded += (self.kv_cache.misses - before) if self.kv_cache is not None else len(blocks)
         ctx = states.context(next_position=self.query_position)
@@ -236,8 +240,8 @@ class Decoder:
             if self.adapter is not None and self.adapter.has(li):
                 q = q + self.adapter.delta(li, "q", y).to(q.dtype)
                 v = v + self.adapter.delta(li, "v", y).to(v.dtype)
-            q = qr._rotate(q.view(b, s, h, d).transpose(1, 2).float(), cos, sin)
-            k = qr._rotate(k.view(b, s, kvh, d).transpose(1, 2).float(), cos, sin)
+            q = rotate(q.view(b, s, h, d).transpose(1, 2).float(), cos, sin)
+            k = rotate(k.view(b, s, kvh, d).transpose(1, 2).float(), cos, sin)
             v = v.view(b, s, kvh, d).transpose(1, 2).float()
             if past is not None:
                 k = torch.cat([past[li][0], k], dim=2)
@@ -263,7 +267,7 @@ class Decoder:
 
         base = self.query_ids(question)
         rows = [base + [self.digit_ids[x] for x in p[: CODE_LENGTH - 1]] for p in prefixes]
-        ids = torch.tensor(rows, dtype=torch.long, device=qr._device(self.model))
+        ids = torch.tensor(rows, dtype=torch.long, device=model_device(self.model))
         hidden, _ = self.forward(ctx, ids, ctx.position)
         return self.digit_logits(hidden[:, -CODE_LENGTH:])
 
@@ -275,7 +279,7 @@ class Decoder:
         the rollout's digits or None)."""
         import torch
 
-        device = qr._device(self.model)
+        device = model_device(self.model)
         ids = torch.tensor([self.query_ids(question)], dtype=torch.long, device=device)
         hidden, past = self.forward(ctx, ids, ctx.position)
         first = self.digit_logits(hidden[0, -1])  # slot 1: the same for both rows
@@ -312,7 +316,7 @@ class Decoder:
         width = width or self.config.beam
         per_step = per_step or self.config.per_step
         trie = CodeTrie(ctx.codes)
-        device = qr._device(self.model)
+        device = model_device(self.model)
         with torch.inference_mode():
             ids = torch.tensor([self.query_ids(question)], dtype=torch.long, device=device)
             hidden, past = self.forward(ctx, ids, ctx.position)

@@ -1,6 +1,9 @@
-"""BlockSearch (seed 001), untrained: in-context retrieval by the backbone's own QK routing.
+"""BlockSearch (seed 001): in-context retrieval by the backbone's own QK routing. This is the router;
+the code decoder the routed chunks go on to (blocksearch:trained and :decode) is
+models/blockdecoder.py.
 
-Prompt (the seed's Appx. A, without its random document codes: untrained, nothing decodes them):
+Routing prompt (the seed's Appx. A, without its random document codes: routing reads none; the
+decoder builds its own coded blocks for the top-B):
 
     <chat header> Here are some documents:            <- prefix, shared (positions 0..P-1)
     \\n\\nchunk text                                     <- every chunk a block: attends to the prefix
@@ -8,15 +11,16 @@ Prompt (the seed's Appx. A, without its random document codes: untrained, nothin
     \\n\\nWhich document ... query?\\n\\nQuery: q<footer>   <- the query block, at the fixed position
                                                          P + query_offset, attending to everything
 
-Encoding is qrranker's block-sparse encoder (`encode_prefix`, `encode_blocks`: one encoder for
-both methods), truncated after the routing layer L (depth L + 1). A chunk's keys depend only on
-the prefix and its own tokens, so what routing reads of it, its post-RoPE keys at layer L
-(kv_heads, L_i, head_dim), is cached per chunk content hash on disk (`KeyCache`).
+Encoding is models/blocksparse.py's block-sparse encoder (`encode_prefix`, `encode_blocks`: one
+encoder for every method), truncated after the routing layer L (depth L + 1). A chunk's keys depend
+only on the prefix and its own tokens, so what routing reads of it, its post-RoPE keys at layer L
+(kv_heads, L_i, head_dim), is cached per chunk content hash on disk (an `ArrayCache`).
 
 Routing score (the seed's Sec. 4.1 and 5.1): at the query block's LAST position, the post-RoPE
 query q_h of every head h at layer L; per head QK-MaxSim(d) = max over d's text tokens t of
 q_h . k_t * scaling (query head h reads KV head h // (H / kv_heads)); R^sum(d) = sum over heads.
-The top-B chunks would go on to the layers above L; untrained, the score itself ranks the scope.
+The top-B chunks go on to the code decoder (blocksearch:trained, :decode); otherwise the score
+itself ranks the scope.
 Variant "mass": the query's softmax attention at layer L onto each chunk's text tokens (softmax
 over the prefix, every chunk of the scope and the query's own tokens), summed over heads: the
 quantity that dilutes as N grows (the seed's Sec. 4.2), where SSMax changes the ranking.
@@ -31,7 +35,7 @@ seed's BlockSearch-SSMax, here on the frozen model; chunk blocks are untouched).
 Two query modes:
 - "faithful": the query block attends to the prefix and all chunks' KV at every layer up to L,
   as in the seed, so its query vector at L depends on the scope. Cost: every chunk's K and V of
-  layers 0..L must be held (qrranker's in-memory BlockKVCache; SmolLM2 at L=17 in bf16: 18 layers
+  layers 0..L must be held (blocksparse's in-memory BlockStateCache; SmolLM2 at L=17 in bf16: 18 layers
   x 768 B = 13.8 KB per token, ~190 MB for the 14K-token sample story, ~1.9 GB for a 134K-token novel,
   ~190 GB for 10^5 chunks), re-encoded when evicted, and each question runs a query pass that
   attends over all of it (linear in scope tokens, per layer). A scope over `group_tokens` goes in
@@ -49,18 +53,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import re
-import tempfile
-import time
-from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from evsel.errors import ModelError
-from evsel.models import qrranker as qr
+from evsel.models.blocksparse import (
+    BlockStateCache,
+    BlockStates,
+    Context,
+    Prompt,
+    PromptConfig,
+    encode_blocks,
+    encode_blocks_cached,
+    encode_prefix,
+    suffix_states,
+)
+from evsel.models.caches import NAME, ArrayCache, LRUCache
 
 METHOD = "blocksearch"
 KEYS_FORMAT = 1  # bump when what a cached key file holds changes
@@ -70,13 +80,12 @@ SSMAX_LAYERS = ("readout", "all")
 STORAGE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 SLICE_TOKENS = 1 << 13  # keys scored at a time (whole chunks): one reused float32 copy and (H, slice) logits
 ENCODE_TOKENS = 8192  # block tokens encoded between two cache writes (bounds the KV held)
-STALE_TEMP_S = 3600  # a temp file older than this is a killed writer's, and is swept
 
 
-def default_prompt() -> qr.PromptConfig:
+def default_prompt() -> PromptConfig:
     """The pieces of BlockSearch's prompt; the query pieces follow the seed's query block
     (instruction, then the query, then the answer slot: here the assistant header)."""
-    return qr.PromptConfig(instruction="Here are some documents:",
+    return PromptConfig(instruction="Here are some documents:",
                            closing="Which document above answers the following query?",
                            query_label="Query:", separator="\n\n", max_chunk_tokens=384, max_query_tokens=96)
 
@@ -102,7 +111,7 @@ class BlockSearchConfig:
     query_offset: int | None = None  # query block position - prefix length (None: longest block)
     batch_tokens: int = 4096  # block tokens per encoder batch
     group_tokens: int = 16384  # faithful mode: block tokens one query pass reads (~220 MB of KV for SmolLM2)
-    prompt: qr.PromptConfig = field(default_factory=default_prompt)
+    prompt: PromptConfig = field(default_factory=default_prompt)
 
     def __post_init__(self) -> None:
         checks = [("variant", self.variant, VARIANTS), ("query_mode", self.query_mode, QUERY_MODES),
@@ -159,165 +168,6 @@ def store_dir_of(store) -> Path | None:
     return None
 
 
-def _private_dirs(folder: Path, top: Path) -> None:
-    """mkdir -p `folder`, every level made from `top` down exactly 0700 (whatever the umask)."""
-    top.parent.mkdir(parents=True, exist_ok=True)
-    chain = []
-    at = folder
-    while at != top.parent and not at.is_dir():
-        chain.append(at)
-        at = at.parent
-    for level in reversed(chain):
-        try:
-            level.mkdir(mode=0o700)
-        except FileExistsError:
-            continue
-        os.chmod(level, 0o700)
-
-
-_HASH = re.compile(r"[0-9A-Za-z_-]{1,128}")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-class KeyCache:
-    """Routing keys per chunk content hash, (kv_heads, L_i, head_dim) arrays: one .npy file each
-    in `folder` (files 0600, folders 0700), or with `folder` None in memory (least recently used
-    out past `max_bytes`). A file is written to a temp sibling, fsynced and renamed, so a killed
-    writer never leaves a file that reads as valid; a file that does not load whole with the
-    expected shape and type is deleted and reported missing (the caller re-encodes it)."""
-
-    def __init__(self, folder: str | Path | None = None, top: str | Path | None = None, max_bytes: int = 1 << 30):
-        """`top`: the highest folder the cache may create (default: `folder` itself)."""
-        self.folder = Path(folder) if folder is not None else None
-        self.top = Path(top) if top is not None else self.folder
-        self.max_bytes = max_bytes
-        self.reads = self.writes = self.rejected = 0
-        self._memory: OrderedDict = OrderedDict()
-        self._bytes = 0
-
-    @property
-    def on_disk(self) -> bool:
-        return self.folder is not None
-
-    def path(self, content_hash: str) -> Path:
-        if not _HASH.fullmatch(content_hash or ""):
-            raise ModelError(f"{content_hash!r} is not a content hash")
-        return self.folder / f"{content_hash}.npy"
-
-    def get(self, content_hash: str, shape: tuple | None = None, dtype=None) -> np.ndarray | None:
-        """The stored keys, or None when absent or not valid (then deleted)."""
-        if self.folder is None:
-            item = self._memory.get(content_hash)
-            if item is not None:
-                self._memory.move_to_end(content_hash)
-                self.reads += 1
-            return None if item is None or not _fits(item, shape, dtype) else item
-        path = self.path(content_hash)
-        try:
-            with open(path, "rb") as handle:
-                array = np.load(handle, allow_pickle=False)
-                whole = handle.read(1) == b""
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, EOFError):  # truncated or damaged: np.load checks header and size
-            array, whole = None, False
-        if array is None or not whole or not _fits(array, shape, dtype):
-            self.rejected += 1
-            try:
-                path.unlink()
-            except OSError:
-                pass
-            return None
-        self.reads += 1
-        return array
-
-    def put_many(self, arrays: dict) -> None:
-        """Store {content_hash: array}; on disk each atomically, the folder synced once."""
-        if self.folder is None:
-            for h, array in arrays.items():
-                if h in self._memory:
-                    continue
-                self._memory[h] = array
-                self._bytes += array.nbytes
-                self.writes += 1
-            while self._bytes > self.max_bytes and self._memory:
-                _, old = self._memory.popitem(last=False)
-                self._bytes -= old.nbytes
-            return
-        _private_dirs(self.folder, self.top)
-        for h, array in arrays.items():
-            self._write(self.path(h), np.ascontiguousarray(array))
-            self.writes += 1
-        _fsync_dir(self.folder)
-
-    def put(self, content_hash: str, array: np.ndarray) -> None:
-        self.put_many({content_hash: array})
-
-    def _write(self, path: Path, array: np.ndarray) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                np.lib.format.write_array(handle, array, allow_pickle=False)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-
-    def delete(self, hashes) -> int:
-        """Drop the keys of these content hashes; returns how many were there."""
-        gone = 0
-        for h in hashes:
-            if self.folder is None:
-                old = self._memory.pop(h, None)
-                if old is not None:
-                    self._bytes -= old.nbytes
-                    gone += 1
-                continue
-            try:
-                self.path(h).unlink()
-                gone += 1
-            except FileNotFoundError:
-                pass
-        return gone
-
-    def __len__(self) -> int:
-        if self.folder is None:
-            return len(self._memory)
-        return sum(1 for _ in self.folder.glob("*.npy")) if self.folder.is_dir() else 0
-
-    @property
-    def bytes(self) -> int:
-        if self.folder is None:
-            return self._bytes
-        return sum(p.stat().st_size for p in self.folder.glob("*.npy")) if self.folder.is_dir() else 0
-
-
-def _fits(array: np.ndarray, shape: tuple | None, dtype) -> bool:
-    if array.ndim != 3:
-        return False
-    if shape is not None and tuple(array.shape) != tuple(shape):
-        return False
-    return dtype is None or array.dtype == np.dtype(dtype)
-
-
 def _cache_folders(store_dir: str | Path) -> list[Path]:
     root = cache_root(store_dir)
     if not root.is_dir():
@@ -328,35 +178,8 @@ def _cache_folders(store_dir: str | Path) -> list[Path]:
 def delete_cached_keys(store_dir: str | Path, hashes) -> int:
     """Delete the key files of these content hashes under every model and config of a store (the
     store's delete path calls it with the hashes no chunk holds any more). Returns files deleted."""
-    hashes = [h for h in hashes if _HASH.fullmatch(h or "")]
-    gone = 0
-    for folder in _cache_folders(store_dir):
-        for h in hashes:
-            try:
-                (folder / f"{h}.npy").unlink()
-                gone += 1
-            except FileNotFoundError:
-                pass
-    return gone
-
-
-def delete_orphans(store_dir: str | Path, keep_hashes, now: float | None = None) -> int:
-    """Delete every key file whose content hash is not in `keep_hashes` (the store's chunks), and
-    temp files a killed writer left over an hour ago. Returns files deleted."""
-    keep = set(keep_hashes)
-    now = time.time() if now is None else now
-    gone = 0
-    for folder in _cache_folders(store_dir):
-        for path in folder.iterdir():
-            try:
-                orphan = path.suffix == ".npy" and path.stem not in keep
-                stale = path.name.endswith(".tmp") and now - path.lstat().st_mtime > STALE_TEMP_S
-                if orphan or stale:
-                    path.unlink()
-                    gone += 1
-            except OSError:
-                pass
-    return gone
+    hashes = [h for h in hashes if NAME.fullmatch(h or "")]
+    return sum(ArrayCache(folder).delete(hashes) for folder in _cache_folders(store_dir))
 
 
 def bytes_per_token(model_config, dtype: str = "fp16") -> int:
@@ -583,9 +406,9 @@ class BlockSearch:
     routing layer (keys cached per chunk), runs the query block, scores the scope."""
 
     def __init__(self, backbone, config: BlockSearchConfig | None = None, store_dir: str | Path | None = None,
-                 memory: dict | None = None, kv_cache: qr.BlockKVCache | None = None):
+                 memory: dict | None = None, kv_cache: BlockStateCache | None = None):
         """`store_dir`: key files go under <store_dir>/blocksearch/ (None: in memory; `memory`, a
-        dict shared between routers, keeps one KeyCache per config digest). `kv_cache`: the full
+        dict shared between routers, keeps one in-memory ArrayCache per config digest). `kv_cache`: the full
         per-block KV the faithful mode reads (None: a private one)."""
         self.backbone = backbone
         self.model = backbone.model
@@ -597,7 +420,7 @@ class BlockSearch:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scaling = float(self.model.model.layers[self.layer].self_attn.scaling)
-        self.prompt = qr.Prompt(backbone.tokenizer, self.config.prompt)
+        self.prompt = Prompt(backbone.tokenizer, self.config.prompt)
         self.prefix_ids = self.prompt.prefix()
         self.separator = self.prompt.ids(self.config.prompt.separator)
         offset = self.config.query_offset
@@ -607,17 +430,17 @@ class BlockSearch:
         self.digest = key_digest(self.layer, self.config.dtype, self.model_dtype, self.prefix_ids, self.separator,
                                  self.config.prompt.max_chunk_tokens)
         if store_dir is not None:
-            self.keys = KeyCache(cache_folder(store_dir, backbone.fingerprint, self.digest), top=cache_root(store_dir))
+            self.keys = ArrayCache(cache_folder(store_dir, backbone.fingerprint, self.digest), top=cache_root(store_dir))
         elif memory is not None:
-            self.keys = memory.setdefault(self.digest, KeyCache(None))
+            self.keys = memory.setdefault(self.digest, ArrayCache(None))
         else:
-            self.keys = KeyCache(None)
-        self.kv_cache = kv_cache if kv_cache is not None else qr.BlockKVCache()
+            self.keys = ArrayCache(None)
+        self.kv_cache = kv_cache if kv_cache is not None else BlockStateCache()
         self.model_key = f"{backbone.fingerprint}:{self.model_dtype}"
         self.pad_id = backbone.tokenizer.pad_token_id or 0
         self.encoded = 0  # blocks this router encoded (tests, reports)
         self._prefix_kv = None
-        self._queries: OrderedDict = OrderedDict()  # prefix mode: question -> (q, own keys)
+        self.prefix_queries = LRUCache(max_items=256)  # prefix mode: question -> (q, own keys)
         self._rope_checked = False
 
     # pieces
@@ -648,23 +471,23 @@ class BlockSearch:
     @property
     def prefix_kv(self) -> list[tuple]:
         if self._prefix_kv is None:
-            self._prefix_kv = qr.encode_prefix(self.model, self.prefix_ids, self.depth)
+            self._prefix_kv = encode_prefix(self.model, self.prefix_ids, self.depth)
         return self._prefix_kv
 
     # encoding
     def encode_keys(self, blocks: list[list[int]]) -> list:
         """Post-RoPE keys (kv, L_i, d) at the routing layer of blocks encoded block-sparse after the
-        prefix, through layer L only (qrranker's encoder), as torch tensors of the model's type."""
-        states = qr.encode_blocks(self.model, self.prefix_kv, blocks, self.config.batch_tokens, self.pad_id)
+        prefix, through layer L only (blocksparse's encoder), as torch tensors of the model's type."""
+        states = encode_blocks(self.model, self.prefix_kv, blocks, self.config.batch_tokens, self.pad_id)
         self.encoded += len(blocks)
         return [b[self.layer][0] for b in states.blocks]
 
-    def _full_states(self, blocks: list[list[int]]) -> qr.BlockStates:
+    def _full_states(self, blocks: list[list[int]]) -> BlockStates:
         """Every layer's KV up to L of `blocks` (faithful mode), through the in-memory KV cache."""
         cache = self.kv_cache
         prefix_cached = cache.get(cache.key("prefix", self.model_key, self.depth, self.prefix_ids)) is not None
         before = cache.misses
-        states = qr.encode_blocks_cached(self.model, self.prefix_ids, blocks, self.depth, cache,
+        states = encode_blocks_cached(self.model, self.prefix_ids, blocks, self.depth, cache,
                                          self.config.batch_tokens, self.pad_id, self.model_key)
         self.encoded += cache.misses - before - (0 if prefix_cached else 1)
         return states
@@ -711,7 +534,7 @@ class BlockSearch:
         return array
 
     # the query block
-    def _query_pass(self, question: str, context: qr.Context, factor: float = 1.0):
+    def _query_pass(self, question: str, context: Context, factor: float = 1.0):
         """The query block over `context`: (q (H, d) float32 at its last position, its own keys
         (kv, S, d) at layer L), both post-RoPE."""
         import torch
@@ -719,7 +542,7 @@ class BlockSearch:
         suffix = self.suffix(question)
         layers = list(range(self.layer)) if factor != 1.0 else []
         with torch.inference_mode(), _scaled_attention(self.model, layers, factor):
-            [state] = qr.suffix_states(self.model, context, [(suffix, len(suffix) - 1)], [self.layer],
+            [state] = suffix_states(self.model, context, [(suffix, len(suffix) - 1)], [self.layer],
                                        check_rope=not self._rope_checked)
         self._rope_checked = True
         return state.queries[self.layer][:, -1].float().clone(), state.keys[self.layer].clone()
@@ -727,13 +550,10 @@ class BlockSearch:
     def prefix_query(self, question: str):
         """Prefix mode: the query block reads the prefix only, so its vectors depend on the
         question alone (kept for the last questions)."""
-        hit = self._queries.get(question)
+        hit = self.prefix_queries.get(question)
         if hit is None:
-            hit = self._query_pass(question, qr.Context(self.prefix_kv, [], self.query_position))
-            self._queries[question] = hit
-            while len(self._queries) > 256:
-                self._queries.popitem(last=False)
-        self._queries.move_to_end(question)
+            hit = self._query_pass(question, Context(self.prefix_kv, [], self.query_position))
+            self.prefix_queries.put(question, hit)
         return hit
 
     def groups(self, scope: Scope) -> list[list[int]]:

@@ -78,7 +78,7 @@ class BlockSearchSelector(Selector):
     def router(self):
         """Built on first use (building the pipeline does not load the model)."""
         from evsel.models import blocksearch as bs
-        from evsel.models import qrranker as qr
+        from evsel.models.blocksparse import BlockStateCache
 
         if self._router is None:
             context = self.context
@@ -88,7 +88,7 @@ class BlockSearchSelector(Selector):
                 memory = context.resources.setdefault("blocksearch.keys", {})
                 kv_cache = context.resources.get("blocksearch.kv")
                 if kv_cache is None:
-                    kv_cache = context.resources["blocksearch.kv"] = qr.BlockKVCache(1 << 30)
+                    kv_cache = context.resources["blocksearch.kv"] = BlockStateCache(1 << 30)
                 self._router = bs.BlockSearch(context.backbone, self.config, store_dir=store_dir,
                                               memory=None if store_dir else memory, kv_cache=kv_cache)
         return self._router
@@ -99,7 +99,7 @@ class BlockSearchSelector(Selector):
         the backbone; its coded blocks' KV is shared through the engine's resources."""
         from evsel.errors import ModelError
         from evsel.models import blockdecoder as bd
-        from evsel.models import qrranker as qr
+        from evsel.models.lora import ADAPTER_FILE
 
         if self._decoder is None and self.decode:  # the untouched backbone decodes
             self._decoder = bd.Decoder(self.context.backbone, None, kv_cache=self._decoder_kv())
@@ -108,7 +108,7 @@ class BlockSearchSelector(Selector):
             backbone = context.backbone
             setting = getattr(context.settings, "blocksearch_decoder", None)
             folder = Path(setting) if setting else bd.shipped_adapter_dir(backbone.fingerprint)
-            if not (folder / qr.ADAPTER_FILE).is_file():
+            if not (folder / ADAPTER_FILE).is_file():
                 raise ModelError(f"no trained BlockSearch decoder in {folder}",
                                  "train one with: evsel train blocksearch --out DIR, then set "
                                  "EVSEL_BLOCKSEARCH_DECODER=DIR (or use the untrained --select blocksearch)")
@@ -119,13 +119,13 @@ class BlockSearchSelector(Selector):
     def _decoder_kv(self):
         """The coded blocks' KV cache, shared by the engine's decoders (the frozen backbone's KV:
         the same whichever adapter reads it)."""
-        from evsel.models import qrranker as qr
+        from evsel.models.blocksparse import BlockStateCache
 
         context = self.context
         with context.resources_lock:
             kv_cache = context.resources.get("blocksearch.decoder.kv")
             if kv_cache is None:
-                kv_cache = context.resources["blocksearch.decoder.kv"] = qr.BlockKVCache(1 << 30)
+                kv_cache = context.resources["blocksearch.decoder.kv"] = BlockStateCache(1 << 30)
         return kv_cache
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:

@@ -49,9 +49,9 @@ class MiniLM:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoModel, AutoTokenizer
 
-        from evsel.models.backbone import _quiet_transformers, fingerprint
+        from evsel.models.backbone import fingerprint, quiet_transformers
 
-        _quiet_transformers()  # no weight-loading bars on stderr
+        quiet_transformers()  # no weight-loading bars on stderr
 
         path = model_dir()
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

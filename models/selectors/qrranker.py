@@ -61,13 +61,14 @@ class QRRankerSelector(Selector):
         """Built on first use, so that building the pipeline does not load the model (ask reports
         loading apart)."""
         from evsel.models import qrranker as qr
+        from evsel.models.blocksparse import BlockStateCache
 
         if self._scorer is None:
             context = self.context
             with context.resources_lock:  # one block-KV cache per engine (the daemon's lives with it)
                 kv_cache = context.resources.get("qrranker.kv")
                 if kv_cache is None:
-                    kv_cache = context.resources["qrranker.kv"] = qr.BlockKVCache()
+                    kv_cache = context.resources["qrranker.kv"] = BlockStateCache()
             self._scorer = qr.QRScorer(context.backbone, self.heads, self.config, kv_cache=kv_cache,
                                       adapter=self.adapter)
         return self._scorer

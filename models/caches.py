@@ -1,0 +1,223 @@
+"""The models' caches: `LRUCache`, values in memory, least recently used first out, bounded by size
+or count; `ArrayCache`, arrays by name in a folder (one .npy file each, written atomically), or in
+an `LRUCache` where there is no folder."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+from evsel.errors import ModelError
+
+NAME = re.compile(r"[0-9A-Za-z_-]{1,128}")  # what may name a file of an ArrayCache (a content hash)
+
+
+class LRUCache:
+    """Values by key in memory, least recently used first out once their total size (`size_of`
+    of each, with `max_bytes`) or their count (`max_items`) is over its bound; a value larger
+    than `max_bytes` is not kept. Safe to share between threads."""
+
+    def __init__(self, max_bytes: int | None = None, max_items: int | None = None, size_of=None):
+        self.max_bytes = max_bytes
+        self.max_items = max_items
+        self.size_of = size_of or (lambda _value: 0)
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        """The value (now the most recently used), or None."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._items.move_to_end(key)
+            return item[0]
+
+    def put(self, key, value) -> None:
+        """Keep `value` under `key`; a key already there keeps its value."""
+        size = self.size_of(value)
+        with self._lock:
+            if key in self._items or (self.max_bytes is not None and size > self.max_bytes):
+                return
+            self._items[key] = (value, size)
+            self.bytes += size
+            while ((self.max_bytes is not None and self.bytes > self.max_bytes)
+                   or (self.max_items is not None and len(self._items) > self.max_items)):
+                _, (_, old) = self._items.popitem(last=False)
+                self.bytes -= old
+
+    def pop(self, key):
+        """Drop `key`; returns its value, or None when it was not there."""
+        with self._lock:
+            item = self._items.pop(key, None)
+            if item is None:
+                return None
+            self.bytes -= item[1]
+            return item[0]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.bytes = 0
+
+    def __contains__(self, key) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def private_dirs(folder: Path, top: Path) -> None:
+    """mkdir -p `folder`, every level made from `top` down exactly 0700 (whatever the umask)."""
+    top.parent.mkdir(parents=True, exist_ok=True)
+    chain = []
+    at = folder
+    while at != top.parent and not at.is_dir():
+        chain.append(at)
+        at = at.parent
+    for level in reversed(chain):
+        try:
+            level.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(level, 0o700)
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class ArrayCache:
+    """Arrays of `ndim` dimensions by name (a content hash): one .npy file each in `folder` (files
+    0600, folders 0700), or with `folder` None in memory (least recently used out past
+    `max_bytes`). A file is written to a temp sibling, fsynced and renamed, so a killed writer never
+    leaves a file that reads as valid; a file that does not load whole with the expected shape and
+    type is deleted and reported missing (the caller computes it again)."""
+
+    def __init__(self, folder: str | Path | None = None, top: str | Path | None = None, max_bytes: int = 1 << 30,
+                 ndim: int = 3):
+        """`top`: the highest folder the cache may create (default: `folder` itself)."""
+        self.folder = Path(folder) if folder is not None else None
+        self.top = Path(top) if top is not None else self.folder
+        self.ndim = ndim
+        self.reads = self.writes = self.rejected = 0
+        self.memory = LRUCache(max_bytes, size_of=lambda array: array.nbytes)
+
+    @property
+    def on_disk(self) -> bool:
+        return self.folder is not None
+
+    def path(self, name: str) -> Path:
+        if not NAME.fullmatch(name or ""):
+            raise ModelError(f"{name!r} is not a content hash")
+        return self.folder / f"{name}.npy"
+
+    def get(self, name: str, shape: tuple | None = None, dtype=None) -> np.ndarray | None:
+        """The stored array, or None when absent or not valid (then deleted)."""
+        if self.folder is None:
+            item = self.memory.get(name)
+            if item is not None:
+                self.reads += 1
+            return None if item is None or not self.fits(item, shape, dtype) else item
+        path = self.path(name)
+        try:
+            with open(path, "rb") as handle:
+                array = np.load(handle, allow_pickle=False)
+                whole = handle.read(1) == b""
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, EOFError):  # truncated or damaged: np.load checks header and size
+            array, whole = None, False
+        if array is None or not whole or not self.fits(array, shape, dtype):
+            self.rejected += 1
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+        self.reads += 1
+        return array
+
+    def fits(self, array: np.ndarray, shape: tuple | None, dtype) -> bool:
+        if array.ndim != self.ndim:
+            return False
+        if shape is not None and tuple(array.shape) != tuple(shape):
+            return False
+        return dtype is None or array.dtype == np.dtype(dtype)
+
+    def put_many(self, arrays: dict) -> None:
+        """Store {name: array}; on disk each atomically, the folder synced once."""
+        if self.folder is None:
+            for name, array in arrays.items():
+                if name not in self.memory:
+                    self.memory.put(name, array)
+                    self.writes += 1
+            return
+        private_dirs(self.folder, self.top)
+        for name, array in arrays.items():
+            self._write(self.path(name), np.ascontiguousarray(array))
+            self.writes += 1
+        fsync_dir(self.folder)
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        self.put_many({name: array})
+
+    def _write(self, path: Path, array: np.ndarray) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                np.lib.format.write_array(handle, array, allow_pickle=False)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def delete(self, names) -> int:
+        """Drop the arrays of these names; returns how many were there."""
+        gone = 0
+        for name in names:
+            if self.folder is None:
+                gone += self.memory.pop(name) is not None
+                continue
+            try:
+                self.path(name).unlink()
+                gone += 1
+            except FileNotFoundError:
+                pass
+        return gone
+
+    def __len__(self) -> int:
+        if self.folder is None:
+            return len(self.memory)
+        return sum(1 for _ in self.folder.glob("*.npy")) if self.folder.is_dir() else 0
+
+    @property
+    def bytes(self) -> int:
+        if self.folder is None:
+            return self.memory.bytes
+        return sum(p.stat().st_size for p in self.folder.glob("*.npy")) if self.folder.is_dir() else 0
