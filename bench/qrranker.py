@@ -127,7 +127,7 @@ def main(argv=None) -> int:
             s.scores(q, candidates[q], memory)
             times[name]["cold"].append(time.perf_counter() - t)
             if encoding == "block":  # the candidates' KV cached by an earlier question
-                s._contexts.clear()  # ... the context is assembled again from the cached blocks
+                s.encoded_contexts.clear()  # ... the context is assembled again from the cached blocks
                 t = time.perf_counter()
                 s.scores(questions[0], candidates[q], memory)
                 times[name]["warm_kv"].append(time.perf_counter() - t)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,9 +24,7 @@ from pathlib import Path
 import numpy as np
 from evsel.errors import InputError
 
-
-def _ignore(_event: dict) -> None:
-    pass
+from .common import AdapterTrainer, config_of, ignore_event, pick_recipe, question_groups
 
 
 @dataclass
@@ -67,42 +63,26 @@ FULL = {"stories": 64, "dev_stories": 8, "questions_per_story": 6, "dev_question
 
 
 def train_recipe(name: str) -> dict:
-    from .qrranker import pick_recipe
-
     return pick_recipe(name, SMOKE, FULL)
 
 
-def training_groups(config: TrainConfig, backbone, data_dir: Path | None, on_event=_ignore):
-    """(train groups, dev groups, description), as `evsel train qrranker` draws them (its
-    listwise_data, every chunk of a story a candidate, so a question's candidates are its story's
-    chunks in BM25 order)."""
-    from . import qrranker as qr_recipe
-
-    qr_config = qr_recipe.TrainConfig(sources=config.sources, stories=config.stories, dev_stories=config.dev_stories,
-                                      questions_per_story=config.questions_per_story,
-                                      dev_questions_per_story=config.dev_questions_per_story, candidates=100_000,
-                                      chunk_tokens=config.chunk_tokens, seed=config.seed)
-    return qr_recipe.listwise_data(qr_config, backbone, data_dir, frozenset(), on_event)
+def training_groups(config: TrainConfig, backbone, data_dir: Path | None, on_event=ignore_event):
+    """(train groups, dev groups, description), as `evsel train qrranker` draws them, every chunk
+    of a story a candidate, so a question's candidates are its story's chunks in BM25 order."""
+    return question_groups(config, backbone, data_dir, frozenset(), on_event, candidates=100_000)
 
 
-class DecoderTrainer:
-    """One run over groups ({"texts", "questions": [{"id", "question", "candidates", "units", ...}]}).
-    Steps follow a schedule fixed by the seed, so a resumed run replays the same contexts, codes
-    and batches from its checkpoint's step on."""
+class DecoderTrainer(AdapterTrainer):
+    """One run over groups ({"texts", "questions": [{"id", "question", "candidates", "units", ...}]})
+    in recipes/common.py's loop. Steps follow a schedule fixed by the seed, so a resumed run
+    replays the same contexts, codes and batches from its checkpoint's step on."""
 
-    def __init__(self, config: TrainConfig, backbone, command: str = "", on_event=_ignore,
-                 log: Callable[[str], None] = lambda line: None):
-        self.config = config
-        self.backbone = backbone
-        self.command = command
-        self.on_event = on_event
-        self.log = log
-        self.out = Path(config.out)
+    progress_label = "training the code decoder"
 
     def setup(self, train: list[dict], dev: list[dict], described: dict | None = None) -> None:
         import torch
         from evsel.models import blockdecoder as bd
-        from evsel.models import qrranker as qr
+        from evsel.models.blocksparse import BlockStateCache
 
         cfg = self.config
         if cfg.threads:
@@ -114,22 +94,11 @@ class DecoderTrainer:
         if not self.train:
             raise InputError("no training questions with a gold chunk", "use more --stories")
         model = self.backbone.model
-        resume = self.out / "checkpoint"
-        if (resume / qr.ADAPTER_FILE).is_file():
-            self.adapter = bd.load_decoder_adapter(resume, model)
-            for p in self.adapter.parameters():
-                p.requires_grad_(True)
-            state = json.loads((resume / "trainer.json").read_text())
-            self.step, self.best = state["step"], state.get("best")
+        if self.start_or_resume(lambda folder: bd.load_decoder_adapter(folder, model),
+                                lambda: bd.new_adapter(model, cfg.rank, cfg.alpha, cfg.seed)) is not None:
             self.log(f"resuming at step {self.step} of {cfg.steps}")
-        else:
-            self.adapter = bd.new_adapter(model, cfg.rank, cfg.alpha, cfg.seed)
-            self.step, self.best = 0, None
-        self.optimizer = torch.optim.AdamW(self.adapter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        if (resume / "optimizer.pt").is_file():
-            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location="cpu"))
         self.decoder = bd.Decoder(self.backbone, self.adapter)
-        self.dev_cache = qr.BlockKVCache(1 << 30)
+        self.dev_cache = BlockStateCache(1 << 30)
         self.schedule = self._schedule()
         self._context_key = None
         self._context = None
@@ -186,21 +155,12 @@ class DecoderTrainer:
         cfg = self.config
         return cfg.aux_weight * min(1.0, step / max(1, cfg.aux_warmup))
 
-    def lr_at(self, step: int) -> float:
-        from .qrranker import warmup_then_linear
-
-        return warmup_then_linear(step, self.config.lr, self.config.warmup, self.config.steps)
-
     def train_step(self) -> dict:
-        import torch
-
         cfg = self.config
         key, code_seed, items = self.schedule[self.step]
         ctx, offsets = self.context_for(key, code_seed)
         rng = random.Random(cfg.seed * 1_000_003 + self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(self.step)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.begin_step()
         aux_weight = self.aux_at(self.step)
         totals = {"loss": 0.0, "ce": 0.0, "aux": 0.0}
         for g, j in items:  # one graph per question
@@ -209,11 +169,9 @@ class DecoderTrainer:
             totals["loss"] += float(loss.detach()) / len(items)
             totals["ce"] += parts["ce"] / len(items)
             totals["aux"] += parts.get("aux", 0.0) / len(items)
-        norm = float(torch.nn.utils.clip_grad_norm_(self.adapter.parameters(), cfg.clip))
-        self.optimizer.step()
-        self.step += 1
+        norm = self.end_step()
         return {**{k: round(v, 5) for k, v in totals.items()}, "aux_weight": round(aux_weight, 3),
-                "grad_norm": round(norm, 4), "context_chunks": len(ctx.codes)}
+                "grad_norm": round(norm, 4), "context_chunks": len(ctx.codes), "lr": self.lr_at(self.step - 1)}
 
     def fixed_loss(self, step: int = 0) -> float:
         """The teacher-forced loss of schedule step `step`'s batch with its context (no update):
@@ -255,32 +213,6 @@ class DecoderTrainer:
 
         return {**mean(rows), "bm25": mean(bm25)}
 
-    def _better(self, dev: dict) -> bool:
-        if self.best is None:
-            return True
-        if not dev:
-            return False
-        return (dev["recall@1"], dev["mrr"]) > (self.best.get("recall@1", -1), self.best.get("mrr", -1))
-
-    def save_checkpoint(self) -> None:
-        import torch
-
-        folder = self.out / "checkpoint"
-        tmp = folder.with_name("checkpoint.tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        self.adapter.save(tmp, {"step": self.step})
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "trainer.json").write_text(json.dumps({"step": self.step, "best": self.best}) + "\n")
-        old = folder.with_name("checkpoint.old")
-        if old.exists():
-            shutil.rmtree(old)
-        if folder.exists():
-            folder.rename(old)
-        tmp.rename(folder)
-        if old.exists():
-            shutil.rmtree(old)
-
     def save_best(self, dev: dict) -> None:
         """OUT/adapter.safetensors + adapter.json + metrics.json: what EVSEL_BLOCKSEARCH_DECODER=OUT uses."""
         extra = {"backbone": self.backbone.name, "fingerprint": self.backbone.fingerprint, "step": self.step,
@@ -290,57 +222,10 @@ class DecoderTrainer:
                    "command": self.command}
         (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
 
-    def _write(self, handle, record: dict) -> None:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
-        flat = {k: v for k, v in record.items() if not isinstance(v, dict)}
-        self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in flat.items()))
-
-    def run(self) -> dict:
-        cfg = self.config
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
-        started = time.perf_counter()
-        last: dict = {}
-        with open(self.out / "log.jsonl", "a", encoding="utf-8") as log_file:
-            if self.step == 0:
-                last = self.dev_metrics() if self.dev else {}
-                self._write(log_file, {"step": 0, **{f"dev_{k}": v for k, v in last.items()}})
-                self.best = last or None
-                self.save_best(last)
-            while self.step < cfg.steps:
-                if cfg.minutes is not None and time.perf_counter() - started > cfg.minutes * 60:
-                    self.log(f"--minutes {cfg.minutes:g} reached at step {self.step}; rerun to continue")
-                    break
-                t = time.perf_counter()
-                self.on_event({"type": "progress", "task": "train", "label": "training the code decoder",
-                               "done": self.step, "total": cfg.steps})
-                record = {"step": self.step + 1, **self.train_step(), "lr": self.lr_at(self.step - 1),
-                          "step_s": round(time.perf_counter() - t, 2),
-                          "elapsed_s": round(time.perf_counter() - started, 1)}
-                final = self.step >= cfg.steps
-                if self.dev and ((cfg.dev_every and self.step % cfg.dev_every == 0) or final):
-                    last = self.dev_metrics()
-                    record.update({f"dev_{k}": v for k, v in last.items()})
-                    if self._better(last):
-                        self.best = last
-                        self.save_best(last)
-                self._write(log_file, record)
-                if self.step % cfg.checkpoint_every == 0 or final:
-                    self.save_checkpoint()
-            if self.step < cfg.steps:
-                self.save_checkpoint()
-        summary = {"steps": self.step, "total_steps": cfg.steps, "best_dev": self.best, "last_dev": last,
-                   "out": str(self.out), "seconds": round(time.perf_counter() - started, 1)}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        return summary
-
 
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
-                 data_dir: str | None = None, on_event: Callable[[dict], None] = _ignore) -> dict:
+                 data_dir: str | None = None, on_event: Callable[[dict], None] = ignore_event) -> dict:
     """`evsel train blocksearch`: the recipe's settings with the given options over them."""
-    from .qrranker import config_of
-
     config = config_of(TrainConfig, out, train_recipe(recipe_name), options)
 
     def log(line: str) -> None:

@@ -25,13 +25,7 @@ from pathlib import Path
 import numpy as np
 from evsel.errors import InputError
 
-from .unreal import FORBIDDEN, SOURCES
-
-DETECT_SOURCES = SOURCES
-
-
-def _ignore(_event: dict) -> None:
-    pass
+from .common import AdapterTrainer, check_sources, config_of, ignore_event, pick_recipe, question_groups
 
 
 @dataclass
@@ -49,16 +43,7 @@ class DetectConfig:
     seed: int = 0
 
 
-def check_sources(sources: list[str]) -> None:
-    for source in sources:
-        if source in FORBIDDEN:
-            raise InputError(f"refusing to detect heads on {source!r}: {FORBIDDEN[source]}",
-                             f"use one of: {', '.join(DETECT_SOURCES)}")
-        if source not in DETECT_SOURCES:
-            raise InputError(f"unknown seed-set source {source!r}", f"use one of: {', '.join(DETECT_SOURCES)}")
-
-
-def seed_set(config: DetectConfig, backbone, data_dir: Path | None, on_event=_ignore) -> tuple[list[dict], dict]:
+def seed_set(config: DetectConfig, backbone, data_dir: Path | None, on_event=ignore_event) -> tuple[list[dict], dict]:
     """The seed questions: [{"id", "question", "texts": candidate texts in document order, "gold":
     indices into texts}], and a description of how they were drawn."""
     from evsel.evaluation.datasets import load_dataset
@@ -116,7 +101,7 @@ def seed_set(config: DetectConfig, backbone, data_dir: Path | None, on_event=_ig
     return items, described
 
 
-def detect(config: DetectConfig, backbone, data_dir: Path | None = None, on_event: Callable[[dict], None] = _ignore,
+def detect(config: DetectConfig, backbone, data_dir: Path | None = None, on_event: Callable[[dict], None] = ignore_event,
            items: list[dict] | None = None) -> dict:
     """Every head's QR score on the seed set, per encoding; the result (heads.json's content).
     `items` replaces the seed set drawn from `config.sources` (tests)."""
@@ -180,7 +165,7 @@ def detect(config: DetectConfig, backbone, data_dir: Path | None = None, on_even
 
 
 def run_detection(engine, out: str, options: dict, command: str | None = None, data_dir: str | None = None,
-                  on_event: Callable[[dict], None] = _ignore) -> dict:
+                  on_event: Callable[[dict], None] = ignore_event) -> dict:
     """`evsel train qrranker --detect-heads`: write OUT/heads.json; returns a summary."""
     known = set(DetectConfig.__dataclass_fields__)
     unknown = sorted(set(options) - known)
@@ -239,34 +224,8 @@ FULL = {"stories": 24, "dev_stories": 8, "questions_per_story": 6, "dev_question
         "steps": 100, "batch": 4, "dev_every": 20, "checkpoint_every": 10, "warmup": 10, "lr": 1e-3}
 
 
-def pick_recipe(name: str, smoke: dict, full: dict) -> dict:
-    """A copy of the smoke or the full recipe's settings (shared by the training recipes)."""
-    if name not in ("smoke", "full"):
-        raise InputError(f"unknown recipe {name!r}", "use smoke or full")
-    return dict(smoke if name == "smoke" else full)
-
-
 def train_recipe(name: str) -> dict:
     return pick_recipe(name, SMOKE, FULL)
-
-
-def config_of(config_class, out: str, settings: dict, options: dict):
-    """`config_class` (a training config dataclass) from a recipe's settings with the options that
-    were given (not None) over them; an option the config lacks is an error."""
-    unknown = sorted(set(options) - set(config_class.__dataclass_fields__))
-    if unknown:
-        raise InputError(f"unknown training options {', '.join(unknown)}")
-    settings = {**settings, **{k: v for k, v in options.items() if v is not None}}
-    return config_class(out=str(Path(out)), **{k: v for k, v in settings.items() if k != "out"})
-
-
-def warmup_then_linear(step: int, lr: float, warmup: int, total: int) -> float:
-    """The learning rate at `step`: linear warmup over min(warmup, total / 10) steps, then linear
-    decay to 0 at `total`."""
-    warmup = min(warmup, max(1, total // 10))
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    return lr * max(0.0, (total - step) / max(1, total - warmup))
 
 
 def _detection_stories(heads_data: dict | None) -> set[str]:
@@ -275,109 +234,23 @@ def _detection_stories(heads_data: dict | None) -> set[str]:
     return {i.split("/", 1)[1] for i in ids if i.startswith("fairytaleqa-train/")}
 
 
-def listwise_data(config: TrainConfig, backbone, data_dir: Path | None, avoid_qids: set[str] = frozenset(),
-                  on_event=_ignore) -> tuple[list[dict], list[dict], dict]:
-    """(train groups, dev groups, description). A group is one document's questions over its
-    chunks: {"id", "texts": the document's chunk texts, "questions": [{"id", "question",
-    "candidates": BM25 top-K (indices into texts, BM25 order), "rest": the BM25 rest, "units":
-    gold units (sets of indices), "gold": positions in candidates}]}. Dev: held-out FairytaleQA
-    train stories (never val), not among the head detection's seed stories. Training questions
-    need a gold chunk among their candidates; dev questions are kept either way (recall as eval
-    counts it: reranked top-K, then BM25's rest)."""
-    from evsel.evaluation.datasets import load_dataset
-    from evsel.evaluation.runner import build_corpus, gold_units
-    from evsel.models.selectors import SelectorContext, get_selector
-
-    check_sources(config.sources)
-    rng = random.Random(config.seed)
-    bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
-
-    def groups_of(dataset, keys: list[str], per_doc: int, need_gold: bool, source: str, stats: dict) -> list[dict]:
-        by_doc: dict[str, list] = {}
-        for q in dataset.questions:
-            if q.docs and q.gold:
-                by_doc.setdefault(q.docs[0], []).append(q)
-        corpus = build_corpus(dataset, keys, backbone, config.chunk_tokens, on_event)
-        out = []
-        single = len(keys) == 1  # MuSiQue / HotpotQA: one corpus document, a group per question
-        for key in keys:
-            chunks = corpus.chunks[key]
-            index = {c.id: i for i, c in enumerate(chunks)}
-            pool = list(by_doc.get(key, []))
-            rng.shuffle(pool)
-            questions = []
-            for q in pool:
-                if len(questions) >= per_doc:
-                    break
-                units = gold_units(q, corpus, {})
-                if not units:
-                    stats["gold_unresolved"] = stats.get("gold_unresolved", 0) + 1
-                    continue
-                ranked = [index[s.chunk.id] for s in bm25.rank(q.question, chunks, len(chunks))]
-                cands = ranked[: config.candidates]
-                units = [sorted(index[c] for c in u) for u in units]
-                gold = [i for i, c in enumerate(cands) if any(c in u for u in units)]
-                if need_gold and (not gold or len(gold) == len(cands)):
-                    stats["gold_not_in_candidates"] = stats.get("gold_not_in_candidates", 0) + 1
-                    continue
-                questions.append({"id": f"{source}/{q.qid}", "question": q.question, "candidates": cands,
-                                  "rest": ranked[config.candidates:], "units": units, "gold": gold})
-            if single:
-                for item in questions:
-                    used = sorted(set(item["candidates"]))
-                    remap = {c: i for i, c in enumerate(used)}
-                    out.append({"id": item["id"], "texts": [chunks[c].text for c in used], "questions": [{
-                        **item, "candidates": [remap[c] for c in item["candidates"]], "rest": [],
-                        "units": [[remap[c] for c in u if c in remap] for u in item["units"]]}]})
-            elif questions:
-                out.append({"id": f"{source}/{key}", "texts": [c.text for c in chunks], "questions": questions})
-        return out
-
-    ftqa = load_dataset("fairytaleqa", data_dir=data_dir, split="train")
-    stories = sorted(ftqa.loaders)
-    rng.shuffle(stories)
-    avoid = {q.docs[0] for q in ftqa.questions if q.qid in avoid_qids and q.docs}
-    dev_keys = [k for k in stories if k not in avoid][: config.dev_stories]
-    train_keys = [k for k in stories if k not in dev_keys]
-    described: dict = {}
-    stats: dict = {}
-    dev = groups_of(ftqa, dev_keys, config.dev_questions_per_story, False, "fairytaleqa-train", stats)
-    described["dev"] = {"source": "fairytaleqa-train (held-out stories)", "stories": dev_keys,
-                        "questions": sum(len(g["questions"]) for g in dev), **stats}
-    train: list[dict] = []
-    for source in config.sources:
-        stats = {}
-        if source == "fairytaleqa-train":
-            dataset, keys = ftqa, train_keys[: config.stories]
-        else:
-            dataset = load_dataset(source, data_dir=data_dir)
-            keys = sorted(dataset.loaders)
-        per_doc = config.questions_per_story if len(keys) > 1 else config.stories * config.questions_per_story
-        got = groups_of(dataset, keys, per_doc, True, source, stats)
-        train += got
-        described[source] = {"documents": len(keys), "questions": sum(len(g["questions"]) for g in got), **stats}
-    return train, dev, described
-
-
-class ListwiseTrainer:
+class ListwiseTrainer(AdapterTrainer):
     """One run: features of every instance once (the frozen backbone, no gradients; block
     encoding, so a story's chunks are encoded once for all its questions), then AdamW steps on the
-    adapter alone. Resumes from OUT/checkpoint."""
+    adapter alone (recipes/common.py's loop). Resumes from OUT/checkpoint."""
 
-    def __init__(self, config: TrainConfig, backbone, command: str = "", on_event=_ignore,
-                 log: Callable[[str], None] = lambda line: None):
-        self.config = config
-        self.backbone = backbone
-        self.command = command
-        self.on_event = on_event
-        self.log = log
-        self.out = Path(config.out)
+    log_nested = True
+
+    @property
+    def selection_key(self) -> str:
+        return f"recall@{self.config.k}"
 
     # setup
     def setup(self, train: list[dict], dev: list[dict], heads: list[tuple[int, int]], heads_data: dict | None,
               described: dict | None = None) -> None:
         import torch
         from evsel.models import qrranker as qr
+        from evsel.models.blocksparse import BlockStateCache
 
         cfg = self.config
         if cfg.encoding != "block":
@@ -392,29 +265,19 @@ class ListwiseTrainer:
             raise InputError("no training questions had a gold chunk among their candidates",
                              "use more --stories or a larger --candidates")
         model = self.backbone.model
-        layers = sorted({layer for layer, _ in self.heads})
-        resume = self.out / "checkpoint"
-        if (resume / qr.ADAPTER_FILE).is_file():
-            self.adapter = qr.load_adapter(resume, model)
-            for p in self.adapter.parameters():
-                p.requires_grad_(True)
-            state = json.loads((resume / "trainer.json").read_text())
-            self.step, self.best = state["step"], state.get("best")
-            self.total_steps = state["total_steps"] if state.get("asked_steps") == cfg.steps else cfg.steps
+        state = self.start_or_resume(lambda folder: qr.load_adapter(folder, model),
+                                     lambda: qr.new_adapter(model, self.heads, cfg.rank, cfg.alpha, cfg.encoding,
+                                                            cfg.seed))
+        if state is not None:
+            if state.get("asked_steps") == cfg.steps:
+                self.total_steps = state["total_steps"]
             if [list(h) for h in self.heads] != self.adapter.config.heads:
-                raise InputError(f"{resume} was trained with other heads", "use another --out or the same heads")
+                raise InputError(f"{self.out / 'checkpoint'} was trained with other heads",
+                                 "use another --out or the same heads")
             self.log(f"resuming at step {self.step} of {self.total_steps}")
-        else:
-            config = qr.AdapterConfig(layers=layers, rank=cfg.rank, alpha=cfg.alpha,
-                                      heads=[list(h) for h in self.heads], encoding=cfg.encoding)
-            self.adapter = qr.QRAdapter.for_model(model, config, cfg.seed)
-            self.step, self.best, self.total_steps = 0, None, cfg.steps
-        self.optimizer = torch.optim.AdamW(self.adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
-                                           weight_decay=cfg.weight_decay)
-        if (resume / "optimizer.pt").is_file():
-            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location="cpu"))
+        self.order = self._batch_order()
         self.scorer = qr.QRScorer(self.backbone, self.heads, qr.ScorerConfig(encoding="block"),
-                                  kv_cache=qr.BlockKVCache(max_bytes=2 << 30), adapter=self.adapter)
+                                  kv_cache=BlockStateCache(max_bytes=2 << 30), adapter=self.adapter)
         started = time.perf_counter()
         groups = list({id(g): g for g, _ in self.train + self.dev}.values())
         self.features: dict = {}
@@ -426,16 +289,28 @@ class ListwiseTrainer:
         self.log(f"features of {len(self.train)} training and {len(self.dev)} dev questions in "
                  f"{self.feature_seconds:.0f} s")
 
+    def _batch_order(self) -> list[int]:
+        """Training questions in seeded shuffled epochs, enough for every step's batch (the same
+        on a resumed run)."""
+        order_rng = random.Random(self.config.seed)
+        order: list[int] = []
+        while len(order) < self.total_steps * self.config.batch:
+            epoch = list(range(len(self.train)))
+            order_rng.shuffle(epoch)
+            order += epoch
+        return order
+
     def _group_features(self, group: dict) -> None:
         """One block encoding of the group's candidate chunks; per question its token index into
         it, its candidate spans, and its two suffix passes (question and null query)."""
         import torch
+        from evsel.models.blocksparse import read_states
 
         scorer = self.scorer
         used = sorted({c for q in group["questions"] for c in q["candidates"]})
         states, starts = scorer.block_states([group["texts"][c] for c in used])
         whole = states.context(spans=starts)
-        read = _read(whole, scorer.layers).detached()
+        read = read_states(whole, scorer.layers).detached()
         lengths, p = states.lengths(), states.prefix_len
         offset, at = {}, p
         for j, c in enumerate(used):
@@ -456,18 +331,19 @@ class ListwiseTrainer:
                 parts.append((members, torch.cat(index), spans, suffix))
             self.features[q["id"]] = (read, parts)
         scorer.kv_cache = type(scorer.kv_cache)(scorer.kv_cache.max_bytes)  # the next group shares nothing
-        scorer._contexts.clear()
+        scorer.encoded_contexts.clear()
 
     def scores(self, q: dict):
         """(K,) float32 scores of a question's candidates with the adapter (differentiable)."""
         import torch
         from evsel.models import qrranker as qr
+        from evsel.models.blocksparse import head_attention
 
         read, parts = self.features[q["id"]]
         out = [None] * len(q["candidates"])
         model = self.backbone.model
         for members, index, spans, suffix in parts:
-            real, null = qr.head_attention(model, read.select(index), suffix, self.scorer.layers, self.adapter)
+            real, null = head_attention(model, read.select(index), suffix, self.scorer.layers, self.adapter)
             values = qr.chunk_score_tensor(qr.calibrated(real, null), spans, self.heads)
             for i, v in zip(members, values):
                 out[i] = v
@@ -501,34 +377,30 @@ class ListwiseTrainer:
         keys = ("recall@1", f"recall@{self.config.k}", "recall@5", "mrr")
         return {key: round(float(np.mean([r[key] for r in rows])), 4) for key in keys} if rows else {}
 
-    def lr_at(self, step: int) -> float:
-        return warmup_then_linear(step, self.config.lr, self.config.warmup, self.total_steps)
+    # the loop's hooks
+    def train_step(self) -> dict:
+        cfg = self.config
+        batch = [self.train[i][1] for i in self.order[self.step * cfg.batch:(self.step + 1) * cfg.batch]]
+        self.begin_step()
+        total = 0.0
+        for q in batch:  # one graph per question: memory stays that of one instance
+            loss = self.loss(q) / len(batch)
+            loss.backward()
+            total += float(loss.detach())
+        norm = self.end_step()
+        return {"loss": round(total, 5), "lr": self.lr_at(self.step - 1), "grad_norm": round(norm, 4)}
 
-    def _better(self, dev: dict) -> bool:
-        key = f"recall@{self.config.k}"
-        if not dev:
-            return self.best is None
-        if self.best is None:
-            return True
-        return (dev[key], dev["mrr"]) > (self.best[key], self.best["mrr"])
+    def first_record(self, dev: dict) -> dict:
+        return {"step": 0, "bm25_dev": self.bm25_dev(), **{f"dev_{k}": v for k, v in dev.items()},
+                "features_s": round(self.feature_seconds, 1)}
 
-    # output
-    def save_checkpoint(self) -> None:
-        import shutil
+    def trainer_state(self) -> dict:
+        return {"step": self.step, "total_steps": self.total_steps, "asked_steps": self.config.steps,
+                "best": self.best}
 
-        import torch
-
-        folder = self.out / "checkpoint"
-        tmp = folder.with_name("checkpoint.tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        self.adapter.save(tmp, {"step": self.step})
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "trainer.json").write_text(json.dumps({"step": self.step, "total_steps": self.total_steps,
-                                                      "asked_steps": self.config.steps, "best": self.best}) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
+    def summary(self, last: dict) -> dict:
+        return {"steps": self.step, "total_steps": self.total_steps, "k": self.config.k, "best_dev": self.best,
+                "last_dev": last, "dev_bm25": self.bm25_dev(), "out": str(self.out)}
 
     def save_best(self, dev: dict) -> None:
         """OUT/adapter.safetensors, adapter.json, heads.json and metrics.json: what EVSEL_QRRANKER_HEADS=OUT uses."""
@@ -551,80 +423,9 @@ class ListwiseTrainer:
         if self.command:
             (self.out / "command.txt").write_text(self.command + "\n")
 
-    def _write(self, handle, record: dict) -> None:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
-        self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
-
-    def run(self) -> dict:
-        import torch
-
-        cfg = self.config
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
-        started = time.perf_counter()
-        order_rng = random.Random(cfg.seed)
-        order: list[int] = []
-        while len(order) < self.total_steps * cfg.batch:
-            epoch = list(range(len(self.train)))
-            order_rng.shuffle(epoch)
-            order += epoch
-        last: dict = {}
-        with open(self.out / "log.jsonl", "a", encoding="utf-8") as log_file:
-            if self.step == 0:
-                last = self.dev_metrics()
-                self._write(log_file, {"step": 0, "bm25_dev": self.bm25_dev(),
-                                       **{f"dev_{k}": v for k, v in last.items()},
-                                       "features_s": round(self.feature_seconds, 1)})
-                self.best = last or None
-                self.save_best(last)
-            while self.step < self.total_steps:
-                if cfg.minutes is not None and time.perf_counter() - started > cfg.minutes * 60:
-                    self.log(f"--minutes {cfg.minutes:g} reached at step {self.step}; rerun to continue")
-                    break
-                t = time.perf_counter()
-                batch = [self.train[i][1] for i in order[self.step * cfg.batch:(self.step + 1) * cfg.batch]]
-                for group in self.optimizer.param_groups:
-                    group["lr"] = self.lr_at(self.step)
-                self.optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                for q in batch:  # one graph per question: memory stays that of one instance
-                    loss = self.loss(q) / len(batch)
-                    loss.backward()
-                    total += float(loss.detach())
-                norm = float(torch.nn.utils.clip_grad_norm_(self.adapter.parameters(), cfg.clip))
-                self.optimizer.step()
-                self.step += 1
-                record = {"step": self.step, "loss": round(total, 5), "lr": self.lr_at(self.step - 1),
-                          "grad_norm": round(norm, 4), "step_s": round(time.perf_counter() - t, 2),
-                          "elapsed_s": round(time.perf_counter() - started, 1)}
-                final = self.step >= self.total_steps
-                if self.dev and ((cfg.dev_every and self.step % cfg.dev_every == 0) or final):
-                    last = self.dev_metrics()
-                    record.update({f"dev_{k}": v for k, v in last.items()})
-                    if self._better(last):
-                        self.best = last
-                        self.save_best(last)
-                self._write(log_file, record)
-                if self.step % cfg.checkpoint_every == 0 or final:
-                    self.save_checkpoint()
-            if self.step < self.total_steps:  # stopped by --minutes
-                self.save_checkpoint()
-        summary = {"steps": self.step, "total_steps": self.total_steps, "k": cfg.k, "best_dev": self.best,
-                   "last_dev": last, "dev_bm25": self.bm25_dev(), "out": str(self.out),
-                   "seconds": round(time.perf_counter() - started, 1)}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        return summary
-
-
-def _read(context, layers):
-    from evsel.models import qrranker as qr
-
-    return qr.read_states(context, layers)
-
 
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
-                 data_dir: str | None = None, on_event: Callable[[dict], None] = _ignore) -> dict:
+                 data_dir: str | None = None, on_event: Callable[[dict], None] = ignore_event) -> dict:
     """`evsel train qrranker`: the recipe's settings with the given options over them; build the
     listwise instances, then train (or resume). Log lines go to `on_event` as {"type": "log"}."""
     from evsel.models import qrranker as qr
@@ -640,8 +441,8 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
     if Path(where).exists():
         heads_data = qr.load_head_file(where)
     log(f"heads from {where}: {qr.format_heads(heads)}")
-    train, dev, described = listwise_data(config, backbone, Path(data_dir) if data_dir else None,
-                                          _detection_stories(heads_data), on_event)
+    train, dev, described = question_groups(config, backbone, Path(data_dir) if data_dir else None,
+                                            _detection_stories(heads_data), on_event)
     trainer = ListwiseTrainer(config, backbone, command or "", on_event, log)
     trainer.setup(train, dev, heads, heads_data, described)
     return trainer.run()

@@ -35,16 +35,7 @@ import numpy as np
 
 from evsel.errors import EvselError, InputError
 
-SOURCES = ("fairytaleqa-train", "musique", "hotpotqa")
-FORBIDDEN = {
-    "locomo": "LoCoMo is an evaluation set: never train on it",
-    "fairytaleqa-val": "FairytaleQA val reports results and chooses l_c: never train on it",
-    "fairytaleqa": "say fairytaleqa-train (FairytaleQA val reports results and is never trained on)",
-}
-
-
-def _ignore(_event: dict) -> None:
-    pass
+from .common import FORBIDDEN, SOURCES, ignore_event, pick_recipe, write_record
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +104,7 @@ def _check_sources(sources: list[str]) -> None:
 
 
 def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = None,
-            on_event: Callable[[dict], None] = _ignore) -> dict:
+            on_event: Callable[[dict], None] = ignore_event) -> dict:
     """Write the common-format folder `out` from the built-in sources. Returns meta.json's dict.
 
     C0 is what `evsel ask --select unreal` reads before the question: the first stage of the ask
@@ -288,7 +279,7 @@ class _Chunk:
 class Trainer:
     """One training run; `run()` trains, checkpoints and logs. Resumes from out/checkpoint."""
 
-    def __init__(self, config: TrainConfig, engine, command: str = "", on_event: Callable[[dict], None] = _ignore,
+    def __init__(self, config: TrainConfig, engine, command: str = "", on_event: Callable[[dict], None] = ignore_event,
                  log: Callable[[str], None] = lambda line: None):
         self.config = config
         self.engine = engine
@@ -548,13 +539,10 @@ class Trainer:
             self.total_steps = planned
 
     def _write(self, handle, record: dict) -> None:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
-        parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()]
-        self.log(" ".join(parts))
+        write_record(handle, record, self.log)
 
 
-def train(config: TrainConfig, engine=None, on_event: Callable[[dict], None] = _ignore,
+def train(config: TrainConfig, engine=None, on_event: Callable[[dict], None] = ignore_event,
           log: Callable[[str], None] = lambda line: None, command: str | None = None) -> dict:
     """Train (or resume) a run; returns its summary."""
     from evsel.engine import Engine
@@ -570,7 +558,7 @@ def train(config: TrainConfig, engine=None, on_event: Callable[[dict], None] = _
 
 def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: list[str], options: dict,
                command: str | None = None, data_dir: str | None = None,
-               on_event: Callable[[dict], None] = _ignore) -> dict:
+               on_event: Callable[[dict], None] = ignore_event) -> dict:
     """`evsel train unreal`: the recipe's settings with the given options over them; OUT/data is
     converted first when no --data is given and it is not there yet; then train (or resume).
     Log lines go to `on_event` as {"type": "log"} events."""
@@ -633,6 +621,4 @@ FULL = dict(sources=["fairytaleqa-train"], stories=100, dev_stories=10, layer=24
 
 
 def recipe(name: str) -> dict:
-    if name not in ("smoke", "full"):
-        raise EvselError(f"unknown recipe {name!r}", "use smoke or full")
-    return dict(SMOKE if name == "smoke" else FULL)
+    return pick_recipe(name, SMOKE, FULL)

@@ -1,9 +1,11 @@
 """The layering, as import-linter contracts (.importlinter): models use neither the daemon, the
 recipes, the engine nor the CLI; recipes do not use the daemon; commands only parse, call the
-engine and print."""
+engine and print; the methods share code only through shared modules. And one rule import-linter
+cannot state: no module imports or reads an underscore-prefixed (private) name of another."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -31,3 +33,89 @@ def test_import_contracts_hold(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "BROKEN" not in result.stdout
+
+
+def _modules() -> dict[str, Path]:
+    """{dotted name: file} of every module of the installed `evsel` namespace."""
+    out = {}
+    for target, source in LAYOUT.items():
+        for path in (ROOT / source).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / source).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(target.split("/") + parts)] = path
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_crossings(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """Where a module imports (`from evsel.x import _name`, relative imports too) or reads
+    (`x._name`, `evsel.x._name`, x bound to an evsel module by an import anywhere in the file) an
+    underscore-prefixed name of another evsel module. Dunder names are public."""
+    found = []
+    for name, path in sorted(modules.items()):
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}  # local name -> the evsel module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "evsel":
+                        bound[alias.asname or "evsel"] = alias.name if alias.asname else "evsel"
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                if source.split(".")[0] != "evsel":
+                    continue
+                for alias in node.names:
+                    if _private(alias.name) and source != name:
+                        found.append(f"{path.relative_to(root)}:{node.lineno}: imports {source}.{alias.name}")
+                    if f"{source}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            chain, at = [], node.value
+            while isinstance(at, ast.Attribute):
+                chain.append(at.attr)
+                at = at.value
+            if isinstance(at, ast.Name) and at.id in bound:
+                owner = ".".join([bound[at.id], *reversed(chain)])
+                if owner in modules and owner != name:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: reads {owner}.{node.attr}")
+    return found
+
+
+def test_no_private_name_crosses_modules():
+    modules = _modules()
+    assert {"evsel.cli", "evsel.daemon.server", "evsel.models.qrranker", "evsel.recipes.qrranker"} <= set(modules)
+    assert private_crossings(modules) == []
+
+
+def test_the_private_name_check_finds_imports_and_reads(tmp_path):
+    """The check itself: each way of reaching a private name of another module is found; a
+    module's own private names, dunders and public names are not."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("_secret = 1\n__version__ = 2\n\n\ndef _own():\n    return _own\n")
+    (tmp_path / "pkg" / "b.py").write_text(
+        "import evsel.pkg.a\n"
+        "from evsel.pkg import a as alias\n"
+        "from evsel.pkg.a import _secret, __version__\n"
+        "from . import a\n"
+        "from .a import _own\n"
+        "\n\ndef f():\n"
+        "    from evsel.pkg import a as inner\n"
+        "    return alias._secret, a._own(), evsel.pkg.a._secret, inner._secret, a.__version__, f._cache\n")
+    modules = {"evsel.pkg": tmp_path / "pkg" / "__init__.py", "evsel.pkg.a": tmp_path / "pkg" / "a.py",
+               "evsel.pkg.b": tmp_path / "pkg" / "b.py"}
+    found = [line.split(": ", 1)[1] for line in private_crossings(modules, tmp_path)]
+    assert sorted(found) == sorted([
+        "imports evsel.pkg.a._secret", "imports evsel.pkg.a._own", "reads evsel.pkg.a._secret",
+        "reads evsel.pkg.a._own", "reads evsel.pkg.a._secret", "reads evsel.pkg.a._secret"])

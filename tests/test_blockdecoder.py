@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from evsel.models import blockdecoder as bd
+from evsel.models import blocksparse, lora
 from evsel.models import qrranker as qr
 
 from test_qrranker import QUESTION, _text, gqa_model_dir, tiny_backbone  # noqa: F401  (fixtures)
@@ -33,7 +34,7 @@ def _nonzero_adapter(model, seed=0):
 
 def _reference_logits(model, decoder, ctx, ids):
     """The model's own forward of `ids` after the context KV (a DynamicCache), digit logits."""
-    cache = qr._cache([(k[None].clone(), v[None].clone()) for k, v in zip(ctx.keys, ctx.values)])
+    cache = blocksparse.dynamic_cache([(k[None].clone(), v[None].clone()) for k, v in zip(ctx.keys, ctx.values)])
     positions = (torch.arange(len(ids)) + ctx.position)[None]
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids]), cache=cache, position_ids=positions)
@@ -228,7 +229,7 @@ def test_train_cli_smoke_on_a_tiny_model(gqa_model_dir, tmp_path, capsys, monkey
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 2 and "recall@1" in summary["best_dev"]["bm25"]
-    assert (out / qr.ADAPTER_FILE).is_file() and (out / "checkpoint" / qr.ADAPTER_FILE).is_file()
+    assert (out / lora.ADAPTER_FILE).is_file() and (out / "checkpoint" / lora.ADAPTER_FILE).is_file()
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [0, 1, 2] and all(np.isfinite(r["loss"]) for r in log[1:])
     assert "train blocksearch --recipe smoke" in json.loads((out / "metrics.json").read_text())["command"]
@@ -249,7 +250,7 @@ def test_ask_select_blocksearch_trained_decodes_codes_of_the_sample(capsys):
     from evsel.paths import sample_story_path
 
     backbone = Backbone()
-    assert (bd.shipped_adapter_dir(backbone.fingerprint) / qr.ADAPTER_FILE).is_file()
+    assert (bd.shipped_adapter_dir(backbone.fingerprint) / lora.ADAPTER_FILE).is_file()
     assert main(["ingest", "--json", str(sample_story_path())]) == 0
     capsys.readouterr()
     question = "Who killed Ambrose Tenterden?"

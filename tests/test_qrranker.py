@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from evsel.models import blocksparse, lora
 from evsel.models import qrranker as qr
 
 WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
@@ -153,9 +154,9 @@ def test_block_sparse_encoding_equals_masked_full_attention(tiny_backbone):
         out = ref(input_ids=torch.tensor([ids]), attention_mask=mask, position_ids=positions, use_cache=True,
                   output_attentions=True)
     # (b) each block's K/V equal the explicit computation's
-    prefix_kv = qr.encode_prefix(scorer.model, ids[:p], 3)
+    prefix_kv = blocksparse.encode_prefix(scorer.model, ids[:p], 3)
     blocks = [scorer.prompt.candidate(i + 1, t)[0] for i, t in enumerate(TEXTS)]
-    states = qr.encode_blocks(scorer.model, prefix_kv, blocks, batch_tokens=24)
+    states = blocksparse.encode_blocks(scorer.model, prefix_kv, blocks, batch_tokens=24)
     at = p
     for i, block in enumerate(blocks):
         for layer in range(3):
@@ -180,9 +181,9 @@ def test_block_sparse_is_order_free_but_causal_is_not(tiny_backbone):
     texts = [_text(10 + i, 5 + i % 4) for i in range(8)]
     # a block's states do not depend on the other blocks
     prompt = block.prompt
-    kv = qr.encode_prefix(block.model, prompt.prefix(), 3)
-    one = qr.encode_blocks(block.model, kv, [prompt.candidate(1, texts[0])[0]])
-    many = qr.encode_blocks(block.model, kv, [prompt.candidate(1, texts[0])[0]] +
+    kv = blocksparse.encode_prefix(block.model, prompt.prefix(), 3)
+    one = blocksparse.encode_blocks(block.model, kv, [prompt.candidate(1, texts[0])[0]])
+    many = blocksparse.encode_blocks(block.model, kv, [prompt.candidate(1, texts[0])[0]] +
                             [prompt.candidate(1, t)[0] for t in texts[1:]])
     assert torch.allclose(one.blocks[0][2][0], many.blocks[0][2][0], atol=1e-6)
     b = qr.order_correlation(block.scores, QUESTION, texts, seed=1)
@@ -196,7 +197,7 @@ def test_block_sparse_is_order_free_but_causal_is_not(tiny_backbone):
 
 
 def test_block_kv_cache_bounds_its_bytes():
-    cache = qr.BlockKVCache(max_bytes=3 * 64)
+    cache = blocksparse.BlockStateCache(max_bytes=3 * 64)
     kv = [(torch.zeros(4, 4), torch.zeros(4, 4))]  # 2 x 16 floats = 128 bytes
     small = [(torch.zeros(2, 2), torch.zeros(2, 2))]  # 32 bytes
     cache.put("a", small)
@@ -362,8 +363,7 @@ def test_settings_read_the_head_list(tmp_path):
 
 
 def _adapter(backbone, heads=HEADS, seed=0, nonzero=True):
-    config = qr.AdapterConfig(layers=sorted({l for l, _ in heads}), rank=4, alpha=8.0, heads=[list(h) for h in heads])
-    adapter = qr.QRAdapter.for_model(backbone.model, config, seed)
+    adapter = qr.new_adapter(backbone.model, heads, rank=4, alpha=8.0, seed=seed)
     if nonzero:  # a trained-looking adapter (B starts at zero, which changes nothing)
         g = torch.Generator().manual_seed(seed + 1)
         with torch.no_grad():
@@ -404,7 +404,7 @@ def test_adapter_scores_equal_a_scorer_with_the_lora_in_the_read_projections(tin
     got = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="causal"), adapter=adapter).scores(QUESTION, TEXTS)
     plain = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="causal")).scores(QUESTION, TEXTS)
     assert not np.allclose(got, plain, atol=1e-4)
-    prompt = qr.Prompt(tiny_backbone.tokenizer)
+    prompt = blocksparse.Prompt(tiny_backbone.tokenizer)
     ctx, spans, suffix, s0 = _causal_pieces(prompt, TEXTS, QUESTION)
     null_suffix, n0 = prompt.suffix("N/A")
     real, null = [None] * 3, [None] * 3
@@ -425,10 +425,10 @@ def test_adapter_scores_equal_a_scorer_with_the_lora_in_the_read_projections(tin
     # the scorer's scores
     block = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block"), adapter=adapter)
     states, starts = block.block_states(TEXTS)
-    read = qr.read_states(states.context(spans=starts), block.layers).detached()
+    read = blocksparse.read_states(states.context(spans=starts), block.layers).detached()
     ((_, context),) = block.contexts(TEXTS)
     suffix_states = [s.detached() for s in block.suffix_states(QUESTION, context)]
-    cal = qr.calibrated(*qr.head_attention(tiny_backbone.model, read, suffix_states, block.layers, adapter))
+    cal = qr.calibrated(*blocksparse.head_attention(tiny_backbone.model, read, suffix_states, block.layers, adapter))
     assert np.allclose(qr.chunk_score_tensor(cal, context.spans, HEADS).detach().numpy(),
                        block.scores(QUESTION, TEXTS), atol=1e-6)
 
@@ -487,7 +487,7 @@ def test_training_resumes_from_its_checkpoint_and_writes_an_adapter(tiny_backbon
     wlog = [json.loads(line) for line in (tmp_path / "whole" / "log.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in log if "loss" in r] == pytest.approx([r["loss"] for r in wlog if "loss" in r], rel=1e-4)
     assert whole["steps"] == 4
-    for name in (qr.ADAPTER_FILE, qr.ADAPTER_CONFIG, qr.HEADS_FILE, "metrics.json"):
+    for name in (lora.ADAPTER_FILE, lora.ADAPTER_CONFIG, qr.HEADS_FILE, "metrics.json"):
         assert (out / name).is_file()
     assert "dev_recall@3" in log[0] and "bm25_dev" in log[0]
     adapter = qr.load_adapter(out, tiny_backbone.model)
@@ -545,7 +545,7 @@ def test_train_cli_smoke_on_a_tiny_model(gqa_model_dir, tmp_path, capsys, monkey
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 2 and "recall@3" in summary["dev_bm25"]
-    assert (out / qr.ADAPTER_FILE).is_file() and (out / "checkpoint" / qr.ADAPTER_FILE).is_file()
+    assert (out / lora.ADAPTER_FILE).is_file() and (out / "checkpoint" / lora.ADAPTER_FILE).is_file()
     assert "train qrranker --recipe smoke" in (out / "command.txt").read_text()
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [0, 1, 2] and all(np.isfinite(r["loss"]) for r in log[1:])
