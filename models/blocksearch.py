@@ -408,8 +408,8 @@ class BlockSearch:
     def __init__(self, backbone, config: BlockSearchConfig | None = None, store_dir: str | Path | None = None,
                  memory: dict | None = None, kv_cache: BlockStateCache | None = None):
         """`store_dir`: key files go under <store_dir>/blocksearch/ (None: in memory; `memory`, a
-        dict shared between routers, keeps one in-memory ArrayCache per config digest). `kv_cache`: the full
-        per-block KV the faithful mode reads (None: a private one)."""
+        dict shared between routers, keeps one in-memory ArrayCache per config digest). `kv_cache`:
+        the full per-block KV the faithful mode reads (None: a private one)."""
         self.backbone = backbone
         self.model = backbone.model
         cfg = self.model.config
@@ -430,7 +430,8 @@ class BlockSearch:
         self.digest = key_digest(self.layer, self.config.dtype, self.model_dtype, self.prefix_ids, self.separator,
                                  self.config.prompt.max_chunk_tokens)
         if store_dir is not None:
-            self.keys = ArrayCache(cache_folder(store_dir, backbone.fingerprint, self.digest), top=cache_root(store_dir))
+            folder = cache_folder(store_dir, backbone.fingerprint, self.digest)
+            self.keys = ArrayCache(folder, top=cache_root(store_dir))
         elif memory is not None:
             self.keys = memory.setdefault(self.digest, ArrayCache(None))
         else:

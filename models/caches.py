@@ -107,18 +107,16 @@ def fsync_dir(folder: Path) -> None:
 
 
 class ArrayCache:
-    """Arrays of `ndim` dimensions by name (a content hash): one .npy file each in `folder` (files
-    0600, folders 0700), or with `folder` None in memory (least recently used out past
-    `max_bytes`). A file is written to a temp sibling, fsynced and renamed, so a killed writer never
-    leaves a file that reads as valid; a file that does not load whole with the expected shape and
-    type is deleted and reported missing (the caller computes it again)."""
+    """Arrays by name (a content hash): one .npy file each in `folder` (files 0600, folders 0700),
+    or with `folder` None in memory (least recently used out past `max_bytes`). A file is written
+    to a temp sibling, fsynced and renamed, so a killed writer never leaves a file that reads as
+    valid; a file that does not load whole with the expected shape and type is deleted and reported
+    missing (the caller computes it again)."""
 
-    def __init__(self, folder: str | Path | None = None, top: str | Path | None = None, max_bytes: int = 1 << 30,
-                 ndim: int = 3):
+    def __init__(self, folder: str | Path | None = None, top: str | Path | None = None, max_bytes: int = 1 << 30):
         """`top`: the highest folder the cache may create (default: `folder` itself)."""
         self.folder = Path(folder) if folder is not None else None
         self.top = Path(top) if top is not None else self.folder
-        self.ndim = ndim
         self.reads = self.writes = self.rejected = 0
         self.memory = LRUCache(max_bytes, size_of=lambda array: array.nbytes)
 
@@ -157,9 +155,8 @@ class ArrayCache:
         self.reads += 1
         return array
 
-    def fits(self, array: np.ndarray, shape: tuple | None, dtype) -> bool:
-        if array.ndim != self.ndim:
-            return False
+    @staticmethod
+    def fits(array: np.ndarray, shape: tuple | None, dtype) -> bool:
         if shape is not None and tuple(array.shape) != tuple(shape):
             return False
         return dtype is None or array.dtype == np.dtype(dtype)

@@ -101,7 +101,8 @@ def seed_set(config: DetectConfig, backbone, data_dir: Path | None, on_event=ign
     return items, described
 
 
-def detect(config: DetectConfig, backbone, data_dir: Path | None = None, on_event: Callable[[dict], None] = ignore_event,
+def detect(config: DetectConfig, backbone, data_dir: Path | None = None,
+           on_event: Callable[[dict], None] = ignore_event,
            items: list[dict] | None = None) -> dict:
     """Every head's QR score on the seed set, per encoding; the result (heads.json's content).
     `items` replaces the seed set drawn from `config.sources` (tests)."""

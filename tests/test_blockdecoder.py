@@ -17,19 +17,13 @@ from evsel.models import blockdecoder as bd
 from evsel.models import blocksparse, lora
 from evsel.models import qrranker as qr
 
-from test_qrranker import QUESTION, _text, gqa_model_dir, tiny_backbone  # noqa: F401  (fixtures)
+from test_qrranker import QUESTION, _text, gqa_model_dir, tiny_backbone, trained_looking  # noqa: F401  (fixtures)
 
 TEXTS = [_text(11, 7), _text(12, 3), _text(13, 10), _text(14, 5), _text(15, 2), _text(16, 8)]
 
 
 def _nonzero_adapter(model, seed=0):
-    adapter = bd.new_adapter(model, rank=4, alpha=8.0, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in adapter.params.items():
-            if name.endswith("lora_B"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return adapter
+    return trained_looking(bd.new_adapter(model, rank=4, alpha=8.0, seed=seed), seed, 0.3)
 
 
 def _reference_logits(model, decoder, ctx, ids):

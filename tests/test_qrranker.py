@@ -362,15 +362,19 @@ def test_settings_read_the_head_list(tmp_path):
 # training: the LoRA adapter on the read layers' q/k, applied inside scoring only
 
 
+def trained_looking(adapter, seed: int, scale: float):
+    """`adapter` with random B matrices (B starts at zero, which changes nothing)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in adapter.params.items():
+            if name.endswith("lora_B"):
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return adapter
+
+
 def _adapter(backbone, heads=HEADS, seed=0, nonzero=True):
     adapter = qr.new_adapter(backbone.model, heads, rank=4, alpha=8.0, seed=seed)
-    if nonzero:  # a trained-looking adapter (B starts at zero, which changes nothing)
-        g = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for name, p in adapter.params.items():
-                if name.endswith("lora_B"):
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return adapter
+    return trained_looking(adapter, seed, 0.5) if nonzero else adapter
 
 
 def _items(n=3):
