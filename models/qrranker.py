@@ -150,7 +150,6 @@ def load_adapter(folder: str | Path, model) -> LoRAAdapter:
     return load_lora(folder, model, ADAPTER)
 
 
-
 def adapter_folder(backbone, setting: str | None) -> Path | None:
     """Where a trained adapter sits for the heads that `setting` names: beside its heads.json (or
     in its folder); with no setting, beside the shipped heads. None: no adapter (untrained heads)."""
