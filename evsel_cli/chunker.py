@@ -165,10 +165,6 @@ def _split_long(text: str, start: int, end: int, budget: int, counter: TokenCoun
 _COUNT_BATCH = 2048
 
 
-def make_pieces(doc: ParsedDocument, budget: int, counter: TokenCounter) -> list[Piece]:
-    return list(iter_pieces(doc, budget, counter))
-
-
 def iter_pieces(doc: ParsedDocument, budget: int, counter: TokenCounter) -> Iterator[Piece]:
     """The document's pieces in order, tokenized `_COUNT_BATCH` sentences at a time (counts are per
     text, so the batching does not change them)."""

@@ -1,9 +1,10 @@
 """Per-chunk backbone states, cached in the store by (content hash, model, method, config).
 
-Any method that encodes chunks independently (UNREAL residual states, the intrinsic selector's
-pooled keys, later BlockSearch keys) fills the cache through `ensure_states`: states already
-stored are read back, the rest are encoded in batches and written after each batch, so a cached
-chunk is never encoded twice and an interrupted run keeps what it finished.
+Methods that encode chunks independently (UNREAL residual states, the intrinsic selector's
+pooled keys, the dense selector's embeddings) fill the cache through `ensure_states`: states
+already stored are read back, the rest are encoded in batches and written after each batch, so a
+cached chunk is never encoded twice and an interrupted run keeps what it finished. BlockSearch
+does not use it: its routing keys are .npy files beside the store (models/blocksearch.py).
 """
 
 from __future__ import annotations
@@ -30,15 +31,6 @@ class StateCache:
                on_event: Callable[[dict], None] | None = None, label: str = "encoding chunks",
                batch: int = 64) -> dict[str, np.ndarray]:
         return ensure_states(self.store, model, method, configs, chunks, encode, on_event, label, batch)
-
-    def missing(self, model: str, method: str, config: str, chunks: list[ChunkRecord]) -> list[ChunkRecord]:
-        """The chunks (one per distinct text) whose state for `config` is not stored yet."""
-        hashes = list(dict.fromkeys(c.content_hash for c in chunks))
-        found = self.store.get_states(model, method, config, hashes)
-        first = {}
-        for c in chunks:
-            first.setdefault(c.content_hash, c)
-        return [first[h] for h in hashes if h not in found]
 
 
 def ensure_states(

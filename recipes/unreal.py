@@ -19,7 +19,6 @@ states come from the state cache, without gradients.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -596,15 +595,6 @@ def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: li
 
 def current_command() -> str:
     return " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])
-
-
-def data_checksum(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for name in ("chunks.jsonl", "train.jsonl", "dev.jsonl"):
-        path = Path(folder) / name
-        if path.is_file():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -120,15 +119,16 @@ def test_watch_remove_stops_a_sync_in_progress(daemon_home, tmp_path):
     evsel("watch", str(folder))
     evsel("watch", "--remove", str(folder))
 
-    def settled():
-        queue = status(daemon_home)["queue"]
-        return queue["running"] is None and not queue["waiting"]
+    def settled_syncs():
+        """The finished syncs once nothing runs or waits (then nothing can ingest any more)."""
+        info = status(daemon_home)
+        if info["queue"]["running"] is not None or info["queue"]["waiting"]:
+            return None
+        return [r for r in info["recent"] if r["method"].startswith("watch sync")]
 
-    wait_for(settled, 120, "the cancelled sync to stop")
-    time.sleep(1)
+    syncs = wait_for(settled_syncs, 120, "the cancelled sync to stop")
+    assert syncs[-1]["status"] == "cancelled"
     assert len(docs_by_name()) < 40
-    syncs = [r for r in status(daemon_home)["recent"] if r["method"].startswith("watch sync")]
-    assert syncs and syncs[-1]["status"] == "cancelled"
 
 
 # 7. params are checked against a schema before anything runs

@@ -86,12 +86,30 @@ def other_gguf(tmp_path, monkeypatch):
     return shutil.copy(default_model_path(), tmp_path / "other-model.Q4_1.gguf")
 
 
+# a question the bundled model answers right in a few tokens
+WHO_KILLED = [{"role": "system", "content": "Answer in a few words."},
+              {"role": "user", "content": "Passages:\n\n[1] Roland Pryce killed Ambrose Tenterden in the lamp "
+                                          "room.\n\nQuestion: Who killed Ambrose Tenterden?\nAnswer:"}]
+
+
 @needs_smollm2
-def test_bundled_model_generates_with_transformers():
+def test_bundled_model_is_planned_for_transformers():
     from evsel.models.backbone import BUNDLED_REASON, Backbone
 
     plan = Backbone(device="cpu", generator="auto").generation
     assert plan.backend == "transformers" and plan.reason == BUNDLED_REASON
+
+
+@needs_smollm2
+@pytest.mark.model
+def test_bundled_model_generates_with_transformers():
+    from evsel.models.backbone import BUNDLED_REASON, Backbone
+
+    backbone = Backbone(device="cpu", generator="auto")
+    out = backbone.generate(WHO_KILLED, 12)
+    assert backbone.generation.backend == "transformers" and backbone.generation.reason == BUNDLED_REASON
+    assert "Roland Pryce" in out["text"], out
+    assert out["prompt_tokens"] == backbone.chat_ids(WHO_KILLED).shape[1] and 1 <= out["generated_tokens"] <= 12
 
 
 @needs_smollm2
@@ -150,11 +168,8 @@ def test_both_backends_give_the_same_greedy_answer():
     check is a short one."""
     from evsel.models.backbone import Backbone
 
-    messages = [{"role": "system", "content": "Answer in a few words."},
-                {"role": "user", "content": "Passages:\n\n[1] Roland Pryce killed Ambrose Tenterden in the lamp "
-                                            "room.\n\nQuestion: Who killed Ambrose Tenterden?\nAnswer:"}]
-    hf = Backbone(device="cpu", generator="transformers").generate(messages, 12)
-    ll = Backbone(device="cpu", generator="llama-cpp").generate(messages, 12)
+    hf = Backbone(device="cpu", generator="transformers").generate(WHO_KILLED, 12)
+    ll = Backbone(device="cpu", generator="llama-cpp").generate(WHO_KILLED, 12)
     assert hf["prompt_tokens"] == ll["prompt_tokens"]
     assert ll["text"] == hf["text"], (ll, hf)
     assert "Roland Pryce" in ll["text"]

@@ -31,9 +31,22 @@ def _chunks(texts):
                         n_tokens=0, char_start=0, char_end=0) for i, t in enumerate(texts)]
 
 
-def test_unreal_on_cuda_matches_the_cpu(cuda, tiny_model_dir, tmp_path):
-    from evsel.engine import Engine
+SELECTORS = (("unreal", {}), ("rrf:unreal", {}), ("intrinsic", {"layers": (1, 2)}))
+
+
+def _selector_scores(engine, adapter, question: str, chunks) -> dict[str, dict[int, float]]:
+    """{selector: {chunk id: score}} for SELECTORS as eval runs them (chunks in memory), with
+    this UNREAL adapter."""
     from evsel.models.selectors import get_selector
+
+    engine.settings = engine.settings.with_(unreal_adapter=str(adapter))
+    context = engine.selector_context(for_eval=True)
+    return {name: {s.chunk.id: s.score for s in get_selector(name, context, **options).rank(question, chunks)}
+            for name, options in SELECTORS}
+
+
+def test_unreal_on_cuda_matches_the_cpu(cuda, tiny_model_dir, tmp_path, monkeypatch):
+    from evsel.engine import Engine
 
     gpu = Engine(model=str(tiny_model_dir), device="cuda")
     cpu = Engine(model=str(tiny_model_dir), device="cpu")
@@ -89,12 +102,17 @@ def test_unreal_on_cuda_matches_the_cpu(cuda, tiny_model_dir, tmp_path):
     np.testing.assert_allclose(scores, cpu_query.score_keys(cpu_vectors, cpu_query.chunk_keys(states)),
                                rtol=1e-3, atol=1e-2)
 
-    # the selectors as eval runs them (chunks in memory), with that adapter
-    gpu.settings = gpu.settings.with_(unreal_adapter=str(tmp_path / "adapter"))
-    context = gpu.selector_context(for_eval=True)
-    for name, options in (("unreal", {}), ("rrf:unreal", {}), ("intrinsic", {"layers": (1, 2)})):
-        ranked = get_selector(name, context, **options).rank(question, chunks)
-        assert len(ranked) == 6 and all(np.isfinite(s.score) for s in ranked), name
+    # the selectors as eval runs them, with that adapter: the CPU's scores, the CPU encoding the
+    # chunks itself (an eval cache of its own, not the one the GPU filled)
+    on_gpu = _selector_scores(gpu, tmp_path / "adapter", question, chunks)
+    monkeypatch.setenv("EVSEL_HOME", str(tmp_path / "cpu-home"))
+    on_cpu = _selector_scores(cpu, tmp_path / "adapter", question, chunks)
+    ids = [c.id for c in chunks]
+    for name, _ in SELECTORS:
+        # the same order (these chunks' scores are far apart: no near-tie to flip), near the same scores
+        assert list(on_gpu[name]) == list(on_cpu[name]) and sorted(on_cpu[name]) == ids, name
+        np.testing.assert_allclose([on_gpu[name][i] for i in ids], [on_cpu[name][i] for i in ids],
+                                   rtol=1e-3, atol=1e-2, err_msg=name)
 
 
 def test_training_steps_on_cuda_resume_on_the_cpu(cuda, tiny_model_dir, tmp_path):

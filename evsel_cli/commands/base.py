@@ -13,7 +13,10 @@ help, usage lines and errors are a contract (scripts, the man pages, the tests),
   exactly as Click's types did, with their messages; pass them as `parser=`;
 - `show_usage_error` prints a usage error as Click did.
 
-Nothing here imports the standalone `click` package: Typer's bundled copy is `typer._click`.
+Typer bundles its own Click as the private `typer._click` (it does not depend on `click`, and
+evsel imports no `click`). What Typer exports publicly is taken from `typer`; the usage-error
+classes are not exported, and the help layout overrides `typer.core` internals, so typer is
+pinned to the tested minor version in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -25,9 +28,8 @@ from gettext import ngettext
 from typing import Any
 
 import typer
-from typer._click.exceptions import BadParameter, NoArgsIsHelpError, NoSuchOption, UsageError
-from typer._click.formatting import join_options
-from typer._click.utils import echo, format_filename
+from typer import BadParameter, echo, format_filename
+from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError  # not exported by typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 88}
@@ -157,6 +159,13 @@ def _without_prefix(opt: str) -> str:
     return opt[2:] if opt[1:2] == first else opt[1:]
 
 
+def _join_options(opts: list[str]) -> tuple[str, bool]:
+    """Click's join_options: the spellings, shortest prefix first, and whether one starts with "/"."""
+    prefixes = [opt[:len(opt) - len(_without_prefix(opt))] for opt in opts]
+    ranked = sorted(zip(prefixes, opts), key=lambda pair: len(pair[0]))
+    return ", ".join(opt for _, opt in ranked), "/" in prefixes
+
+
 def _option_record(param: TyperOption, ctx: typer.Context) -> tuple[str, str] | None:
     if param.hidden:
         return None
@@ -164,7 +173,7 @@ def _option_record(param: TyperOption, ctx: typer.Context) -> tuple[str, str] | 
 
     def spelled(opts: list[str]) -> str:
         nonlocal slashes
-        text, any_slashes = join_options(opts)
+        text, any_slashes = _join_options(opts)
         slashes = slashes or any_slashes
         return text if param.is_flag or param.count else f"{text} {_option_metavar(param)}"
 
