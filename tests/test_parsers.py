@@ -415,3 +415,45 @@ def test_dialogue_text_reads_back_as_a_transcript(tmp_path):
     assert again.kind == "dialogue"
     original = [(s.speaker, s.session, s.time) for s in doc.segments if s.atomic]
     assert [(s.speaker, s.session, s.time) for s in again.segments if s.atomic] == original
+
+
+XMP = ('<?xpacket begin="" id="W5M0MpCehiHzreSzNTczkc9d"?><x:xmpmeta xmlns:x="adobe:ns:meta/">'
+       '<rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description rdf:about="" '
+       'xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title><rdf:Alt><rdf:li xml:lang="x-default">'
+       'Tide Tables &amp; Harbour Rules</rdf:li></rdf:Alt></dc:title></rdf:Description></rdf:RDF>'
+       '</x:xmpmeta><?xpacket end="w"?>')
+
+
+@pytest.mark.parametrize("info_title, xmp, expected", [
+    ("Board Minutes, March", "", "Board Minutes, March"),
+    ("", XMP, "Tide Tables & Harbour Rules"),  # only in the XMP packet
+    ("Untitled", XMP, "Tide Tables & Harbour Rules"),  # a writer's placeholder
+    ("Microsoft Word - minutes.docx", "", "harbour notes"),  # a file name a writer put there
+    ("Microsoft Word - Board Minutes", "", "Board Minutes"),
+    ("   ", "", "harbour notes"),
+])
+def test_pdf_title_from_its_metadata(tmp_path, info_title, xmp, expected):
+    pdf = pymupdf.open()
+    pdf.new_page().insert_text((72, 72), "Some text on the only page.")
+    if info_title:
+        pdf.set_metadata({"title": info_title})
+    if xmp:
+        pdf.set_xml_metadata(xmp)
+    path = tmp_path / "harbour_notes.pdf"
+    pdf.save(path)
+    pdf.close()
+    assert one(path).title == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Notes from Tuesday.\n\n## Board meeting, March\n\nWe met.\n", "Board meeting, March"),
+    ("Board meeting\n=============\n\nWe met.\n", "Board meeting"),
+    ("---\ntitle: \"Harbour board\"\ndate: 2024-03-01\n---\n\n# Minutes\n\nWe met.\n", "Harbour board"),
+    ("---\ndate: 2024-03-01\n---\n\n### Minutes of the board ###\n\nWe met.\n", "Minutes of the board"),
+    ("```sh\n# not a heading\n```\n\n## After the code\n\nText.\n", "After the code"),
+    ("Just a note with no heading at all.\n", "board"),
+])
+def test_markdown_title_is_its_first_heading(tmp_path, text, expected):
+    path = tmp_path / "board.md"
+    path.write_text(text)
+    assert one(path).title == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -74,6 +75,7 @@ def parse_pdf(path: Path) -> ParsedDocument:
                     text += "\n"
                 builder.add(text + "\n", page=index + 1)
         meta = doc.metadata or {}
+        title = pdf_title(meta, _xmp(doc), path)
     finally:
         doc.close()
     if not builder.segments:
@@ -82,11 +84,38 @@ def parse_pdf(path: Path) -> ParsedDocument:
             "OCR is not supported; run OCR first (for example ocrmypdf) and ingest its output",
             path=str(path),
         )
-    title = (meta.get("title") or "").strip() or path.stem.replace("_", " ")
     metadata = {"pages": n_pages, "author": (meta.get("author") or "").strip()}
     if labels:
         metadata["page_labels"] = labels
     return ParsedDocument(text=builder.text(), kind="pdf", title=title, segments=builder.segments, metadata=metadata)
+
+
+# what writers put in the title field when the user gave none
+_PLACEHOLDER_TITLE = re.compile(r"^(untitled|no title|title|document\d*|microsoft word|unknown)$", re.I)
+_WORD_PREFIX = re.compile(r"^microsoft (word|powerpoint|excel) - ", re.I)
+_XMP_TITLE = re.compile(r"<dc:title>.*?<rdf:li[^>]*>(.*?)</rdf:li>", re.S)
+
+
+def _xmp(doc: pymupdf.Document) -> str:
+    try:
+        return doc.get_xml_metadata() or ""
+    except _PYMUPDF_ERRORS:
+        return ""
+
+
+def pdf_title(info: dict, xmp: str, path: Path) -> str:
+    """The title from the PDF's document information, else its XMP dc:title, else the file name.
+    Placeholders ("Untitled") and a file name a writer put there ("Microsoft Word - x.docx") do not count."""
+    found = _XMP_TITLE.search(xmp)
+    xmp_title = html.unescape(found.group(1)) if found else ""
+    for candidate in (info.get("title") or "", xmp_title):
+        candidate = " ".join(_WORD_PREFIX.sub("", candidate).split())
+        if not candidate or _PLACEHOLDER_TITLE.match(candidate):
+            continue
+        if re.search(r"\.(docx?|pptx?|odt|rtf|tex|pdf)$", candidate, re.I):
+            continue
+        return candidate
+    return path.stem.replace("_", " ")
 
 
 def parse_epub(path: Path) -> ParsedDocument:

@@ -60,16 +60,54 @@ def _normalise(path: Path, text: str) -> str:
 _MD_HEADING = re.compile(r"^#{1,6} ", re.M)
 
 
+_ATX_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_SETEXT_UNDERLINE = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(```|~~~)")
+
+
 def guess_title(text: str, path: Path) -> str:
-    for line in text.splitlines()[:40]:
+    """A Markdown file's front-matter title or first heading (any level, outside code fences); a
+    text file's "# " or "Title:" line near the top; else the file name."""
+    lines = text.splitlines()
+    if path.suffix.lower() in (".md", ".markdown"):
+        title = _markdown_title(lines)
+        if title:
+            return title
+    for line in lines[:40]:
         stripped = line.strip()
-        if stripped.startswith("# "):
+        if stripped.startswith("# ") and stripped[2:].strip():
             return stripped[2:].strip()
-    for line in text.splitlines()[:40]:
+    for line in lines[:40]:
         stripped = line.strip()
-        if stripped.lower().startswith("title:"):
-            return stripped[6:].strip()
+        if stripped.lower().startswith("title:") and stripped[6:].strip():
+            return stripped[6:].strip().strip("\"'")
     return path.stem.replace("_", " ")
+
+
+def _markdown_title(lines: list[str]) -> str:
+    start = 0
+    if lines and lines[0].strip() == "---":  # YAML front matter: its title wins
+        for index, line in enumerate(lines[1:], 1):
+            if line.strip() in ("---", "..."):
+                start = index + 1
+                break
+            if line.lower().startswith("title:") and line[6:].strip():
+                return line[6:].strip().strip("\"'")
+    in_fence = False
+    for index in range(start, len(lines)):
+        line = lines[index]
+        if _FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            continue
+        match = _ATX_HEADING.match(line)
+        if match:
+            return match.group(1).strip()
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        if line.strip() and _SETEXT_UNDERLINE.match(following) and not _SETEXT_UNDERLINE.match(line):
+            return line.strip()
+    return ""
 
 
 def parse_book(path: Path, text: str) -> ParsedDocument:
