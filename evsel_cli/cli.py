@@ -15,6 +15,7 @@ from .commands.ask import ask
 from .commands.base import BOOL, CONTEXT_SETTINGS, App, choice, show_usage_error
 from .commands.eval import eval_command
 from .commands.ingest import ingest
+from .commands.man import man
 from .errors import EvselError, user_message
 from .output import error
 
@@ -66,6 +67,7 @@ app.command("sample")(models.sample)
 app.add_typer(train.app, name="train")
 app.add_typer(daemon.app, name="daemon")
 app.command("watch")(daemon.watch)
+app.command("man")(man)
 
 # the Click command tree Typer builds from the app: what main() runs and the man pages document
 cli = typer.main.get_command(app)

@@ -2,10 +2,14 @@
 
     python -m evsel.manpages man/          # write the pages
     python -m evsel.manpages --check man/  # exit 1 if they drifted from --help
+
+pyproject.toml installs man/ as data files in share/man/man1, where man(1) finds them next to the
+`evsel` script (`man evsel`, `man evsel-ask`); `evsel man COMMAND` shows the same pages anywhere.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -75,6 +79,31 @@ def pages() -> dict[str, str]:
     for words, command in found:
         result["-".join(words) + ".1"] = render(command, words, [])
     return result
+
+
+def page_name(words: list[str]) -> str:
+    """The page of a command as typed: [], ["docs", "show"], ["docs-show"] or ["evsel-ask"]."""
+    name = "-".join(w for word in words for w in word.split() if w)
+    if name == "evsel" or name.startswith("evsel-"):
+        name = name[len("evsel"):].lstrip("-")
+    return f"evsel-{name}.1" if name else "evsel.1"
+
+
+_ROFF_ESCAPE = re.compile(r"\\(?:\\|-|&|f[BR])")
+
+
+def plain_text(page: str) -> str:
+    """A generated page as plain text, for a terminal without man(1) or a pipe."""
+    out = []
+    for line in page.splitlines():
+        if line.startswith(".SH "):
+            out.append(("\n" if out else "") + line[4:])
+        elif line.startswith("."):
+            continue
+        else:
+            text = _ROFF_ESCAPE.sub(lambda m: {"\\\\": "\\", "\\-": "-"}.get(m.group(0), ""), line)
+            out.append("  " + text if text else text)
+    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str]) -> int:
