@@ -77,3 +77,8 @@ class ProgressView:
 
     def _print(self, fn) -> None:
         fn()  # rich keeps bars below printed lines while live
+
+
+def flat(text: str) -> str:
+    """Text on one line: a PDF page's line breaks and runs of spaces become single spaces."""
+    return " ".join(text.split())

@@ -5,11 +5,43 @@ from typing import Annotated, List, Optional
 import typer
 from rich.markup import escape
 
-from evsel.engine import RERANK_TOP, SELECTORS_HELP, STYLES, evidence_label
-from evsel.output import ProgressView, print_json, stdout
+from evsel.engine import RERANK_TOP, STYLES, evidence_label
+from evsel.output import ProgressView, flat, print_json, stdout
 
 from .base import INT, choice
 from .common import CollectionOption, JsonOption, engine_from
+
+# Every --select/--rerank method with its variants, for --list-methods (in step with the selector
+# registry's own help text: tests/test_first_hour.py). --help names only the methods.
+METHODS = (
+    ("bm25", "words (the default)"),
+    ("unreal", "the backbone's own states with the trained adapter"),
+    ("intrinsic", "the backbone's untrained attention floor"),
+    ("dense", "MiniLM bi-encoder"),
+    ("rrf:METHOD", "BM25 fused with METHOD, e.g. rrf:unreal"),
+    ("random", "random passages (a baseline)"),
+    ("qrranker", "a reranker: the backbone's QR attention heads (--rerank qrranker)"),
+    ("qrranker:untrained", "... with the untrained heads"),
+    ("qrranker:memory", "... reading the block summaries (see --memory)"),
+    ("qrranker:causal", "... with one causal prefill of all candidates"),
+    ("blocksearch", "in-context retrieval by the backbone's QK routing"),
+    ("blocksearch:mass", "... scored by attention mass"),
+    ("blocksearch:mass+ssmax", "... by attention mass with SSMax"),
+    ("blocksearch:faithful", "... routing as the full model attends (slower)"),
+    ("blocksearch:trained", "... its top 256 chunks' codes decoded by the trained decoder"),
+    ("blocksearch:trained+top64", "... the same on its top 64"),
+    ("blocksearch:decode", "... decoded by the untouched backbone"),
+)
+METHOD_NAMES = tuple(name for name, _ in METHODS if ":" not in name) + ("rrf:METHOD",)
+
+
+def _list_methods(ctx: typer.Context, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    width = max(len(name) for name, _ in METHODS)
+    for name, what in METHODS:
+        typer.echo(f"{name.ljust(width)}  {what}")
+    ctx.exit()
 
 
 def ask(
@@ -21,7 +53,9 @@ def ask(
     collection: CollectionOption = None,
     top_n: Annotated[int, typer.Option("--top-n", parser=INT, help="How many evidence passages to use.")] = 5,
     select: Annotated[str, typer.Option("--select", metavar="METHOD",
-                                        help="Evidence selector: " + SELECTORS_HELP + ".")] = "bm25",
+                                        help="Evidence selector: " + ", ".join(n for n in METHOD_NAMES if n != "rrf:METHOD")
+                                        + ", or rrf:METHOD (BM25 fused with METHOD). Their variants: "
+                                          "--list-methods.")] = "bm25",
     rerank: Annotated[Optional[str], typer.Option(
         "--rerank", metavar="METHOD",
         help="Rerank the first stage's top candidates with this selector (any --select method).")] = None,
@@ -40,27 +74,35 @@ def ask(
         help="short: a short answer grounded in one evidence sentence, or none when the evidence does not "
              "support one; span: always the exact evidence text; sentence: free-form from all passages.")] = "short",
     as_json: JsonOption = False,
+    list_methods: Annotated[Optional[bool], typer.Option(
+        "--list-methods", callback=_list_methods, is_eager=True, expose_value=False,
+        help="List every --select/--rerank method with its variants, and exit.")] = None,
 ):
     """Answer QUESTION from the ingested documents, citing the evidence used.
 
     The selector picks the top-n passages. By default the LLM answers from the evidence sentence
     that best supports an answer and the answer is tied to that exact span (highlighted in its
     passage; offsets in --json); it says so instead of answering when the evidence does not
-    support an answer. Then each passage with its title, page or speaker/session/time, and score.
+    support an answer. Then each passage, numbered in the order shown (the number --json gives as
+    grounding.span.passage and evidence[].passage), with its title, page or speaker/session/time,
+    rank and score.
     """
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:
         result = engine.ask(question, doc_ids=list(doc_ids or ()) or None, collection=collection, top_n=top_n,
                             select=select, rerank=rerank, rerank_top=rerank_top, evidence_only=evidence_only,
                             max_new_tokens=max_new_tokens, style=style, memory=memory, on_event=view)
+    for number, item in enumerate(result["evidence"], 1):
+        item["passage"] = number  # the number the human display shows and grounding.span.passage cites
     if as_json:
         print_json(result)
         return
     grounding = result.get("grounding") or {}
     span = grounding.get("span")
     if result["answer"] is not None:
-        cited = f" [dim](passage #{result['evidence'][span['passage'] - 1]['rank']})[/]" if span else ""
-        stdout.print(f"[bold]Answer:[/] {escape(result['answer'])}{cited}\n")
+        cited = f" [dim](passage #{span['passage']})[/]" if span else ""
+        # a PDF's answer keeps its page's line breaks: shown on one line, like the passages
+        stdout.print(f"[bold]Answer:[/] {escape(flat(result['answer']))}{cited}\n")
     elif grounding.get("kind") == "abstained":
         stdout.print(f"[bold]Answer:[/] none: {escape(grounding['reason'])}\n")
     method = result["method"]["select"] + (f" > {result['method']['rerank']}" if result["method"].get("rerank") else "")
@@ -71,7 +113,7 @@ def ask(
                      f"{escape('; '.join(m['label'] + (' of ' + m['title'] if m.get('title') else '') for m in result['memory']))}")
     for number, item in enumerate(result["evidence"], 1):
         where = evidence_label(item)
-        stdout.print(f"\n[cyan]#{item['rank']}[/] [dim]score {item['score']:.3f} | doc {item['doc_id']} | "
+        stdout.print(f"\n[cyan]#{number}[/] [dim]rank {item['rank']} | score {item['score']:.3f} | doc {item['doc_id']} | "
                      f"chars {item['char_start']}-{item['char_end']}[/]\n[bold]{escape(where)}[/]")
         stdout.print(_highlighted(item["text"], span if span and span["passage"] == number else None))
 
@@ -79,8 +121,8 @@ def ask(
 def _highlighted(text: str, span: dict | None) -> str:
     """The passage on one line, the answer's span underlined and bold."""
     if span is None:
-        return escape(" ".join(text.split()))
+        return escape(flat(text))
     before, inside, after = text[: span["start"]], text[span["start"]: span["end"]], text[span["end"]:]
-    flat = [" ".join(part.split()) for part in (before, inside, after)]
+    parts = [flat(part) for part in (before, inside, after)]
     pad = [" " if before[-1:].isspace() else "", " " if after[:1].isspace() else ""]
-    return f"{escape(flat[0])}{pad[0]}[bold underline]{escape(flat[1])}[/]{pad[1]}{escape(flat[2])}"
+    return f"{escape(parts[0])}{pad[0]}[bold underline]{escape(parts[1])}[/]{pad[1]}{escape(parts[2])}"

@@ -45,12 +45,22 @@ def docs_show(
 ):
     """Show one document's details (and its chunks with --chunks)."""
     doc = engine_from(ctx).docs_show(doc_id, with_chunks)
+    labels = doc["metadata"].get("page_labels")
+    if isinstance(labels, dict):  # the store keeps them in string order ('1', '10', '2')
+        doc["metadata"]["page_labels"] = dict(sorted(labels.items(), key=lambda kv: _page_number(kv[0])))
     if as_json:
         print_json(doc)
         return
-    for key in ("id", "collection", "title", "kind", "path", "part", "sha256", "n_chars", "n_chunks", "n_tokens"):
-        stdout.print(f"[bold]{key}:[/] {escape(str(doc[key]))}")
+    shown = dict(doc, path=doc["path"] + (f"#{doc['part']}" if doc["part"] else ""))
+    for key in ("id", "collection", "title", "kind", "path", "sha256", "n_chars", "n_chunks", "n_tokens"):
+        stdout.print(f"[bold]{key}:[/] {escape(str(shown[key]))}")
     for key, value in sorted(doc["metadata"].items()):
+        if key in _INTERNAL_METADATA or value in ("", None, [], {}):
+            continue
+        if key == "page_labels":
+            value = ", ".join(f"{page}={label}" for page, label in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value))
         stdout.print(f"[bold]{key}:[/] {escape(str(value))}")
     for chunk in doc.get("chunks", []):
         where = []
@@ -63,6 +73,14 @@ def docs_show(
         stdout.print(f"\n[cyan]chunk {chunk['seq']}[/] [dim]{chunk['n_tokens']} tokens, chars "
                      f"{chunk['char_start']}-{chunk['char_end']} {' '.join(where)}[/]")
         stdout.print(escape(" ".join(chunk["text"].split())))
+
+
+# what ingest records to tell a changed setting from an unchanged file (kept in --json)
+_INTERNAL_METADATA = ("chunker", "kind_arg")
+
+
+def _page_number(page: str) -> tuple:
+    return (0, int(page), "") if page.isdigit() else (1, 0, page)
 
 
 @app.command("rm")
