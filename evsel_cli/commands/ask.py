@@ -32,7 +32,6 @@ METHODS = (
     ("blocksearch:trained+top64", "... the same on its top 64"),
     ("blocksearch:decode", "... decoded by the untouched backbone"),
 )
-METHOD_NAMES = tuple(name for name, _ in METHODS if ":" not in name) + ("rrf:METHOD",)
 
 
 def _list_methods(ctx: typer.Context, value: bool) -> None:
@@ -44,6 +43,10 @@ def _list_methods(ctx: typer.Context, value: bool) -> None:
     ctx.exit()
 
 
+SELECT_HELP = ("Evidence selector: " + ", ".join(name for name, _ in METHODS if ":" not in name)
+               + ", or rrf:METHOD (BM25 fused with METHOD). Their variants: --list-methods.")
+
+
 def ask(
     ctx: typer.Context,
     question: Annotated[str, typer.Argument()],
@@ -53,9 +56,7 @@ def ask(
     collection: CollectionOption = None,
     top_n: Annotated[int, typer.Option("--top-n", parser=INT, help="How many evidence passages to use.")] = 5,
     select: Annotated[str, typer.Option("--select", metavar="METHOD",
-                                        help="Evidence selector: " + ", ".join(n for n in METHOD_NAMES if n != "rrf:METHOD")
-                                        + ", or rrf:METHOD (BM25 fused with METHOD). Their variants: "
-                                          "--list-methods.")] = "bm25",
+                                        help=SELECT_HELP)] = "bm25",
     rerank: Annotated[Optional[str], typer.Option(
         "--rerank", metavar="METHOD",
         help="Rerank the first stage's top candidates with this selector (any --select method).")] = None,
@@ -113,8 +114,8 @@ def ask(
                      f"{escape('; '.join(m['label'] + (' of ' + m['title'] if m.get('title') else '') for m in result['memory']))}")
     for number, item in enumerate(result["evidence"], 1):
         where = evidence_label(item)
-        stdout.print(f"\n[cyan]#{number}[/] [dim]rank {item['rank']} | score {item['score']:.3f} | doc {item['doc_id']} | "
-                     f"chars {item['char_start']}-{item['char_end']}[/]\n[bold]{escape(where)}[/]")
+        stdout.print(f"\n[cyan]#{number}[/] [dim]rank {item['rank']} | score {item['score']:.3f} | "
+                     f"doc {item['doc_id']} | chars {item['char_start']}-{item['char_end']}[/]\n[bold]{escape(where)}[/]")
         stdout.print(_highlighted(item["text"], span if span and span["passage"] == number else None))
 
 
