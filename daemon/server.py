@@ -342,7 +342,8 @@ class Daemon:
             _send(conn, _error_message(None, {
                 "type": "DaemonError",
                 "message": f"the evsel daemon has too many connections open ({self.max_clients})",
-                "hint": f"close idle clients, or wait: a connection idle for {self.client_idle_s:g}s is closed"}))
+                "hint": "close idle clients, then run the command again" + (
+                    f" (a connection idle for {self.client_idle_s:g}s is closed)" if self.client_idle_s > 0 else "")}))
         except OSError:
             pass
         finally:
