@@ -172,7 +172,8 @@ def test_epub_is_read_as_a_book(tmp_path, backbone_tokenizer):
 
 def test_epub_text_follows_the_spine_with_paragraphs_and_without_markup(tmp_path):
     path = make_epub(tmp_path / "keeper.epub", "The Keeper", [
-        ("Chapter Two", "Second <b>bold</b>\n   words &amp; more.</p><script>var x = 1;</script><p>Next line<br/>broken."),
+        ("Chapter Two",
+         "Second <b>bold</b>\n   words &amp; more.</p><script>var x = 1;</script><p>Next line<br/>broken."),
         ("Chapter One", "First."),
     ])
     doc = one(path)
