@@ -62,7 +62,10 @@ class Connection:
         if settings is not None:
             message["settings"] = settings
         try:
-            self.send(message)
+            try:
+                self.send(message)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the daemon closed first; it may have said why (too many connections): read that
             while True:
                 reply = self.reader.read()
                 if reply is None:

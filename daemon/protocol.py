@@ -78,6 +78,8 @@ class LineReader:
             message = json.loads(line)
         except ValueError as exc:  # UnicodeDecodeError included
             raise ProtocolError(f"not JSON: {exc}") from None
+        except RecursionError:  # a deeply nested line ([[[[...) exhausts the parser's stack
+            raise ProtocolError("not JSON this daemon reads: nested too deeply") from None
         if not isinstance(message, dict):
             raise ProtocolError("a message must be a JSON object")
         return message

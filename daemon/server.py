@@ -21,7 +21,7 @@ import logging
 import logging.handlers
 import os
 import queue
-import select
+import selectors
 import signal
 import socket
 import threading
@@ -49,6 +49,9 @@ DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
 BACKGROUND_BATCH = 16  # chunks encoded between checks for waiting requests (a background encode yields)
 RECONCILE_S = 2.0  # how often the watch list is re-read from the store
+MAX_CLIENTS = 1024  # connections served at once (EVSEL_DAEMON_MAX_CLIENTS); one more is refused with an error
+CLIENT_IDLE_S = 600.0  # a connection silent this long between requests is closed (EVSEL_DAEMON_CLIENT_IDLE)
+FD_RESERVE = 64  # descriptors kept free of connections: the store, logs, the model's files, watches
 LOG_BYTES = 2 << 20
 LOG_BACKUPS = 3
 
@@ -118,6 +121,8 @@ class Daemon:
         self.status_lock = threading.Lock()
         self.clients = 0
         self.clients_lock = threading.Lock()
+        self.max_clients = int(_env_number("EVSEL_DAEMON_MAX_CLIENTS", MAX_CLIENTS))
+        self.client_idle_s = _env_number("EVSEL_DAEMON_CLIENT_IDLE", CLIENT_IDLE_S)
         self.last_activity = time.monotonic()
         self.stop_event = threading.Event()
         self.started_at = time.time()
@@ -229,6 +234,7 @@ class Daemon:
 
     # the accept loop, idle time and shutdown
     def _accept_loop(self) -> None:
+        self.max_clients = _fit_clients_to_fd_limit(self.max_clients)
         self.sock.settimeout(0.25)
         while not self.stop_event.is_set():
             try:
@@ -241,9 +247,14 @@ class Daemon:
                 conn = None
             if conn is not None:
                 with self.clients_lock:
-                    self.clients += 1
+                    full = self.clients >= self.max_clients
+                    if not full:
+                        self.clients += 1
                     self.last_activity = time.monotonic()
-                threading.Thread(target=self._serve, args=(conn,), name="evsel-client", daemon=True).start()
+                if full:
+                    self._refuse(conn)
+                else:
+                    threading.Thread(target=self._serve, args=(conn,), name="evsel-client", daemon=True).start()
             # housekeeping, however busy the socket is
             if self._idle_expired():
                 log.info("idle for %.0fs: shutting down", self.idle_timeout)
@@ -322,7 +333,25 @@ class Daemon:
         log.info("stopped")
 
     # connections
+    def _refuse(self, conn: socket.socket) -> None:
+        """One error reply to a connection over the cap, then close it (on the accept thread: a
+        fresh socket's send buffer is empty, so the short reply never blocks)."""
+        log.warning("refused a connection: %d connections open (the most served at once)", self.max_clients)
+        try:
+            conn.settimeout(1.0)
+            _send(conn, _error_message(None, {
+                "type": "DaemonError",
+                "message": f"the evsel daemon has too many connections open ({self.max_clients})",
+                "hint": "close idle clients, then run the command again" + (
+                    f" (a connection idle for {self.client_idle_s:g}s is closed)" if self.client_idle_s > 0 else "")}))
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
     def _serve(self, conn: socket.socket) -> None:
+        # a client silent this long between requests holds a thread and a descriptor for nothing
+        conn.settimeout(self.client_idle_s if self.client_idle_s > 0 else None)
         reader = LineReader(conn)
         try:
             while True:
@@ -337,7 +366,16 @@ class Daemon:
                         "message": f"the daemon speaks protocol {PROTOCOL_VERSION}, the client {message.get('v')}",
                         "hint": "restart the daemon: evsel daemon stop"}})
                     break
-                self._handle(conn, reader, message)
+                try:
+                    self._handle(conn, reader, message)
+                except (OSError, ProtocolError):
+                    raise
+                except Exception as exc:  # noqa: BLE001  a bug here: the client still gets one error reply
+                    log.error("client request failed:\n%s", traceback.format_exc())
+                    _send(conn, _error_message(message.get("id"), self._internal_error(exc)))
+                    break
+        except socket.timeout:
+            log.info("client connection closed: idle for %gs", self.client_idle_s)
         except ProtocolError as exc:  # not JSON, not an object, too large: say so, then close
             log.info("client connection closed: %s", exc)
             try:
@@ -368,6 +406,13 @@ class Daemon:
             _send(conn, _error_message(request_id, {"type": "ProtocolError", "message": "a request needs a method "
                                                     "name and a params object", "hint": "see daemon/PROTOCOL.md"}))
             return
+        for name in ("settings", "client"):
+            if not isinstance(message.get(name), (dict, type(None))):
+                self.counts["errors"] += 1
+                _send(conn, _error_message(request_id, {
+                    "type": "ProtocolError", "message": f"bad request: {name} must be an object, "
+                    f"not {_json_type(message[name])}", "hint": "see daemon/PROTOCOL.md"}))
+                return
         if method in REQUESTS:
             error = check_params(method, params)
             if error is not None:
@@ -395,7 +440,7 @@ class Daemon:
             return
         try:
             settings = Settings.from_dict(message.get("settings"))
-        except (EvselError, TypeError) as exc:
+        except (EvselError, TypeError, ValueError) as exc:
             self.counts["errors"] += 1
             # an EvselError's str() carries its hint already: the message alone, the hint once
             text = exc.message if isinstance(exc, EvselError) else str(exc)
@@ -410,6 +455,12 @@ class Daemon:
 
     def _stream(self, conn: socket.socket, reader: LineReader, job: Job) -> None:
         """Relay the job's messages to the client; its EOF or `cancel` cancels the job."""
+        # a selector, not select.select: that refuses descriptors >= 1024 (FD_SETSIZE)
+        with selectors.DefaultSelector() as selector:
+            selector.register(conn, selectors.EVENT_READ)
+            self._relay(conn, reader, job, selector)
+
+    def _relay(self, conn: socket.socket, reader: LineReader, job: Job, selector: selectors.BaseSelector) -> None:
         while True:
             try:
                 out = job.outbox.get(timeout=0.1)
@@ -423,7 +474,7 @@ class Daemon:
                     return
                 if out["type"] in ("result", "error"):
                     return
-            readable = reader.pending() or bool(select.select([conn], [], [], 0)[0])
+            readable = reader.pending() or bool(selector.select(0))
             if readable:
                 try:
                     message = reader.read()
@@ -1044,6 +1095,34 @@ def _stopped_error() -> dict:
 def _id_list(ids: list[int]) -> str:
     shown = ", ".join(map(str, ids[:5]))
     return shown + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+def _env_number(name: str, default: float) -> float:
+    """A number from the daemon's environment (limits the tests lower), else the default."""
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        log.warning("%s=%r is not a number; using %g", name, os.environ.get(name), default)
+        return default
+
+
+def _fit_clients_to_fd_limit(wanted: int) -> int:
+    """Raise the soft descriptor limit toward the hard one so `wanted` connections fit beside the
+    daemon's own files; returns how many connections fit."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        need = wanted + FD_RESERVE
+        if soft != resource.RLIM_INFINITY and soft < need:
+            target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    except (ImportError, ValueError, OSError):
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - FD_RESERVE))
 
 
 def _rss_mb() -> float | None:

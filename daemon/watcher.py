@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from evsel.parsers import SUPPORTED_SUFFIXES, collect_files
 log = logging.getLogger("evsel.daemon")
 
 MAX_FAILURES_SHOWN = 20
+ROOT_CHECK_S = 1.0  # how often each watched folder is checked for being deleted or recreated
 
 
 def wanted(root: str, path: str) -> bool:
@@ -88,6 +90,7 @@ class Watcher:
         self.pending: dict[tuple[str, str | None], float] = {}  # (root, path or None=rescan) -> last event
         self.failures: dict[str, dict[str, dict]] = {}  # root -> path -> {error, at}
         self.last_sync: dict[str, float] = {}
+        self.roots_checked = 0.0
         self.observer = None
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="evsel-watch-debounce", daemon=True)
@@ -114,7 +117,7 @@ class Watcher:
                     return  # already watched as asked
                 current["collection"] = collection
             else:
-                entry = {"collection": collection, "watch": None, "error": None}
+                entry = {"collection": collection, "watch": None, "error": None, "identity": _identity(root)}
                 try:
                     entry["watch"] = self.observer.schedule(_Handler(self, root), root, recursive=True)
                 except (OSError, EvselError) as exc:
@@ -122,6 +125,51 @@ class Watcher:
                     log.warning("watch %s: %s", root, entry["error"])
                 self.roots[root] = entry
         self.submit(root, collection, None)
+
+    def check_roots(self) -> None:
+        """Follow folders deleted and created again: inotify's watch dies with the folder it
+        watched, so a folder that is gone stops being observed (and says so), and one that is
+        back (or replaced by another folder of the same name) is observed again and synced.
+        Observer calls are made outside `self.lock`: the observer's thread takes it in `event`."""
+        with self.lock:
+            entries = list(self.roots.items())
+        for root, entry in entries:
+            identity = _identity(root)
+            if identity == entry["identity"] and (identity is None or entry["watch"] is not None):
+                continue
+            with self.lock:
+                old, entry["watch"], entry["identity"] = entry["watch"], None, identity
+                if identity is None:
+                    entry["error"] = "the folder is gone; it is watched again when it is back"
+            self._unschedule(old)
+            if identity is None:
+                log.warning("watch %s: %s", root, entry["error"])
+                continue
+            try:
+                watch = self.observer.schedule(_Handler(self, root), root, recursive=True)
+            except (OSError, EvselError) as exc:
+                with self.lock:
+                    entry["identity"] = None  # tried again at the next check
+                    entry["error"] = f"cannot watch the folder: {exc}"
+                continue
+            with self.lock:
+                still_watched = self.roots.get(root) is entry
+                if still_watched:
+                    entry["watch"], entry["error"] = watch, None
+                    self.failures.get(root, {}).pop(root, None)  # "the watched folder is gone"
+                    collection = entry["collection"]
+            if not still_watched:
+                self._unschedule(watch)
+                continue
+            log.info("watch %s: the folder is there again: syncing it", root)
+            self.submit(root, collection, None)
+
+    def _unschedule(self, watch) -> None:
+        if watch is not None:
+            try:
+                self.observer.unschedule(watch)
+            except (KeyError, OSError):
+                pass
 
     def unwatch(self, root: str) -> bool:
         with self.lock:
@@ -131,12 +179,15 @@ class Watcher:
                 del self.pending[key]
         if entry is None:
             return False
-        if entry["watch"] is not None:
-            try:
-                self.observer.unschedule(entry["watch"])
-            except (KeyError, OSError):
-                pass
+        self._unschedule(entry["watch"])
         return True
+
+    def root_deleted(self, root: str) -> None:
+        """The observer saw the folder itself deleted: its watch is dead even if a folder of the
+        same name (and maybe inode number) is back before the next check."""
+        with self.lock:
+            if root in self.roots:
+                self.roots[root]["identity"] = _DELETED
 
     def event(self, root: str, path: str | None) -> None:
         with self.lock:
@@ -146,6 +197,12 @@ class Watcher:
     def _loop(self) -> None:
         while not self.stopping.wait(min(0.2, self.debounce / 4 or 0.05)):
             now = time.monotonic()
+            if now - self.roots_checked >= ROOT_CHECK_S:
+                self.roots_checked = now
+                try:
+                    self.check_roots()
+                except Exception:  # noqa: BLE001  the debouncer must keep running
+                    log.exception("checking the watched folders failed")
             with self.lock:
                 ready = [k for k, t in self.pending.items() if now - t >= self.debounce]
                 for key in ready:
@@ -207,6 +264,18 @@ class Watcher:
             return out
 
 
+_DELETED = (-1, -1)  # an identity no folder has
+
+
+def _identity(root: str) -> tuple[int, int] | None:
+    """The folder's (device, inode), or None when it is not a folder now."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, watcher: Watcher, root: str):
         super().__init__()
@@ -221,6 +290,8 @@ class _Handler(FileSystemEventHandler):
         if kind == "moved":
             paths.append(os.fsdecode(event.dest_path))
         if event.is_directory:
+            if kind == "deleted" and paths[0].rstrip(os.sep) == self.root.rstrip(os.sep):
+                self.watcher.root_deleted(self.root)
             if kind != "modified":  # a folder created, deleted or moved: its files sent no events
                 self.watcher.event(self.root, None)
             return

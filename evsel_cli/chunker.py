@@ -163,17 +163,25 @@ def _split_long(text: str, start: int, end: int, budget: int, counter: TokenCoun
 # Sentences tokenized per call: bounds the tokenizer output held at once (a whole book's encodings
 # took ~60x the file's size) and lets progress, and so cancellation, be seen between calls.
 _COUNT_BATCH = 2048
+_COUNT_BATCH_CHARS = 1 << 18  # ... and characters per call, however long the sentences are
+# The longest unit the tokenizer sees: text without sentence punctuation is one "sentence", and
+# tokenizing megabytes at once took ~130x their size in memory. A longer sentence is cut at its
+# last whitespace before this bound (else at the bound); pieces are packed into chunks as usual.
+MAX_UNIT_CHARS = 8192
 
 
 def iter_pieces(doc: ParsedDocument, budget: int, counter: TokenCounter) -> Iterator[Piece]:
     """The document's pieces in order, tokenized `_COUNT_BATCH` sentences at a time (counts are per
     text, so the batching does not change them)."""
     batch: list[tuple[int, int, Segment, bool]] = []
+    chars = 0
     for span in _iter_spans(doc):
         batch.append(span)
-        if len(batch) >= _COUNT_BATCH:
+        chars += span[1] - span[0]
+        if len(batch) >= _COUNT_BATCH or chars >= _COUNT_BATCH_CHARS:
             yield from _batch_pieces(doc, batch, budget, counter)
             batch = []
+            chars = 0
     if batch:
         yield from _batch_pieces(doc, batch, budget, counter)
 
@@ -183,8 +191,25 @@ def _iter_spans(doc: ParsedDocument) -> Iterator[tuple[int, int, Segment, bool]]
         if segment.atomic:
             yield (segment.start, segment.end, segment, segment.break_before)
             continue
-        for i, (s, e) in enumerate(_iter_sentences(doc.text[segment.start:segment.end])):
-            yield (segment.start + s, segment.start + e, segment, segment.break_before and i == 0)
+        first = True
+        for s, e in _iter_sentences(doc.text[segment.start:segment.end]):
+            for a, b in _capped(doc.text, segment.start + s, segment.start + e):
+                yield (a, b, segment, segment.break_before and first)
+                first = False
+
+
+def _capped(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """[start, end) in consecutive spans of at most MAX_UNIT_CHARS, cut after whitespace where
+    there is some in the second half of the span."""
+    while end - start > MAX_UNIT_CHARS:
+        bound = start + MAX_UNIT_CHARS
+        cut = max(text.rfind(c, start + MAX_UNIT_CHARS // 2, bound) for c in " \n\t") + 1
+        if cut <= start:
+            cut = bound
+        yield (start, cut)
+        start = cut
+    if end > start:
+        yield (start, end)
 
 
 def _batch_pieces(doc: ParsedDocument, spans: list[tuple[int, int, Segment, bool]], budget: int,
@@ -192,8 +217,8 @@ def _batch_pieces(doc: ParsedDocument, spans: list[tuple[int, int, Segment, bool
     counts = counter.count([doc.text[s:e] for s, e, _, _ in spans])
     for (start, end, segment, new_chunk), tokens in zip(spans, counts):
         if tokens > budget and not segment.atomic:
-            for j, (s, e) in enumerate(_split_long(doc.text, start, end, budget, counter)):
-                n = counter.count([doc.text[s:e]])[0]
+            cuts = _split_long(doc.text, start, end, budget, counter)
+            for j, ((s, e), n) in enumerate(zip(cuts, counter.count([doc.text[s:e] for s, e in cuts]))):
                 yield Piece(s, e, n, segment, new_chunk and j == 0)
         else:
             yield Piece(start, end, tokens, segment, new_chunk)

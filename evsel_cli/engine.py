@@ -16,7 +16,7 @@ from . import chunker
 from .answer import STYLES
 from .chunker import DEFAULT_CHUNK_TOKENS
 from .errors import EmptyStoreError, EvselError, InputError, NotFoundError
-from .parsers import KINDS, collect_files, parse_file
+from .parsers import KINDS, collect_files, parse_file, read_file
 from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, methods_with_memory, with_memory
 from .settings import Settings
 from .store import DEFAULT_COLLECTION, ChunkRecord, Store
@@ -65,14 +65,6 @@ EventSink = Callable[[Event], None]
 
 def _ignore(_event: Event) -> None:
     pass
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -292,7 +284,10 @@ class Engine:
                                path=str(path))
             return FileResult(str(path), "failed", error=error.to_dict(), seconds=time.perf_counter() - started)
         try:
-            sha = file_sha256(path)
+            # read once and hash exactly the bytes parsed: a file rewritten meanwhile is never stored
+            # with the hash of one version and the text of another
+            data = read_file(path, kind)
+            sha = hashlib.sha256(data).hexdigest()
             config = self._chunker_config(chunk_tokens)
             collection_id = self.store.collection_id(collection, create=True)
             existing = self.store.documents_for_path(collection_id, str(path))
@@ -303,7 +298,13 @@ class Engine:
                 return FileResult(str(path), "unchanged", [d["id"] for d in existing],
                                   sum(d["n_chunks"] for d in existing), time.perf_counter() - started)
             on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": 0, "total": 1})
-            parsed = parse_file(path, kind, warnings)
+
+            def reading(done: int, total: int) -> None:  # a long EPUB: shown, and a daemon job may stop here
+                on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": done,
+                          "total": total})
+
+            parsed = parse_file(path, kind, warnings, data=data, on_progress=reading)
+            del data
             on_event({"type": "progress", "task": "parse", "label": f"read {path.name}", "done": 1, "total": 1})
             for message in warnings:
                 on_event({"type": "warning", "message": message})

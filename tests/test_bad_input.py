@@ -288,3 +288,27 @@ def test_every_bad_input_at_once_in_a_real_process(tmp_path, good):
     )
     assert listed.returncode == 0
     assert [d["path"] for d in json.loads(listed.stdout)] == [str(good.resolve())]
+
+
+_READ_SPARSE = r"""
+import resource, sys
+from pathlib import Path
+from evsel.engine import Engine
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+[result] = Engine().ingest([sys.argv[1]], encode=False)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(result["status"], result["error"]["message"], (after - before) * 1024, sep="|")
+"""
+
+
+def test_a_sparse_1gb_txt_is_refused_as_binary_before_it_is_read_whole(tmp_path):
+    """It was read whole (957 MB RSS) before the binary check looked at its first bytes."""
+    path = tmp_path / "hole.txt"
+    with open(path, "wb") as handle:
+        handle.truncate(1 << 30)  # a hole: no disk used, a gigabyte of NUL bytes when read
+    result = subprocess.run([sys.executable, "-c", _READ_SPARSE, str(path)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    status, message, grown = result.stdout.strip().split("|")
+    assert status == "failed" and "binary" in message and "unexpected" not in message
+    assert int(grown) < 64 << 20, f"peak RSS grew {int(grown) >> 20} MB"

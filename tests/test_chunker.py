@@ -199,3 +199,61 @@ def test_segments_must_tile_the_text(backbone_tokenizer):
     with pytest.raises(ValueError):
         chunk_document(doc, backbone_tokenizer)
 
+
+
+# text without sentence punctuation (hardening issue, item 5)
+
+_UNPUNCTUATED_RSS = r"""
+import random, resource, sys
+from evsel.chunker import chunk_document
+from evsel.models.backbone import Backbone
+from evsel.parsers.base import ParsedDocument, TextBuilder
+
+def doc(text):
+    builder = TextBuilder()
+    builder.add(text)
+    return ParsedDocument(text=text, kind="book", title="t", segments=builder.segments)
+
+rng = random.Random(0)
+words = "keeper light harbour gull point silas quint boat night brass key tide".split()
+text = " ".join(rng.choice(words) for _ in range(int(float(sys.argv[1]) * 1e6) // 7)) + "\n"
+backbone = Backbone()
+chunk_document(doc("Warm up the tokenizer. " * 400), backbone)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+chunks = chunk_document(doc(text), backbone)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert "".join(c.text for c in chunks) == text
+assert max(c.n_tokens for c in chunks) <= 140
+print(len(text), (after - before) * 1024)
+"""
+
+
+def test_text_without_sentence_punctuation_is_chunked_in_bounded_memory(backbone_tokenizer):
+    """Megabytes with no sentence end were tokenized as one sentence: 2 MB took ~280 MB more
+    (22 MB took the daemon to 3 GB). Peak memory is measured in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _UNPUNCTUATED_RSS, "2"], capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    chars, grown = map(int, result.stdout.split())
+    assert grown <= 16 * chars, f"peak RSS grew {grown >> 20} MB chunking {chars >> 20} MB"
+
+
+def test_an_overlong_unpunctuated_sentence_is_cut_at_whitespace_or_a_bound(backbone_tokenizer):
+    from evsel.chunker import MAX_UNIT_CHARS, _iter_spans
+    from evsel.parsers.base import TextBuilder
+
+    words = "the keeper of the light " * (MAX_UNIT_CHARS // 8)
+    solid = "x" * (MAX_UNIT_CHARS * 2 + 5)  # no whitespace at all: cut at the bound
+    builder = TextBuilder()
+    builder.add(words + solid + "\n")
+    doc = ParsedDocument(text=builder.text(), kind="book", title="t", segments=builder.segments)
+    spans = [(s, e) for s, e, _, _ in _iter_spans(doc)]
+    assert "".join(doc.text[s:e] for s, e in spans) == doc.text
+    assert max(e - s for s, e in spans) <= MAX_UNIT_CHARS
+    assert all(doc.text[e - 1] == " " for s, e in spans if e <= len(words))  # cut after a space
+    chunks = chunk_document(doc, backbone_tokenizer)
+    assert_cover_and_budget(doc, chunks, backbone_tokenizer, DEFAULT_CHUNK_TOKENS)

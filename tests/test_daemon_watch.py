@@ -141,3 +141,45 @@ def test_watch_bad_input_and_no_daemon_mode(daemon_home, tmp_path, capsys):
     # the running daemon follows the store's watch list
     wait_for(lambda: "a.txt" in _docs_or_empty(), 120, "the saved folder to be synced")
     assert evsel_json("docs", "list")[0]["collection"] == "inbox"
+
+
+def test_a_watched_folder_deleted_and_created_again_is_observed_and_synced_again(tmp_path):
+    """Its inotify watch died with it: new files were never ingested, `observing` stayed true and
+    "the watched folder is gone" stayed until a restart."""
+    import shutil
+
+    from evsel.daemon.watcher import Watcher
+
+    calls = []
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    watcher = Watcher(lambda root, collection, paths: calls.append(paths), debounce=0.2)
+    watcher.start()
+    try:
+        watcher.watch(str(folder), "notes")
+        watcher.record_error(str(folder), "the watched folder is gone")  # what a sync in between records
+        shutil.rmtree(folder)
+        wait_for(lambda: not watcher.describe()[str(folder)]["observing"], 30, "the folder to be seen gone")
+        assert "gone" in watcher.describe()[str(folder)]["error"]
+        synced = len(calls)
+        folder.mkdir()
+        wait_for(lambda: watcher.describe()[str(folder)]["observing"], 30, "the folder to be observed again")
+        wait_for(lambda: None in calls[synced:], 30, "a full sync of the folder that is back")
+        described = watcher.describe()[str(folder)]
+        assert described["error"] is None and described["failed"] == 0
+        (folder / "new.md").write_text("# New\n\nA note written after the folder came back.\n")
+        wait_for(lambda: [str(folder / "new.md")] in calls, 30, "the new file's sync")
+        # deleted and made again between two checks: the dead watch is still replaced
+        dead = watcher.roots[str(folder)]["watch"]
+        shutil.rmtree(folder)
+        folder.mkdir()
+
+        def replaced():
+            watch = watcher.roots[str(folder)]["watch"]
+            return watch is not None and watch is not dead  # watches compare equal by path: tell them apart by id
+
+        wait_for(replaced, 30, "a new watch on the folder")
+        (folder / "later.md").write_text("# Later\n\nStill seen.\n")
+        wait_for(lambda: [str(folder / "later.md")] in calls, 30, "a file in the folder made again")
+    finally:
+        watcher.stop()

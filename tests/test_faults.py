@@ -296,3 +296,47 @@ def test_parse_errors_read_well(tmp_path, capsys):
     assert "unterminated string starting at line 2 column" in err and "at at" not in err
     assert "not an EPUB file" in err and "not a EPUB" not in err
     assert "at line 2 column" in err.split("chat.jsonl")[-1]
+
+
+# hardening issue, item 3: the sha256 stored is of the very bytes whose text is stored
+_FLIP = """
+import os, sys, time
+path, staged = sys.argv[1], sys.argv[2:]
+i = 0
+while True:  # a new version every millisecond, each written whole (an atomic rename)
+    i += 1
+    copy = path + f".next{i % 2}"
+    with open(staged[i % 2], "rb") as src, open(copy, "wb") as dst:
+        dst.write(src.read())
+    os.replace(copy, path)
+    time.sleep(0.001)
+"""
+
+
+def test_a_file_rewritten_during_ingest_is_stored_with_the_hash_of_the_text_stored(tmp_path, backbone_tokenizer):
+    import hashlib
+
+    from evsel.engine import Engine
+    from evsel.store import Store
+
+    versions = [f"Version {name}. The keeper of Gull Point was {name}.\n".encode() * 200 for name in ("Ann", "Bo")]
+    sha = {hashlib.sha256(v).hexdigest(): v.decode() for v in versions}
+    staged = []
+    for i, data in enumerate(versions):
+        staged.append(tmp_path / f"v{i}.staged")
+        staged[-1].write_bytes(data)
+    path = tmp_path / "flip.txt"
+    path.write_bytes(versions[0])
+    flipper = subprocess.Popen([sys.executable, "-c", _FLIP, str(path), *map(str, staged)])  # no shared GIL
+    engine = Engine()
+    mismatched = []
+    try:
+        for _ in range(40):
+            engine.ingest([str(path)], encode=False)
+            [doc] = Store().documents()
+            text = "".join(c.text for c in Store().chunks([doc["id"]]))
+            if sha.get(doc["sha256"]) != text:
+                mismatched.append(doc["sha256"][:8])
+    finally:
+        kill_process(flipper)
+    assert not mismatched, f"{len(mismatched)} of 40 ingests stored one version's hash with another's text"

@@ -3,39 +3,60 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..errors import InputError
 from .base import ParsedDocument, Segment, TextBuilder
 from .dialogue import looks_like_transcript, parse_json_dialogue, parse_jsonl_dialogue, parse_transcript
-from .text import parse_book, read_text
+from .text import HEAD_BYTES, check_not_binary, parse_book, parse_epub, read_text
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".epub", ".pdf", ".json", ".jsonl")
 KINDS = ("auto", "book", "pdf", "dialogue")
 
-__all__ = ["ParsedDocument", "Segment", "TextBuilder", "parse_file", "collect_files", "SUPPORTED_SUFFIXES", "KINDS"]
+__all__ = ["ParsedDocument", "Segment", "TextBuilder", "parse_file", "read_file", "collect_files",
+           "SUPPORTED_SUFFIXES", "KINDS"]
 
 
-def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None) -> list[ParsedDocument]:
-    """Parse one file into one or more documents (a LoCoMo JSON file holds several conversations)."""
-    warnings = warnings if warnings is not None else []
-    suffix = path.suffix.lower()
+def _check_regular_file(path: Path) -> None:
     if not path.exists():
         raise InputError("no such file", "check the path", path=str(path))
     if not path.is_file():
         raise InputError("not a regular file", "give a file or a directory", path=str(path))
-    if suffix in (".pdf", ".epub") or kind == "pdf":
-        from .pdf import parse_epub, parse_pdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
+
+
+def read_file(path: Path, kind: str = "auto") -> bytes:
+    """A file's bytes, read once, so that the caller hashes exactly what `parse_file` parses. A
+    file read as text whose first bytes look binary is refused before the rest is read."""
+    _check_regular_file(path)
+    with open(path, "rb") as handle:
+        if not (path.suffix.lower() in (".pdf", ".epub") or kind == "pdf"):
+            check_not_binary(path, handle.read(HEAD_BYTES))
+            handle.seek(0)
+        return handle.read()
+
+
+def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None, data: bytes | None = None,
+               on_progress: Callable[[int, int], None] | None = None) -> list[ParsedDocument]:
+    """Parse one file into one or more documents (a LoCoMo JSON file holds several conversations),
+    from `data`, its bytes, when read already (`read_file`). `on_progress(done, total)` is called
+    while a long file is read (an EPUB's chapters), so a caller can show it or stop there."""
+    warnings = warnings if warnings is not None else []
+    suffix = path.suffix.lower()
+    if data is None:
+        _check_regular_file(path)
     if suffix == ".pdf" or kind == "pdf":
         if suffix == ".pdf" and kind not in ("auto", "pdf"):
             raise InputError(f"a PDF cannot be read as {kind}", "use --kind auto or pdf", path=str(path))
         if suffix == ".epub":
             raise InputError("an EPUB cannot be read as pdf", "use --kind auto or book", path=str(path))
-        return [parse_pdf(path)]
+        from .pdf import parse_pdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
+
+        return [parse_pdf(path, data)]
     if suffix == ".epub":
         if kind == "dialogue":
             raise InputError("an EPUB cannot be read as a dialogue", "use --kind auto or book", path=str(path))
-        return [parse_epub(path)]
-    text = read_text(path, warnings)
+        return [parse_epub(path, data, on_progress)]
+    text = read_text(path, warnings, data)
     if suffix == ".json":
         if kind == "book":
             return [parse_book(path, text)]

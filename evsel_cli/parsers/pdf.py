@@ -1,4 +1,4 @@
-"""PDF and EPUB through pymupdf. PDF pages keep their 1-based numbers."""
+"""PDF through pymupdf. Pages keep their 1-based numbers. (EPUB is read in text.py.)"""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _TRAILING_SPACE = re.compile(r"[ \t]+\n")
 
 
-def _open(path: Path, filetype: str) -> pymupdf.Document:
-    if path.stat().st_size == 0:
+def _open(path: Path, filetype: str, data: bytes | None = None) -> pymupdf.Document:
+    if (path.stat().st_size if data is None else len(data)) == 0:
         raise InputError("the file is empty", "give a non-empty file", path=str(path))
     damaged = InputError(
         f"cannot read this {filetype.upper()}: it is damaged or not {'an' if filetype.lower() == 'epub' else 'a'} "
@@ -30,7 +30,8 @@ def _open(path: Path, filetype: str) -> pymupdf.Document:
         path=str(path),
     )
     try:
-        doc = pymupdf.open(str(path), filetype=filetype)
+        doc = pymupdf.open(str(path), filetype=filetype) if data is None else pymupdf.open(stream=data,
+                                                                                           filetype=filetype)
     except _PYMUPDF_ERRORS as exc:
         raise damaged from exc
     if doc.needs_pass:
@@ -53,8 +54,9 @@ def clean_page_text(text: str) -> str:
     return _TRAILING_SPACE.sub("\n", text)
 
 
-def parse_pdf(path: Path) -> ParsedDocument:
-    doc = _open(path, "pdf")
+def parse_pdf(path: Path, data: bytes | None = None) -> ParsedDocument:
+    """A PDF (from `data`, its bytes, when read already): one segment per page with text."""
+    doc = _open(path, "pdf", data)
     try:
         builder = TextBuilder()
         labels = {}
@@ -116,27 +118,3 @@ def pdf_title(info: dict, xmp: str, path: Path) -> str:
             continue
         return candidate
     return path.stem.replace("_", " ")
-
-
-def parse_epub(path: Path) -> ParsedDocument:
-    """EPUB as a book: reflowed pages carry no stable page numbers, so none are kept."""
-    doc = _open(path, "epub")
-    try:
-        texts = []
-        for index in range(doc.page_count):
-            text = clean_page_text(doc.load_page(index).get_text("text"))
-            if text.strip():
-                texts.append(text if text.endswith("\n") else text + "\n")
-        meta = doc.metadata or {}
-    finally:
-        doc.close()
-    builder = TextBuilder()
-    for text in texts:
-        builder.add(text)
-    if not builder.segments:
-        raise InputError("the EPUB has no text", "check the file in an e-book reader", path=str(path))
-    title = (meta.get("title") or "").strip() or path.stem.replace("_", " ")
-    return ParsedDocument(
-        text=builder.text(), kind="book", title=title, segments=builder.segments,
-        metadata={"author": (meta.get("author") or "").strip()},
-    )
