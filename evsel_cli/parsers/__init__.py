@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..errors import InputError
@@ -24,29 +25,49 @@ def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None
     if not path.is_file():
         raise InputError("not a regular file", "give a file or a directory", path=str(path))
     if suffix in (".pdf", ".epub") or kind == "pdf":
-        from .pdf import parse_epub, parse_pdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
+        from .pdf import parse_epub, parse_pdf, read_with_pymupdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
     if suffix == ".pdf" or kind == "pdf":
         if suffix == ".pdf" and kind not in ("auto", "pdf"):
             raise InputError(f"a PDF cannot be read as {kind}", "use --kind auto or pdf", path=str(path))
         if suffix == ".epub":
             raise InputError("an EPUB cannot be read as pdf", "use --kind auto or book", path=str(path))
-        return [parse_pdf(path)]
+        return [read_with_pymupdf(parse_pdf, path, "pdf", warnings)]
     if suffix == ".epub":
         if kind == "dialogue":
             raise InputError("an EPUB cannot be read as a dialogue", "use --kind auto or book", path=str(path))
-        return [parse_epub(path)]
+        return [read_with_pymupdf(parse_epub, path, "epub")]
     text = read_text(path, warnings)
     if suffix == ".json":
         if kind == "book":
             return [parse_book(path, text)]
-        return parse_json_dialogue(path, text)
+        return _refuse_lone_surrogates(path, text, parse_json_dialogue(path, text))
     if suffix == ".jsonl":
         if kind == "book":
             return [parse_book(path, text)]
-        return parse_jsonl_dialogue(path, text)
+        return _refuse_lone_surrogates(path, text, parse_jsonl_dialogue(path, text))
     if kind == "dialogue" or (kind == "auto" and suffix not in (".md", ".markdown") and looks_like_transcript(text)):
         return [parse_transcript(path, text)]
     return [parse_book(path, text)]
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _refuse_lone_surrogates(path: Path, raw: str, docs: list[ParsedDocument]) -> list[ParsedDocument]:
+    """JSON's "\\ud800" escape without its pair decodes to a lone surrogate: not a character, so
+    neither the tokenizer nor the store (UTF-8) can take it."""
+    for doc in docs:
+        for text in (doc.text, doc.title, doc.part):
+            found = _SURROGATE.search(text)
+            if found:
+                escape = f"\\u{ord(found.group()):04x}"
+                at = raw.lower().find(escape)
+                where = f" at line {raw.count(chr(10), 0, at) + 1}" if at >= 0 else ""
+                raise InputError(
+                    f"the JSON holds a lone UTF-16 surrogate escape {escape}{where}, which is not a character",
+                    "fix that escape in the file (a high surrogate needs its low pair), then ingest it again",
+                    path=str(path))
+    return docs
 
 
 def collect_files(target: Path) -> list[Path]:
