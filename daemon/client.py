@@ -156,11 +156,12 @@ def _as_typed(value, typed: dict[str, str]):
 # finding, starting and stopping the daemon
 def try_connect(daemon_files: DaemonFiles) -> Connection | None:
     """A connection to a listening daemon, or None (cleaning a dead daemon's socket and pid file)."""
-    if not daemon_files.socket.exists():
+    if not os.path.lexists(daemon_files.socket):
         return None
     # before connecting: in a home others can write, the socket may be anyone's (the daemon makes
     # the same check); connect_unix then checks that the peer runs as our user
     runtime.check_home_private(daemon_files.home)
+    runtime.check_socket_path(daemon_files.socket)
     try:
         sock = runtime.connect_unix(daemon_files.socket, timeout=None)
     except (FileNotFoundError, ConnectionRefusedError):

@@ -13,6 +13,7 @@ import json
 import logging
 import logging.handlers
 import os
+import shlex
 import socket
 import stat
 import struct
@@ -93,18 +94,30 @@ def build_id() -> str:
 
 
 def check_home_private(home: Path) -> None:
-    """Refuse a home that other users could write to: they could replace the socket or the store."""
-    info = home.stat()
-    if info.st_uid != os.getuid():
-        raise DaemonError(
-            f"EVSEL_HOME {home} belongs to another user (uid {info.st_uid})",
-            "point EVSEL_HOME at a folder you own, or use --no-daemon",
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise DaemonError(
-            f"EVSEL_HOME {home} is writable by other users, so evsel will not start or talk to a daemon there",
-            f"run: chmod go-w {home}   (or use --no-daemon)",
-        )
+    """Refuse a home that other users could write to: they could replace the socket or the store.
+    (Opening the store makes the same check, so --no-daemon is no way around it.)"""
+    from evsel.paths import folder_problem
+
+    problem = folder_problem(home)
+    if problem:
+        what, fix = problem
+        raise DaemonError(f"EVSEL_HOME {what}, so evsel will not start or talk to a daemon there", fix)
+
+
+def check_socket_path(path: Path) -> None:
+    """Refuse a daemon.sock that is not a socket (a directory, a file, a link someone made there):
+    evsel neither connects through it nor deletes it."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(info.st_mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a symbolic link" if stat.S_ISLNK(info.st_mode)
+            else "not a socket")
+    remove = "rmdir" if stat.S_ISDIR(info.st_mode) else "rm"
+    raise DaemonError(f"{path} is {kind}, not the evsel daemon's socket",
+                      f"move it away (or {remove} {shlex.quote(str(path))}), then run the command again")
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -220,6 +233,7 @@ def clean_stale(daemon_files: DaemonFiles) -> list[str]:
     if daemon_alive(daemon_files):
         return []
     removed = []
+    check_socket_path(daemon_files.socket)
     for path in (daemon_files.socket, daemon_files.pid):
         try:
             path.unlink()

@@ -15,7 +15,7 @@ from typing import Callable
 from . import chunker
 from .answer import STYLES
 from .chunker import DEFAULT_CHUNK_TOKENS
-from .errors import EmptyStoreError, EvselError, InputError, NotFoundError
+from .errors import EmptyStoreError, EvselError, InputError, NotFoundError, known_error
 from .parsers import KINDS, collect_files, parse_file, read_file
 from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, methods_with_memory, with_memory
 from .settings import Settings
@@ -185,6 +185,7 @@ class Engine:
             encode = self.settings.encode
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
+        _ = self.store  # opened (and its home checked) first: a store it cannot use fails the command, not each file
         results: list[FileResult] = []
         files: list[Path] = []
         for target in targets:
@@ -344,8 +345,9 @@ class Engine:
         except Exception as exc:  # a library or parser failure on one file must not stop the others
             if self.settings.debug:
                 raise
-            error = EvselError(f"unexpected {type(exc).__name__} while ingesting: {exc}",
-                               "rerun with EVSEL_DEBUG=1 for a traceback and report it", path=str(path))
+            error = known_error(exc) or EvselError(f"unexpected {type(exc).__name__} while ingesting: {exc}",
+                                                   "rerun with EVSEL_DEBUG=1 for a traceback and report it")
+            error.path = error.path or str(path)
             return FileResult(str(path), "failed", error=error.to_dict(), warnings=warnings,
                               seconds=time.perf_counter() - started)
 

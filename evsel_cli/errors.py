@@ -48,21 +48,92 @@ class StoreError(EvselError):
     """The database is unusable (locked for too long, newer schema, corrupt)."""
 
 
+class UnsafeHomeError(EvselError):
+    """EVSEL_HOME or a file in it could have been planted or swapped by another user."""
+
+
 def from_dict(data: dict) -> EvselError:
     """Rebuild an error sent over the daemon protocol."""
-    cls = {c.__name__: c for c in (EvselError, InputError, NotFoundError, EmptyStoreError, ModelError, StoreError)}
-    error_cls = cls.get(data.get("type", ""), EvselError)
+    classes = (EvselError, InputError, NotFoundError, EmptyStoreError, ModelError, StoreError, UnsafeHomeError)
+    error_cls = {c.__name__: c for c in classes}.get(data.get("type", ""), EvselError)
     return error_cls(data.get("message", "unknown error"), data.get("hint", ""), data.get("path"))
+
+
+# Library failures a user can cause, as the EvselError each stands for. Checked in order; an entry
+# returns None when the exception is of its type but not the failure it knows.
+
+_SQLITE_FULL, _SQLITE_BUSY = 13, 5
+
+
+def _sqlite_code(exc) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF  # the primary code, without extended bits
+    text = str(exc)
+    return _SQLITE_FULL if "disk is full" in text else _SQLITE_BUSY if "database is locked" in text else None
+
+
+def disk_full(where: str = "") -> StoreError:
+    return StoreError(f"the disk is full{where}; nothing was stored half-way",
+                      "free some space (or point EVSEL_HOME at a larger disk), then run the command again")
+
+
+def _sqlite_error(exc) -> EvselError | None:
+    code = _sqlite_code(exc)
+    if code == _SQLITE_FULL:
+        return disk_full(" (the store could not grow)")
+    if code == _SQLITE_BUSY:
+        return StoreError("the store is locked: another evsel process kept it busy for over a minute",
+                          "wait for it to finish (evsel daemon status shows the daemon's work), then run "
+                          "the command again")
+    return None
+
+
+def _os_error(exc: OSError) -> EvselError | None:
+    import errno
+
+    name = f" {exc.filename}" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return disk_full(f" (writing{name})" if name else "")
+    if isinstance(exc, IsADirectoryError):
+        return EvselError(f"{exc.filename or 'a path'} is a directory where evsel expects a file",
+                          "move the directory away, then run the command again")
+    if isinstance(exc, PermissionError):
+        return EvselError(f"permission denied: {exc.filename or exc}", "check the file's permissions or EVSEL_HOME")
+    return None
+
+
+def _known_table():
+    import sqlite3
+
+    return (
+        (sqlite3.Error, _sqlite_error),
+        (OSError, _os_error),
+        (MemoryError, lambda exc: EvselError(
+            "out of memory", "ask about fewer documents (--doc) or use a smaller --top-n")),
+        (RecursionError, lambda exc: EvselError(
+            "the input is nested too deeply to read", "flatten it or give a simpler file")),
+    )
+
+
+def known_error(exc: BaseException) -> EvselError | None:
+    """The EvselError `exc` stands for when it is a failure the user can cause and fix (a full
+    disk, a locked store, a directory where a file belongs), else None: a bug."""
+    if isinstance(exc, EvselError):
+        return exc
+    for types, make in _known_table():
+        if isinstance(exc, types):
+            found = make(exc)
+            if found is not None:
+                return found
+    return None
 
 
 def user_message(exc: BaseException) -> str:
     """One line for any exception reaching the CLI: known ones say what to do, others say how to report."""
-    if isinstance(exc, EvselError):
-        return exc.line()
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
-    if isinstance(exc, MemoryError):
-        return "out of memory; ask about fewer documents (--doc) or use a smaller --top-n"
-    if isinstance(exc, PermissionError):
-        return f"permission denied: {exc.filename or exc}; check the file's permissions or EVSEL_HOME"
+    found = known_error(exc)
+    if found is not None:
+        return found.line()
     return f"unexpected {type(exc).__name__}: {exc}; rerun with EVSEL_DEBUG=1 for a traceback"

@@ -25,6 +25,36 @@ def evsel_home() -> Path:
     return home
 
 
+def folder_problem(folder: Path) -> tuple[str, str] | None:
+    """(what is wrong, what to run) when another user owns `folder` or can write to it (even with
+    the sticky bit, as /tmp has: they can still create names in it), so they could plant a store,
+    a socket or a log there for evsel to write the user's text into; else None."""
+    info = os.stat(folder)
+    if info.st_uid != os.getuid():
+        return (f"{folder} belongs to another user (uid {info.st_uid})",
+                "point EVSEL_HOME at a folder you own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{folder} is writable by other users ({stat.S_IMODE(info.st_mode):04o})",
+                f"run: chmod go-w {shlex.quote(str(folder))}   (or point EVSEL_HOME at a private folder)")
+    return None
+
+
+def file_problem(path) -> str | None:
+    """Why an existing file of the store must not be used (a symlink, not a regular file, another
+    user's: someone planted it to read what evsel writes), or None when it is fine or absent."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if info.st_uid != os.getuid():
+        return f"belongs to another user (uid {info.st_uid})"
+    return None
+
+
 # files in EVSEL_HOME that hold the user's text or say what they asked (checked by `permission_warning`)
 PRIVATE_FILES = ("evsel.db", "evsel.db-wal", "evsel.db-shm", "daemon.log", "daemon.err", "daemon.pid",
                  "cache/eval.db")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import shlex
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -13,7 +15,7 @@ from typing import Callable, Iterable
 import sqlite_utils
 
 from . import paths
-from .errors import NotFoundError, StoreError
+from .errors import NotFoundError, StoreError, UnsafeHomeError, known_error
 
 DEFAULT_COLLECTION = "default"
 
@@ -222,7 +224,7 @@ def migrate(db: sqlite_utils.Database) -> list[str]:
                 db.execute("insert into _evsel_migrations values (?, ?)", [name, time.time()])
                 db.conn.execute("commit")
             except BaseException:
-                db.conn.execute("rollback")
+                _rollback(db.conn)
                 raise
         finally:
             if fk_off and fk_was:
@@ -231,13 +233,50 @@ def migrate(db: sqlite_utils.Database) -> list[str]:
     return applied
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if SQLite has not already: on a full disk (SQLITE_FULL) it
+    rolls back by itself, and a second "rollback" would fail and hide the real error."""
+    if conn.in_transaction:
+        try:
+            conn.execute("rollback")
+        except sqlite3.Error:
+            pass  # the error being raised says what went wrong
+
+
+BUSY_TIMEOUT_S = 60  # how long a command waits for another process's write to the store to end
+
+
+def _refuse_planted(path: Path, in_home: bool) -> None:
+    """Refuse a store in a folder other users can write to, and a store file (or its -wal, -shm or
+    -journal) that is a symlink or another user's: either way they would read what we write."""
+    text = str(path)
+    if not text or text == ":memory:" or text.startswith("file:"):
+        return
+    try:
+        problem = paths.folder_problem(Path(os.path.abspath(text)).parent)
+    except OSError:
+        return  # no such folder: sqlite3 says so when it opens the file
+    if problem:
+        what, fix = problem
+        raise UnsafeHomeError(f"{'EVSEL_HOME ' if in_home else ''}{what}, so evsel will not keep your documents "
+                              "there", fix)
+    for name in (text, f"{text}-wal", f"{text}-shm", f"{text}-journal"):
+        why = paths.file_problem(name)
+        if why:
+            quoted = shlex.quote(name)
+            raise UnsafeHomeError(f"{name} {why}, so evsel will not write your documents to it",
+                                  f"remove it (rm {quoted}), or if it is yours (made with sudo?) chown it to you")
+
+
 def connect(path: Path | None = None) -> sqlite_utils.Database:
     """Open the store in WAL mode with a generous busy timeout, migrated to the current schema."""
+    in_home = path is None
     path = path or paths.db_path()
+    _refuse_planted(path, in_home)
     try:
         created = paths.create_private_file(path)  # 0600 from the start: it holds the ingested text
-        conn = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
-        conn.execute("pragma busy_timeout = 60000")
+        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        conn.execute(f"pragma busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         db = sqlite_utils.Database(conn)
         if db.journal_mode != "wal":
             db.enable_wal()
@@ -247,6 +286,9 @@ def connect(path: Path | None = None) -> sqlite_utils.Database:
         db.execute("pragma synchronous = normal")
         migrate(db)
     except sqlite3.DatabaseError as exc:
+        known = known_error(exc)
+        if known is not None:
+            raise known from exc
         raise StoreError(f"cannot open the store {path}: {exc}", "check EVSEL_HOME; move a damaged file away") from exc
     return db
 
@@ -438,8 +480,11 @@ class Store:
                 dropped |= self._delete_document(stale["id"])
             orphans = self._drop_orphan_states(dropped)
             conn.execute("commit")
-        except BaseException:
-            conn.execute("rollback")
+        except BaseException as exc:
+            _rollback(conn)
+            known = known_error(exc) if isinstance(exc, sqlite3.Error) else None
+            if known is not None:  # a full disk or a store locked too long: one line, nothing stored
+                raise known from exc
             raise
         self._drop_orphan_files(orphans)
         return ids
@@ -496,7 +541,7 @@ class Store:
             orphans = self._drop_orphan_states(dropped)
             conn.execute("commit")
         except BaseException:
-            conn.execute("rollback")
+            _rollback(conn)
             raise
         self._drop_orphan_files(orphans)
 
@@ -568,7 +613,7 @@ class Store:
             conn.executemany("insert or ignore into chunk_states values (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             conn.execute("commit")
         except BaseException:
-            conn.execute("rollback")
+            _rollback(conn)
             raise
 
     # block summaries (m008)
@@ -590,7 +635,7 @@ class Store:
                          [key, model, kind, first_hash, text, seconds, time.time()])
             conn.execute("commit")
         except BaseException:
-            conn.execute("rollback")
+            _rollback(conn)
             raise
 
     def count_summaries(self) -> int:

@@ -373,3 +373,161 @@ def test_daemon_answers_bad_json_and_oversized_lines_with_an_error(daemon_home):
     finally:
         sock.close()
     assert status(daemon_home)["running"]  # the daemon carries on
+
+
+# 1 (hardening). Every way into the store checks the home and the store's files, --no-daemon too:
+# a home others can write (even 1777, as /tmp) lets them plant evsel.db, a symlink to a file they read
+def _plant_victim(tmp_path):
+    """A file "another user" owns and reads (owned by nobody when we are root)."""
+    victim = tmp_path / "theirs.db"
+    victim.write_bytes(b"")
+    os.chmod(victim, 0o666)
+    if os.getuid() == 0:
+        os.chown(victim, 65534, 65534)
+    return victim
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777])
+def test_no_daemon_refuses_a_home_others_can_write(mode, evsel_home, tmp_path, capsys):
+    from evsel.cli import main
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("The combination of the safe is 31-17-4. Nobody else knows it.\n")
+    evsel_home.mkdir()
+    os.chmod(evsel_home, mode)
+    victim = _plant_victim(tmp_path)
+    os.symlink(victim, evsel_home / "evsel.db")
+    for args in (["--no-daemon", "ingest", "--no-encode", str(secret)], ["--no-daemon", "docs", "list"]):
+        code = main(args)
+        out, err = capsys.readouterr()
+        assert code == 1 and out == ""
+        assert err.strip().splitlines() == [
+            f"evsel: error: EVSEL_HOME {evsel_home} is writable by other users ({mode:04o}), so evsel will not keep "
+            f"your documents there; run: chmod go-w {evsel_home}   (or point EVSEL_HOME at a private folder)"]
+        assert victim.read_bytes() == b""  # nothing written through the planted link
+    assert sorted(os.listdir(evsel_home)) == ["evsel.db"]  # nothing created beside it either
+
+
+def test_daemon_refusal_no_longer_suggests_no_daemon(evsel_home, monkeypatch, capsys):
+    from evsel.cli import main
+
+    monkeypatch.delenv("EVSEL_NO_DAEMON")
+    evsel_home.mkdir()
+    os.chmod(evsel_home, 0o1777)
+    assert main(["docs", "list"]) == 1
+    out, err = capsys.readouterr()
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"evsel: error: EVSEL_HOME {evsel_home} is writable by other users (1777)")
+    assert "--no-daemon" not in line and "chmod go-w" in line
+    assert os.listdir(evsel_home) == []  # no daemon started, nothing written
+
+
+@pytest.mark.parametrize("name", ["evsel.db", "evsel.db-wal", "evsel.db-shm"])
+def test_store_refuses_a_planted_symlink_in_a_private_home(name, evsel_home, tmp_path, capsys):
+    from evsel.cli import main
+
+    evsel_home.mkdir(mode=0o700)
+    victim = _plant_victim(tmp_path)
+    os.symlink(victim, evsel_home / name)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("The combination of the safe is 31-17-4.\n")
+    assert main(["ingest", str(secret)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip().splitlines() == [
+        f"evsel: error: {evsel_home / name} is a symbolic link, so evsel will not write your documents to it; "
+        f"remove it (rm {evsel_home / name}), or if it is yours (made with sudo?) chown it to you"]
+    assert victim.read_bytes() == b""
+    assert os.path.islink(evsel_home / name)
+
+
+def test_store_refuses_a_file_another_user_planted(evsel_home, tmp_path, capsys):
+    if os.getuid() != 0:
+        pytest.skip("needs root: only root can make a file in our home belong to another user (os.chown)")
+    from evsel.cli import main
+
+    evsel_home.mkdir(mode=0o700)
+    planted = evsel_home / "evsel.db"
+    planted.write_bytes(b"")
+    os.chmod(planted, 0o666)
+    os.chown(planted, 65534, 65534)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("The combination of the safe is 31-17-4.\n")
+    assert main(["--no-daemon", "ingest", str(secret)]) == 1
+    out, err = capsys.readouterr()
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"evsel: error: {planted} belongs to another user (uid 65534), so evsel will not write")
+    assert planted.read_bytes() == b""
+
+
+def test_a_private_home_still_works(evsel_home, tmp_path, capsys):
+    """The checks refuse only what they should: a fresh home, then the store it made, are used."""
+    from evsel.cli import main
+
+    doc = tmp_path / "harbour.txt"
+    doc.write_text("The harbour master kept a log of every ship.\n")
+    assert main(["ingest", str(doc)]) == 0
+    assert main(["docs", "list", "--json"]) == 0
+    assert [d["path"] for d in json.loads(capsys.readouterr().out)] == [str(doc.resolve())]
+
+
+# 2 (hardening). Control characters from documents, file names and the daemon never reach the
+# terminal raw: ESC [2J clears the screen, OSC 8 makes a link, OSC 0 sets the window title
+HOSTILE = ("The keeper logged the storm.\x1b[2J\x1b[H\x1b[31mFAKE: all tests passed\x1b[0m "
+           "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x1b]0;owned\x07 bell\x07 del\x7f csi\x9b2J.\n")
+HOSTILE_NAME = "log\x1b[2Jbook\x1b]0;title\x07.txt"
+# enough plain prose that the file is text, not binary (evsel refuses a file dense with control bytes)
+CALM = "".join(f"On day {n} the sea was calm and the gulls sat on the rocks by the light. " for n in range(40))
+
+
+def _raw_controls(text: str) -> list[str]:
+    return sorted({c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F})
+
+
+def test_control_characters_are_shown_escaped_on_the_terminal(evsel_home, tmp_path, capsys):
+    from evsel.cli import main
+
+    doc = tmp_path / HOSTILE_NAME
+    doc.write_text("# The Keeper\x1b[5m Log\n\n" + HOSTILE + "\n" + CALM + "\n")
+    bad = tmp_path / "empty\x1b[2J.txt"
+    bad.write_bytes(b"")
+    runs = {}
+    for args in (["ingest", str(doc), str(bad)], ["docs", "list"], ["docs", "show", "--chunks", "1"],
+                 ["ask", "--evidence-only", "what did the keeper log?"]):
+        main(args)
+        runs[" ".join(args[:2])] = capsys.readouterr()
+    for name, (out, err) in runs.items():
+        assert _raw_controls(out + err) == [], name
+        assert "unexpected" not in err, name
+    shown = runs["docs show"].out + runs["ask --evidence-only"].out
+    assert "\\x1b[2J\\x1b[H\\x1b[31mFAKE: all tests passed\\x1b[0m" in runs["docs show"].out
+    assert "\\x1b]8;;https://evil.example/\\x1b\\click" in shown and "\\x1b]0;owned\\x07" in shown
+    assert "\\x7f" in shown and "\\x9b2J" in shown
+    assert "\\x1b[2J" in runs["ask --evidence-only"].out
+    assert "log\\x1b[2Jbook\\x1b]0;title\\x07.txt" in runs["docs list"].out  # the path column
+    assert "The Keeper\\x1b[5m Log" in runs["docs list"].out  # the title column
+    ingest_err = runs["ingest " + str(doc)].err
+    assert f"ingested {tmp_path}/log\\x1b[2Jbook\\x1b]0;title\\x07.txt" in ingest_err
+    [error] = [line for line in ingest_err.splitlines() if line.startswith("evsel: error:")]
+    assert "empty\\x1b[2J.txt: the file is empty" in error
+
+    # --json keeps the exact text, escaped as JSON
+    assert main(["docs", "show", "--chunks", "--json", "1"]) == 0
+    out = capsys.readouterr().out
+    assert _raw_controls(out) == []
+    shown = json.loads(out)
+    assert shown["path"] == str(doc.resolve()) and shown["title"] == "The Keeper\x1b[5m Log"
+    assert "\x1b[2J\x1b[H\x1b[31mFAKE: all tests passed\x1b[0m" in "".join(c["text"] for c in shown["chunks"])
+
+
+def test_control_characters_are_escaped_on_a_colour_terminal(evsel_home, tmp_path):
+    """A terminal gets rich's own colour codes, and still none from the document."""
+    doc = tmp_path / "story.txt"
+    doc.write_text(HOSTILE + CALM)
+    env = {**os.environ, "FORCE_COLOR": "1", "TERM": "xterm-256color"}
+    evsel("ingest", str(doc), env=env)
+    result = evsel("docs", "show", "--chunks", "1", env=env)
+    assert "\x1b[1m" in result.stdout  # rich styled it: this is what a terminal sees
+    for raw in ("\x1b[2J", "\x1b[31mFAKE", "\x1b]8;", "\x1b]0;", "\x07", "\x9b"):
+        assert raw not in result.stdout, repr(raw)
+    assert "\\x1b[2J\\x1b[H\\x1b[31mFAKE: all tests passed\\x1b[0m" in result.stdout

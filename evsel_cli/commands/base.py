@@ -32,6 +32,8 @@ from typer import BadParameter, echo, format_filename
 from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError  # not exported by typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from ..output import visible
+
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 88}
 
 
@@ -320,4 +322,5 @@ def show_usage_error(exc: UsageError) -> None:
             names = ctx.command.get_help_option_names(ctx)
             hint = f"Try '{ctx.command_path} {max(names, key=len)}' for help.\n"
         echo(f"{ctx.get_usage()}\n{hint}", err=True, color=ctx.color)
-    echo(f"Error: {exc.format_message()}", err=True, color=ctx.color if ctx is not None else None)
+    # the message may quote an argument: a file name from a shell glob, with control characters
+    echo(f"Error: {visible(exc.format_message())}", err=True, color=ctx.color if ctx is not None else None)

@@ -3,11 +3,10 @@ from __future__ import annotations
 from typing import Annotated, List
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from evsel.output import print_json, stderr, stdout
+from evsel.output import print_json, stderr, stdout, wide_console
 
 from .base import INT, App
 from .common import CollectionOption, JsonOption, engine_from
@@ -29,10 +28,10 @@ def docs_list(ctx: typer.Context, collection: CollectionOption = None, as_json: 
     for column in ("id", "collection", "kind", "title", "chunks", "tokens", "path"):
         table.add_column(column, overflow="fold")
     for r in rows:
-        table.add_row(str(r["id"]), r["collection"], r["kind"], escape(r["title"]), str(r["n_chunks"]),
+        table.add_row(str(r["id"]), escape(r["collection"]), r["kind"], escape(r["title"]), str(r["n_chunks"]),
                       str(r["n_tokens"]), escape(r["path"] + (f"#{r['part']}" if r["part"] else "")))
     # on a pipe there is no width to fit: keep each document on one line for grep and friends
-    console = stdout if stdout.is_terminal else Console(width=100_000, highlight=False)
+    console = stdout if stdout.is_terminal else wide_console()
     console.print(table)
 
 

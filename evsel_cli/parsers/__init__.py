@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -49,9 +50,9 @@ def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None
             raise InputError(f"a PDF cannot be read as {kind}", "use --kind auto or pdf", path=str(path))
         if suffix == ".epub":
             raise InputError("an EPUB cannot be read as pdf", "use --kind auto or book", path=str(path))
-        from .pdf import parse_pdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
+        from .pdf import parse_pdf, read_with_pymupdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
 
-        return [parse_pdf(path, data)]
+        return [read_with_pymupdf(lambda p: parse_pdf(p, data), path, "pdf", warnings)]
     if suffix == ".epub":
         if kind == "dialogue":
             raise InputError("an EPUB cannot be read as a dialogue", "use --kind auto or book", path=str(path))
@@ -60,14 +61,34 @@ def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None
     if suffix == ".json":
         if kind == "book":
             return [parse_book(path, text)]
-        return parse_json_dialogue(path, text)
+        return _refuse_lone_surrogates(path, text, parse_json_dialogue(path, text))
     if suffix == ".jsonl":
         if kind == "book":
             return [parse_book(path, text)]
-        return parse_jsonl_dialogue(path, text)
+        return _refuse_lone_surrogates(path, text, parse_jsonl_dialogue(path, text))
     if kind == "dialogue" or (kind == "auto" and suffix not in (".md", ".markdown") and looks_like_transcript(text)):
         return [parse_transcript(path, text)]
     return [parse_book(path, text)]
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _refuse_lone_surrogates(path: Path, raw: str, docs: list[ParsedDocument]) -> list[ParsedDocument]:
+    """JSON's "\\ud800" escape without its pair decodes to a lone surrogate: not a character, so
+    neither the tokenizer nor the store (UTF-8) can take it."""
+    for doc in docs:
+        for text in (doc.text, doc.title, doc.part):
+            found = _SURROGATE.search(text)
+            if found:
+                escape = f"\\u{ord(found.group()):04x}"
+                at = raw.lower().find(escape)
+                where = f" at line {raw.count(chr(10), 0, at) + 1}" if at >= 0 else ""
+                raise InputError(
+                    f"the JSON holds a lone UTF-16 surrogate escape {escape}{where}, which is not a character",
+                    "fix that escape in the file (a high surrogate needs its low pair), then ingest it again",
+                    path=str(path))
+    return docs
 
 
 def collect_files(target: Path) -> list[Path]:

@@ -106,6 +106,8 @@ def parse_json_dialogue(path: Path, text: str) -> list[ParsedDocument]:
         if exc.msg == "Extra data" and text.lstrip().startswith("{"):  # JSONL saved as .json
             return parse_jsonl_dialogue(path, text)
         raise _malformed(path, json_error(exc)) from exc
+    except RecursionError:
+        raise _malformed(path, "nested too deeply (arrays or objects inside each other thousands of times)") from None
     if isinstance(data, dict) and "conversation" in data:
         return [parse_locomo_sample(path, data, 0)]
     if isinstance(data, list) and data and all(isinstance(x, dict) and "conversation" in x for x in data):
@@ -153,6 +155,8 @@ def parse_jsonl_dialogue(path: Path, text: str) -> list[ParsedDocument]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise _malformed(path, json_error(exc, line_no)) from exc
+        except RecursionError:
+            raise _malformed(path, f"line {line_no} is nested too deeply") from None
         if not isinstance(item, dict):
             raise _malformed(path, f"line {line_no} is not a JSON object")
         messages.append(item)

@@ -13,8 +13,38 @@ from .base import ParsedDocument, TextBuilder
 
 pymupdf.TOOLS.mupdf_display_errors(False)  # its own warnings go to stderr; ours say what to do
 
-# mupdf's own exceptions (FzErrorBase) derive from Exception only
-_PYMUPDF_ERRORS = (pymupdf.FileDataError, pymupdf.EmptyFileError, pymupdf.mupdf.FzErrorBase, RuntimeError, ValueError)
+# mupdf's own exceptions (FzErrorBase) derive from Exception only; pymupdf asserts on some files
+# (page labels of an HTML file opened as a PDF)
+_PYMUPDF_ERRORS = (pymupdf.FileDataError, pymupdf.EmptyFileError, pymupdf.mupdf.FzErrorBase, RuntimeError, ValueError,
+                   AssertionError)
+_MUPDF_CODE = re.compile(r"^code=\d+:\s*")
+
+
+def _reason(exc: BaseException) -> str:
+    """mupdf's words for a failure ("too deep xml element nesting"), without its "code=8: "."""
+    text = _MUPDF_CODE.sub("", str(exc)).strip()
+    return text or type(exc).__name__
+
+
+def read_with_pymupdf(parse, path: Path, filetype: str, warnings: list[str] | None = None):
+    """`parse(path)` (parse_pdf, parse_epub) with any failure of pymupdf's on a bad file said in
+    one line, and mupdf's repairs of a damaged PDF (a truncated download opens with fewer pages or
+    less text) reported in `warnings`: the text stored may be incomplete."""
+    pymupdf.TOOLS.reset_mupdf_warnings()
+    try:
+        doc = parse(path)
+    except InputError:
+        raise
+    except (*_PYMUPDF_ERRORS, RecursionError) as exc:
+        raise InputError(f"cannot read this {filetype.upper()} ({_reason(exc)}): it is damaged or malformed",
+                         "re-export or re-download the file", path=str(path)) from exc
+    if warnings is not None:
+        said = pymupdf.TOOLS.mupdf_warnings() or ""
+        if "repair" in said:
+            first = next(line for line in said.splitlines() if line.strip())
+            warnings.append(f"{path}: the {filetype.upper()} is damaged and mupdf repaired it ({first}); some text "
+                            f"may be missing ({len(doc.text)} characters read), re-download or re-export the file")
+    return doc
 
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _TRAILING_SPACE = re.compile(r"[ \t]+\n")
@@ -34,6 +64,11 @@ def _open(path: Path, filetype: str, data: bytes | None = None) -> pymupdf.Docum
                                                                                            filetype=filetype)
     except _PYMUPDF_ERRORS as exc:
         raise damaged from exc
+    if filetype == "pdf" and not doc.is_pdf:  # mupdf reads by content: HTML or an image named .pdf
+        found = (doc.metadata or {}).get("format") or "something else"
+        doc.close()
+        raise InputError(f"this is not a PDF file: it holds {found}",
+                         "give it its real extension, or convert it to PDF", path=str(path))
     if doc.needs_pass:
         doc.close()
         raise InputError(
@@ -62,12 +97,13 @@ def parse_pdf(path: Path, data: bytes | None = None) -> ParsedDocument:
         labels = {}
         n_pages = doc.page_count
         for index in range(n_pages):
-            page = doc.load_page(index)
             try:
+                page = doc.load_page(index)
                 text = clean_page_text(page.get_text("text"))
-            except _PYMUPDF_ERRORS as exc:
+            except _PYMUPDF_ERRORS as exc:  # "page not in document": the PDF claims more pages than it has
                 raise InputError(
-                    f"cannot extract text from page {index + 1} ({exc})", "re-export the PDF", path=str(path)
+                    f"cannot extract text from page {index + 1} of {n_pages} ({_reason(exc)}): the PDF is damaged",
+                    "re-export or re-download the PDF", path=str(path)
                 ) from exc
             label = page.get_label() if hasattr(page, "get_label") else ""
             if label and label != str(index + 1):
