@@ -33,7 +33,7 @@ from pathlib import Path
 
 from evsel import __version__, paths
 from evsel import settings as settings_module
-from evsel.engine import REQUESTS, Engine, resume_arguments
+from evsel.engine import REQUESTS, Engine, IngestOptions, resume_arguments
 from evsel.errors import EvselError, InputError, NotFoundError, from_dict, user_message
 from evsel.parsers import collect_files
 from evsel.settings import Settings
@@ -682,7 +682,8 @@ class Daemon:
         if job.method == "ingest":
             # stored now (each file recorded until done), states and summaries in the background:
             # the client gets its answer in seconds
-            outcome = engine.ingest_files(**params, defer=True, journal=True)
+            outcome = engine.ingest_files(params["targets"], IngestOptions.from_params(params), emit, defer=True,
+                                          journal=True)
             self._queue_deferred(outcome.followups)
             result = outcome.files
         else:
@@ -737,7 +738,8 @@ class Daemon:
             log.info("resuming the ingest of %s, interrupted by a crash", pending.path)
 
             def task(engine, emit, params=params, pending=pending):
-                outcome = engine.ingest_files(**params, on_event=emit, defer=True, resume=pending)
+                outcome = engine.ingest_files(params["targets"], IngestOptions.from_params(params), emit, defer=True,
+                                              resume=pending)
                 self._invalidate(outcome.files)
                 for r in outcome.files:
                     why = f" ({from_dict(r['error']).line()})" if r.get("error") else ""

@@ -19,7 +19,7 @@ from typing import Callable
 
 from watchdog.events import FileSystemEventHandler
 
-from evsel.engine import IngestOutcome
+from evsel.engine import IngestOptions, IngestOutcome
 from evsel.errors import EvselError, InputError, from_dict
 from evsel.parsers import SUPPORTED_SUFFIXES, collect_files
 
@@ -76,7 +76,7 @@ def _ingest(engine, files: list[str], collection: str, on_event) -> IngestOutcom
     background queue (`followups`)."""
     if not files:
         return IngestOutcome([])
-    return engine.ingest_files(files, collection=collection, on_event=on_event, resolve_links=False, defer=True)
+    return engine.ingest_files(files, IngestOptions(collection, resolve_links=False), on_event, defer=True)
 
 
 def _remove_paths(engine, collection: str, paths: list[str]) -> list[dict]:

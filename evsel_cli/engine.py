@@ -7,10 +7,9 @@ plain dicts, so the same call works locally and over the daemon's socket.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +24,8 @@ from .store import DEFAULT_COLLECTION, ChunkRecord, PendingEncode, PendingIngest
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "KINDS", "REQUESTS", "RERANK_TOP",
-           "SELECTORS_HELP", "STYLES", "Engine", "IngestOutcome", "evidence_label", "resume_arguments"]
+           "SELECTORS_HELP", "STYLES", "Engine", "IngestOptions", "IngestOutcome", "evidence_label",
+           "resume_arguments"]
 
 
 def _selectors_help() -> str:
@@ -89,6 +89,27 @@ class FileResult:
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """How an ingest reads and stores its files: `Engine.ingest`'s options."""
+
+    collection: str = DEFAULT_COLLECTION
+    kind: str = "auto"  # auto picks by extension and content
+    chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS
+    encode: bool | None = None  # chunk states after storing; None: the settings decide (EVSEL_ENCODE)
+    resolve_links: bool = True  # store a file under its resolved path (off: as found, for watched links)
+    summaries: bool = False  # QRRanker's memory summaries after the states
+
+    @classmethod
+    def from_params(cls, params: dict) -> "IngestOptions":
+        """From an ingest request's params (`Engine.ingest`'s keyword arguments)."""
+        return cls(**{k: v for k, v in params.items() if k not in ("targets", "on_event")})
+
+    def stored(self) -> dict:
+        """What a pending-ingest record keeps (encode and summaries it keeps resolved, on their own)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("encode", "summaries")}
 
 
 @dataclass
@@ -213,24 +234,11 @@ class Engine:
         `resolve_links` off, under its absolute path as found (a watched folder tracks a link by
         its own name, so deleting the link removes the document). With `summaries`, QRRanker's
         memory summaries (models/memory.py) are written after the states."""
-        return self.ingest_files(targets, collection, kind, chunk_tokens, on_event, encode, resolve_links,
-                                 summaries).files
+        options = IngestOptions(collection, kind, chunk_tokens, encode, resolve_links, summaries)
+        return self.ingest_files(targets, options, on_event).files
 
-    def ingest_files(
-        self,
-        targets: list[str],
-        collection: str = DEFAULT_COLLECTION,
-        kind: str = "auto",
-        chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
-        on_event: EventSink = _ignore,
-        encode: bool | None = None,
-        resolve_links: bool = True,
-        summaries: bool = False,
-        *,
-        defer: bool = False,
-        journal: bool = False,
-        resume: PendingIngest | None = None,
-    ) -> IngestOutcome:
+    def ingest_files(self, targets: list[str], options: IngestOptions = IngestOptions(), on_event: EventSink = _ignore,
+                     *, defer: bool = False, journal: bool = False, resume: PendingIngest | None = None) -> IngestOutcome:
         """`ingest`, with what it leaves to do.
 
         `defer`: the chunk states and summaries are not computed here; they are recorded in the
@@ -240,7 +248,8 @@ class Engine:
         store (`PendingIngest`, with this request's options and settings) before it is read and
         the record deleted once the file is done or the ingest ends, so only a crash leaves
         records behind; `resume`: the record of the one file this call finishes after a crash."""
-        encode = self.settings.encode_at_ingest(encode)
+        collection, kind, chunk_tokens = options.collection, options.kind, options.chunk_tokens
+        encode, summaries = self.settings.encode_at_ingest(options.encode), options.summaries
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
         results: list[FileResult] = []
@@ -253,7 +262,7 @@ class Engine:
                 on_event({"type": "file", **results[-1].to_dict()})
 
         def where(f: Path) -> Path:
-            return f.resolve() if resolve_links else Path(os.path.abspath(f))
+            return f.resolve() if options.resolve_links else Path(os.path.abspath(f))
 
         found: dict[Path, Path] = {}  # where each file is stored -> the file as found (its name labels progress)
         for f in files:
@@ -263,11 +272,9 @@ class Engine:
         if resume is not None:
             open_records = {resume.path: resume.id}
         elif journal:
-            options = {"collection": collection, "kind": kind, "chunk_tokens": chunk_tokens,
-                       "resolve_links": resolve_links}
             recorded = self.store.add_pending_ingests([
-                PendingIngest(str(path), collection, kind, chunk_tokens, options, encode=encode, summaries=summaries,
-                              settings=self.settings)
+                PendingIngest(str(path), collection, kind, chunk_tokens, options.stored(), encode=encode,
+                              summaries=summaries, settings=self.settings)
                 for path in paths if path not in misnamed])
             open_records = {item.path: item.id for item in recorded}
         else:
@@ -675,9 +682,6 @@ class Engine:
         return info
 
 
-_INGEST_ARGUMENTS = frozenset(inspect.signature(Engine.ingest).parameters) - {"self", "on_event"}
-
-
 def resume_arguments(pending: PendingIngest, with_options: bool = True) -> dict:
     """`Engine.ingest`'s arguments that finish a file a crash interrupted: its request's options
     (rows from before m006 have none: their collection, kind and chunk size), or with
@@ -688,7 +692,7 @@ def resume_arguments(pending: PendingIngest, with_options: bool = True) -> dict:
         if pending.chunk_tokens is not None:
             params["chunk_tokens"] = pending.chunk_tokens
         params.update(pending.options)
-        params = {k: v for k, v in params.items() if k in _INGEST_ARGUMENTS - {"encode", "summaries"}}
+        params = {k: v for k, v in params.items() if k in IngestOptions().stored()}
     else:
         params = {"collection": pending.collection or DEFAULT_COLLECTION}
     return {**params, "targets": [pending.path], "encode": pending.encode, "summaries": pending.summaries}

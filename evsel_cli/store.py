@@ -441,9 +441,7 @@ class Store:
         now = time.time()
         ids = []
         dropped: set[str] = set()  # content hashes of the chunks this replaces
-        conn = self.db.conn
-        conn.execute("begin immediate")
-        try:
+        with self._transaction() as conn:
             old = {row["part"]: row for row in self.documents_for_path(collection_id, path)}
             for doc in docs:
                 values = {
@@ -493,10 +491,6 @@ class Store:
             for stale in old.values():  # parts that vanished from the new version of the file
                 dropped |= self._delete_document(stale["id"])
             orphans = self._drop_orphan_states(dropped)
-            conn.execute("commit")
-        except BaseException:
-            conn.execute("rollback")
-            raise
         self._drop_orphan_files(orphans)
         return ids
 
@@ -543,17 +537,11 @@ class Store:
             pass
 
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
-        conn = self.db.conn
-        conn.execute("begin immediate")
-        try:
+        with self._transaction():
             dropped: set[str] = set()
             for doc_id in doc_ids:
                 dropped |= self._delete_document(doc_id)
             orphans = self._drop_orphan_states(dropped)
-            conn.execute("commit")
-        except BaseException:
-            conn.execute("rollback")
-            raise
         self._drop_orphan_files(orphans)
 
     def documents(self, collection: str | None = None) -> list[dict]:
