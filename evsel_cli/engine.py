@@ -237,8 +237,9 @@ class Engine:
         options = IngestOptions(collection, kind, chunk_tokens, encode, resolve_links, summaries)
         return self.ingest_files(targets, options, on_event).files
 
-    def ingest_files(self, targets: list[str], options: IngestOptions = IngestOptions(), on_event: EventSink = _ignore,
-                     *, defer: bool = False, journal: bool = False, resume: PendingIngest | None = None) -> IngestOutcome:
+    def ingest_files(self, targets: list[str], options: IngestOptions = IngestOptions(),
+                     on_event: EventSink = _ignore, *, defer: bool = False, journal: bool = False,
+                     resume: PendingIngest | None = None) -> IngestOutcome:
         """`ingest`, with what it leaves to do.
 
         `defer`: the chunk states and summaries are not computed here; they are recorded in the

@@ -406,7 +406,8 @@ def test_pending_work_round_trips_with_named_fields():
     assert recorded.id is not None
     [back] = store.pending_ingests()
     assert back == recorded
-    assert (back.encode, back.summaries, back.settings, back.options) == (True, False, settings, {"resolve_links": False})
+    assert (back.encode, back.summaries, back.settings) == (True, False, settings)
+    assert back.options == {"resolve_links": False}
     # the row keeps the request's options as JSON, encode resolved (an old daemon reads it the same way)
     options = json.loads(store.db.execute("select options from pending_ingests").fetchone()[0])
     assert options == {"resolve_links": False, "encode": True, "summaries": False}
@@ -462,7 +463,8 @@ def test_a_deferred_ingest_records_each_file_until_done_and_returns_its_followup
         if event["type"] == "progress" and event["task"] == "files" and event["label"]:
             seen.append(sorted(p.path for p in engine.store.pending_ingests()))
 
-    outcome = engine.ingest_files([str(tmp_path)], IngestOptions(collection="notes"), on_event, defer=True, journal=True)
+    outcome = engine.ingest_files([str(tmp_path)], IngestOptions(collection="notes"), on_event, defer=True,
+                                  journal=True)
     assert seen == [[str(a), str(b)], [str(b)]]  # recorded before reading, each dropped once done
     assert engine.store.pending_ingests() == []
     assert [r["states"] for r in outcome.files] == ["background", "background"]
