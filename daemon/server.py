@@ -33,11 +33,11 @@ from pathlib import Path
 
 from evsel import __version__, paths
 from evsel import settings as settings_module
-from evsel.engine import REQUESTS, Engine
+from evsel.engine import REQUESTS, Engine, IngestOptions, resume_arguments
 from evsel.errors import EvselError, InputError, NotFoundError, from_dict, user_message
 from evsel.parsers import collect_files
 from evsel.settings import Settings
-from evsel.store import DEFAULT_COLLECTION, Store
+from evsel.store import DEFAULT_COLLECTION, PendingEncode, Store
 
 from . import runtime, watcher
 from .cache import CachingStore, DaemonEngine, MemoCache
@@ -514,28 +514,34 @@ class Daemon:
             return result
 
     def _watch_add(self, path: str, collection: str) -> dict:
+        """The engine's watch_add, then the folder is observed and synced at once."""
         if not os.path.isabs(path):
             raise InputError("the daemon takes absolute paths only", "a client of another evsel version? "
                              "run: evsel daemon stop", path=path)
-        root = str(paths.watch_folder(path))
-        added = self.fast_store.add_watch(root, collection)
+        result = self.fast_engine.watch_add(path, collection)
+        root = result["path"]
         self.watcher.watch(root, collection)
         try:
-            n_files = len(collect_files(Path(root)))
+            result["files"] = len(collect_files(Path(root)))
         except InputError:
-            n_files = 0
-        log.info("watch %s (collection %s): %s", root, collection, "added" if added else "updated")
-        return {"path": root, "collection": collection, "added": added, "files": n_files}
+            result["files"] = 0
+        log.info("watch %s (collection %s): %s", root, collection, "added" if result["added"] else "updated")
+        return result
 
     def _watch_remove(self, path: str) -> dict:
+        """The engine's watch_remove, then the folder is no longer observed and its syncs are
+        cancelled. A folder observed without its row (removed by another process) is removed too."""
         root = paths.watched_path(path)
-        removed_row = self.fast_store.remove_watch(root)
+        try:
+            result, not_watched = self.fast_engine.watch_remove(path), None
+        except NotFoundError as exc:
+            result, not_watched = {"path": root, "removed": True}, exc
         stopped = self.watcher.unwatch(root)
         self._cancel_watch_jobs(root)
-        if not (removed_row or stopped):
-            raise NotFoundError(f"{root} is not watched", "list watched folders with: evsel watch --list")
+        if not_watched is not None and not stopped:
+            raise not_watched
         log.info("watch %s: removed", root)
-        return {"path": root, "removed": True}
+        return result
 
     def _watch_list(self, store: Store | None = None) -> list[dict]:
         live = self.watcher.describe()
@@ -553,8 +559,7 @@ class Daemon:
                           if j.background]
             running = self.running
         with self.status_lock:
-            docs = self.status_store.db.execute(
-                "select count(*), coalesce(sum(n_chunks), 0) from documents").fetchone()
+            docs = self.status_store.totals()
             watches = self._watch_list(self.status_store) if self.watcher is not None else []
         with self.engines_lock:
             engines = list(self.engines.values())
@@ -726,66 +731,37 @@ class Daemon:
         if "on_event" in inspect.signature(fn).parameters:
             params["on_event"] = emit
         if job.method == "ingest":
-            encode = params.pop("encode", None)
-            encode = job.settings.encode if encode is None else bool(encode)
-            summaries = bool(params.pop("summaries", False))
-            # stored now, encoded (and summarised) in the background: the client gets its answer in seconds
-            result = self._ingest_tracked(engine, {**params, "encode": False}, encode=encode, settings=job.settings,
-                                          summaries=summaries)
-            if encode or summaries:
-                ids = [i for r in result if r.get("status") == "ingested" for i in r["doc_ids"]]
-                if ids:
-                    self._submit_encode(ids, job.settings, states=encode, summaries=summaries)
-                    for r in result:
-                        if r.get("status") == "ingested":
-                            if encode:
-                                r["states"] = "background"
-                            if summaries:
-                                r["summaries"] = "background"
+            # stored now (each file recorded until done), states and summaries in the background:
+            # the client gets its answer in seconds
+            outcome = engine.ingest_files(params["targets"], IngestOptions.from_params(params), emit, defer=True,
+                                          journal=True)
+            self._queue_deferred(outcome.followups)
+            result = outcome.files
         else:
             result = fn(**params)
         if job.method in ("ingest", "docs_rm"):
             self._invalidate(result)
         return result
 
-    # per-chunk states, computed in the background after an ingest (and resumed after a crash)
-    def _submit_encode(self, doc_ids: list[int], settings: Settings, row_id: int | None = None,
-                       states: bool = True, summaries: bool = False) -> None:
-        """States (`states`) and/or memory summaries (`summaries`) of these documents, in the
-        background; the row in pending_encodes says which, so a restart resumes the same work.
-        (Rows with summaries = 0 are state encodes, as before m008.)"""
-        db = self.worker_store.db
-        flag = (1 if summaries else 0) | (0 if states else 2)  # bit 1: summaries, bit 2: no states
-        if row_id is None:
-            row_id = db.execute("insert into pending_encodes (doc_ids, settings, created_at, summaries) "
-                                "values (?, ?, ?, ?)",
-                                [json.dumps(doc_ids), json.dumps(settings.to_dict()), time.time(), flag]).lastrowid
+    # per-chunk states and summaries, computed in the background after an ingest (and resumed after a crash)
+    def _queue_deferred(self, followups: list[PendingEncode]) -> None:
+        """A background job for each piece of work an ingest deferred (the store records it until done)."""
+        for work in followups:
+            def task(engine, emit, work=work):
+                outcome = engine.run_deferred(work, emit, batch=BACKGROUND_BATCH)
+                log.info("states of documents %s: %d chunks encoded, %s summaries written", work.doc_ids,
+                         outcome["encoded"], outcome.get("summaries", 0))
+                return outcome
 
-        def task(engine, emit):
-            outcome = engine.encode_states(doc_ids, emit, batch=BACKGROUND_BATCH, states=states, summaries=summaries)
-            db.execute("delete from pending_encodes where id = ?", [row_id])
-            log.info("states of documents %s: %d chunks encoded, %s summaries written", doc_ids, outcome["encoded"],
-                     outcome.get("summaries", 0))
-            return outcome
-
-        what = " and ".join(w for w, on in (("chunk states", states), ("summaries", summaries)) if on)
-        label = f"{'encoding' if states else 'writing'} {what} of document{'s' if len(doc_ids) > 1 else ''} " \
-                f"{_id_list(doc_ids)}"
-        self._enqueue(Job("encode_states", {}, settings, task=task, label=label, background=True))
+            label = f"{'encoding' if work.states else 'writing'} {work.what} of " \
+                    f"document{'s' if len(work.doc_ids) > 1 else ''} {_id_list(work.doc_ids)}"
+            self._enqueue(Job("encode_states", {}, work.settings, task=task, label=label, background=True))
 
     def _resume_encodes(self) -> None:
-        for row in list(self.worker_store.db.query("select * from pending_encodes order by id")):
-            try:
-                settings = Settings.from_dict(json.loads(row["settings"]))
-                doc_ids = [int(i) for i in json.loads(row["doc_ids"])]
-            except (ValueError, TypeError, EvselError):
-                self.worker_store.db.execute("delete from pending_encodes where id = ?", [row["id"]])
-                continue
-            flag = int(row.get("summaries") or 0)
-            what = " and ".join(w for w, on in (("chunk states", not flag & 2), ("summaries", flag & 1)) if on)
-            log.info("resuming the %s of documents %s", what, doc_ids)
-            self.resumed.append(f"{what} of documents {_id_list(doc_ids)}")
-            self._submit_encode(doc_ids, settings, row["id"], states=not flag & 2, summaries=bool(flag & 1))
+        for work in self.worker_store.pending_encodes():
+            log.info("resuming the %s of documents %s", work.what, work.doc_ids)
+            self.resumed.append(f"{work.what} of documents {_id_list(work.doc_ids)}")
+            self._queue_deferred([work])
 
     def _invalidate(self, result) -> None:
         changed = set()
@@ -799,125 +775,47 @@ class Daemon:
             self.memo.invalidate(changed)
 
     # crash safety for ingest
-    def _ingest_tracked(self, engine: Engine, params: dict, rows: dict[str, list[int]] | None = None,
-                        encode: bool = False, settings: Settings | None = None, summaries: bool = False):
-        """Run engine.ingest with a `pending_ingests` row per file until that file is done.
-
-        Each file is stored in one transaction, so a crash leaves the store consistent; the rows a
-        crash leaves behind are re-ingested at the next start (`_resume_pending`), with the
-        request's every option (`encode`: whether its states were to be computed afterwards) and
-        its settings.
-        """
-        db = self.worker_store.db
-        collection = params.get("collection", DEFAULT_COLLECTION)
-        kind = params.get("kind", "auto")
-        chunk_tokens = params.get("chunk_tokens")
-        resolve_links = params.get("resolve_links", True)
-        options = {k: v for k, v in params.items() if k not in ("targets", "on_event", "encode", "summaries")}
-        options["encode"] = bool(encode)
-        options["summaries"] = bool(summaries)
-        rows = dict(rows or {})
-        if not rows:
-            files = []
-            for target in params.get("targets") or []:
-                try:
-                    files.extend(str(p.resolve() if resolve_links else Path(os.path.abspath(p)))
-                                 for p in collect_files(Path(target).expanduser()))
-                except (EvselError, OSError):
-                    pass  # the engine reports it in its results
-            now = time.time()
-            settings_json = json.dumps((settings or engine.settings).to_dict())
-            for path in dict.fromkeys(files):
-                if not _storable(path):
-                    continue  # a name that is not UTF-8 (caf\udce9.txt): the engine fails that file alone
-                cursor = db.execute(
-                    "insert into pending_ingests (path, collection, kind, chunk_tokens, options, settings, created_at) "
-                    "values (?, ?, ?, ?, ?, ?, ?)",
-                    [path, collection, kind, chunk_tokens, json.dumps(options), settings_json, now])
-                rows.setdefault(path, []).append(cursor.lastrowid)
-        emit = params.get("on_event")
-
-        def on_event(event: dict) -> None:
-            if event.get("type") == "file" and event.get("path") in rows:
-                for row_id in rows.pop(event["path"]):
-                    db.execute("delete from pending_ingests where id = ?", [row_id])
-            if emit is not None:
-                emit(event)
-
-        try:
-            return engine.ingest(**{**params, "on_event": on_event})
-        finally:
-            # finished, failed or cancelled by its client: nothing to resume. Only a crash skips this.
-            for ids in rows.values():
-                for row_id in ids:
-                    db.execute("delete from pending_ingests where id = ?", [row_id])
-
     def _resume_pending(self) -> None:
-        """Queue the files a crash left in `pending_ingests`, each with the options and settings of
-        the request it belonged to (rows from before m006 have none: their collection, kind and
-        chunk size, the daemon's settings, and no encoding)."""
-        pending = list(self.worker_store.db.query("select * from pending_ingests order by id"))
-        for row in pending:
-            params = {"collection": row["collection"], "kind": row["kind"]}
-            if row["chunk_tokens"] is not None:
-                params["chunk_tokens"] = row["chunk_tokens"]
-            settings = self.settings
-            try:
-                options = json.loads(row.get("options") or "{}")
-                if row.get("settings"):
-                    settings = Settings.from_dict(json.loads(row["settings"]))
-            except (ValueError, TypeError, EvselError) as exc:
+        """Queue the files a crash left recorded in the store, each with the options and settings
+        of the request it belonged to (`evsel.engine.resume_arguments`)."""
+        for pending in self.worker_store.pending_ingests():
+            if pending.unreadable:
                 log.warning("pending ingest of %s: unreadable options (%s); resuming with the defaults",
-                            row["path"], exc)
-                options = {}
-            if isinstance(options, dict):
-                params.update({k: v for k, v in options.items() if k not in ("encode", "summaries")})
-            encode = bool(options.get("encode", False)) if isinstance(options, dict) else False
-            summaries = bool(options.get("summaries", False)) if isinstance(options, dict) else False
-            params = {k: v for k, v in params.items() if k in _INGEST_OPTIONS}
-            params["targets"] = [row["path"]]
+                            pending.path, pending.unreadable)
+            params = resume_arguments(pending)
             if check_params("ingest", params) is not None:  # a row this version cannot use as it is
-                params = {"targets": [row["path"]], "collection": row["collection"] or DEFAULT_COLLECTION}
-            self.resumed.append(row["path"])
-            log.info("resuming the ingest of %s, interrupted by a crash", row["path"])
+                params = resume_arguments(pending, with_options=False)
+            self.resumed.append(pending.path)
+            log.info("resuming the ingest of %s, interrupted by a crash", pending.path)
 
-            def task(engine, emit, params=params, row=row, encode=encode, settings=settings, summaries=summaries):
-                result = self._ingest_tracked(engine, {**params, "encode": False, "on_event": emit},
-                                              {row["path"]: [row["id"]]})
-                self._invalidate(result)
-                for r in result:
+            def task(engine, emit, params=params, pending=pending):
+                outcome = engine.ingest_files(params["targets"], IngestOptions.from_params(params), emit, defer=True,
+                                              resume=pending)
+                self._invalidate(outcome.files)
+                for r in outcome.files:
                     why = f" ({from_dict(r['error']).line()})" if r.get("error") else ""
                     log.info("resumed ingest of %s: %s%s", r["path"], r["status"], why)
-                ids = [i for r in result if r.get("status") == "ingested" for i in r["doc_ids"]]
-                if (encode or summaries) and ids:
-                    self._submit_encode(ids, settings, states=encode, summaries=summaries)
-                return result
+                self._queue_deferred(outcome.followups)
+                return outcome.files
 
-            self._enqueue(Job("ingest", params, settings, task=task, label="resume ingest"))
+            self._enqueue(Job("ingest", params, pending.settings or self.settings, task=task, label="resume ingest"))
 
     # watch folders
     def _submit_watch(self, root: str, collection: str, paths: list[str] | None) -> None:
-        def task(engine, emit):
-            def quiet(event: dict) -> None:  # nobody is listening; still honour cancellation
-                emit(event)
-
+        def task(engine, emit):  # nobody listens to emit; it still carries cancellation
             if root not in self.watcher.roots:  # removed while this sync was on its way to the queue
                 raise RequestCancelled("watch removed")
-
-            encode = engine.settings.encode
-            engine.settings = engine.settings.with_(encode=False)  # stored now, encoded in the background
             try:
                 if paths is None:
-                    outcome = watcher.full_sync(engine, root, collection, quiet)
+                    outcome = watcher.full_sync(engine, root, collection, emit)
                 else:
-                    outcome = watcher.sync_paths(engine, root, collection, paths, quiet)
+                    outcome = watcher.sync_paths(engine, root, collection, paths, emit)
             except EvselError as exc:
                 self.watcher.record_error(root, exc.line())
                 raise
+            followups = outcome.pop("followups")
             self.watcher.record(root, outcome)
-            ids = [i for r in outcome["files"] if r.get("status") == "ingested" for i in r["doc_ids"]]
-            if encode and ids:
-                self._submit_encode(ids, self.settings)
+            self._queue_deferred(followups)
             self._invalidate(outcome["files"])
             self.memo.invalidate({d["id"] for d in outcome["removed"]})
             return outcome
@@ -954,7 +852,6 @@ PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": (
                "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",),
                "watch_add": ("path",),
                "watch_remove": ("path",)}
-_INGEST_OPTIONS = frozenset(inspect.signature(Engine.ingest).parameters) - {"self", "on_event"}
 _HINTS: dict[str, dict] = {}
 
 
@@ -1061,15 +958,6 @@ def _bind(fn, params: dict, with_self: bool = False) -> None:
     except TypeError as exc:
         raise EvselError(f"bad request for {fn.__name__}: {exc}", "a client of another evsel version? "
                          "run: evsel daemon stop") from None
-
-
-def _storable(text: str) -> bool:
-    """False for a str SQLite cannot hold: lone surrogates, from file names that are not UTF-8."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _send(conn: socket.socket, message: dict) -> None:

@@ -2,9 +2,10 @@
 
 File system events (watchdog) are debounced per path: a path is synced only once it has been quiet
 for `debounce` seconds, so an editor's save storm (write temp, rename, touch, chmod) is one ingest.
-Syncs run as jobs on the daemon's model queue, through the same `Engine.ingest` / `Engine.docs_rm`
-as the CLI. The watch list lives in the store (`watches` table) and survives restarts; every start
-re-syncs each folder, catching what changed while the daemon was down.
+Syncs run as jobs on the daemon's model queue, through the same `Engine.ingest_files` /
+`Engine.docs_rm` as the CLI (chunk states deferred to the background, as a daemon ingest's are).
+The watch list lives in the store (`watches` table) and survives restarts; every start re-syncs
+each folder, catching what changed while the daemon was down.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable
 
 from watchdog.events import FileSystemEventHandler
 
+from evsel.engine import IngestOptions, IngestOutcome
 from evsel.errors import EvselError, InputError, from_dict
 from evsel.parsers import SUPPORTED_SUFFIXES, collect_files
 
@@ -45,9 +47,9 @@ def sync_paths(engine, root: str, collection: str, paths: list[str], on_event) -
     # a symlink is tracked by its own path in the folder (not its target's), so deleting the link
     # removes its document; a dangling link is gone
     present = [os.path.abspath(p) for p in present]
-    results = engine.ingest(present, collection=collection, on_event=on_event, resolve_links=False) if present else []
+    ingested = _ingest(engine, present, collection, on_event)
     removed = _remove_paths(engine, collection, gone)
-    return {"root": root, "files": results, "removed": removed, "gone": gone}
+    return {"root": root, "files": ingested.files, "removed": removed, "gone": gone, "followups": ingested.followups}
 
 
 def full_sync(engine, root: str, collection: str, on_event) -> dict:
@@ -65,9 +67,18 @@ def full_sync(engine, root: str, collection: str, on_event) -> dict:
         prefix = root.rstrip(os.sep) + os.sep
         stored = {d["path"] for d in engine.store.documents(collection) if d["path"].startswith(prefix)}
     gone = sorted(p for p in stored if not os.path.exists(p))
-    results = engine.ingest(on_disk, collection=collection, on_event=on_event, resolve_links=False) if on_disk else []
+    ingested = _ingest(engine, on_disk, collection, on_event)
     removed = _remove_paths(engine, collection, gone)
-    return {"root": root, "files": results, "removed": removed, "gone": gone, "full": True}
+    return {"root": root, "files": ingested.files, "removed": removed, "gone": gone, "full": True,
+            "followups": ingested.followups}
+
+
+def _ingest(engine, files: list[str], collection: str, on_event) -> IngestOutcome:
+    """Store the files now; their chunk states (EVSEL_ENCODE) are deferred, for the daemon's
+    background queue (`followups`)."""
+    if not files:
+        return IngestOutcome([])
+    return engine.ingest_files(files, IngestOptions(collection, resolve_links=False), on_event, defer=True)
 
 
 def _remove_paths(engine, collection: str, paths: list[str]) -> list[dict]:

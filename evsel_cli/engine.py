@@ -7,8 +7,9 @@ plain dicts, so the same call works locally and over the daemon's socket.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -19,11 +20,12 @@ from .errors import EmptyStoreError, EvselError, InputError, NotFoundError, know
 from .parsers import KINDS, collect_files, parse_file, read_file
 from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, methods_with_memory, with_memory
 from .settings import Settings
-from .store import DEFAULT_COLLECTION, ChunkRecord, Store
+from .store import DEFAULT_COLLECTION, ChunkRecord, PendingEncode, PendingIngest, Store
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "KINDS", "REQUESTS", "RERANK_TOP",
-           "SELECTORS_HELP", "STYLES", "Engine", "evidence_label"]
+           "SELECTORS_HELP", "STYLES", "Engine", "IngestOptions", "IngestOutcome", "evidence_label",
+           "resume_arguments"]
 
 
 def _selectors_help() -> str:
@@ -79,6 +81,49 @@ class FileResult:
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """How an ingest reads and stores its files: `Engine.ingest`'s options."""
+
+    collection: str = DEFAULT_COLLECTION
+    kind: str = "auto"  # auto picks by extension and content
+    chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS
+    encode: bool | None = None  # chunk states after storing; None: the settings decide (EVSEL_ENCODE)
+    resolve_links: bool = True  # store a file under its resolved path (off: as found, for watched links)
+    summaries: bool = False  # QRRanker's memory summaries after the states
+
+    @classmethod
+    def from_params(cls, params: dict) -> "IngestOptions":
+        """From an ingest request's params (`Engine.ingest`'s keyword arguments)."""
+        return cls(**{k: v for k, v in params.items() if k not in ("targets", "on_event")})
+
+    def stored(self) -> dict:
+        """What a pending-ingest record keeps (encode and summaries it keeps resolved, on their own)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("encode", "summaries")}
+
+
+@dataclass
+class IngestOutcome:
+    """What an ingest did and what it left to do."""
+
+    files: list[dict]  # one result per file (FileResult.to_dict()): what the `ingest` request returns
+    # the stored documents' chunk states and summaries, when the caller runs them later (`defer`):
+    # recorded in the store until `Engine.run_deferred` has done them
+    followups: list[PendingEncode] = field(default_factory=list)
+
+
+def _name_failure(path: Path) -> FileResult | None:
+    """The failed result of a file whose name the store (UTF-8 text) cannot record as it is
+    (caf\udce9.txt, from a name that is not UTF-8); None for any other name."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        error = InputError("the file name is not valid UTF-8, so the store cannot record it",
+                           "rename the file (e.g. convmv -f latin1 -t utf8), then ingest it again", path=str(path))
+        return FileResult(str(path), "failed", error=error.to_dict())
+    return None
 
 
 class Engine:
@@ -176,13 +221,28 @@ class Engine:
 
         With `encode` (default: the settings' EVSEL_ENCODE, on) the chunks' UNREAL states are
         computed right after each file is stored, so the first `ask --select unreal` needs no
-        encoding. (The daemon stores first and encodes in the background: `encode_states`.)
-        Each file is stored under its resolved path (symlinks followed); with `resolve_links`
-        off, under its absolute path as found (a watched folder tracks a link by its own name, so
-        deleting the link removes the document). With `summaries`, QRRanker's memory summaries
-        (models/memory.py) are written after the states (the daemon writes them in the background)."""
-        if encode is None:
-            encode = self.settings.encode
+        encoding. (The daemon stores first and encodes in the background: `ingest_files` with
+        `defer`.) Each file is stored under its resolved path (symlinks followed); with
+        `resolve_links` off, under its absolute path as found (a watched folder tracks a link by
+        its own name, so deleting the link removes the document). With `summaries`, QRRanker's
+        memory summaries (models/memory.py) are written after the states."""
+        options = IngestOptions(collection, kind, chunk_tokens, encode, resolve_links, summaries)
+        return self.ingest_files(targets, options, on_event).files
+
+    def ingest_files(self, targets: list[str], options: IngestOptions = IngestOptions(),
+                     on_event: EventSink = _ignore, *, defer: bool = False, journal: bool = False,
+                     resume: PendingIngest | None = None) -> IngestOutcome:
+        """`ingest`, with what it leaves to do.
+
+        `defer`: the chunk states and summaries are not computed here; they are recorded in the
+        store and returned as `followups` (each ingested file's result says `"states"` and/or
+        `"summaries": "background"`), for the caller to run with `run_deferred`. Otherwise they
+        run inline, right after each file is stored. `journal`: each file is recorded in the
+        store (`PendingIngest`, with this request's options and settings) before it is read and
+        the record deleted once the file is done or the ingest ends, so only a crash leaves
+        records behind; `resume`: the record of the one file this call finishes after a crash."""
+        collection, kind, chunk_tokens = options.collection, options.kind, options.chunk_tokens
+        encode, summaries = self.settings.encode_at_ingest(options.encode), options.summaries
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
         _ = self.store  # opened (and its home checked) first: a store it cannot use fails the command, not each file
@@ -194,24 +254,64 @@ class Engine:
             except EvselError as exc:
                 results.append(FileResult(str(target), "failed", error=exc.to_dict()))
                 on_event({"type": "file", **results[-1].to_dict()})
-        import os
 
         def where(f: Path) -> Path:
-            return f.resolve() if resolve_links else Path(os.path.abspath(f))
+            return f.resolve() if options.resolve_links else Path(os.path.abspath(f))
 
-        seen = set()
-        unique = [f for f in files if not (where(f) in seen or seen.add(where(f)))]
-        for index, path in enumerate(unique):
-            on_event({"type": "progress", "task": "files", "label": path.name, "done": index, "total": len(unique)})
-            result = self._ingest_file(where(path), collection, kind, chunk_tokens, on_event)
-            if encode and result.status == "ingested":
-                self._encode_states(result, on_event)
-            if summaries and result.status == "ingested":
-                self._encode_states(result, on_event, states=False, summaries=True)
-            results.append(result)
-            on_event({"type": "file", **result.to_dict()})
-        on_event({"type": "progress", "task": "files", "label": "", "done": len(unique), "total": len(unique)})
-        return [r.to_dict() for r in results]
+        found: dict[Path, Path] = {}  # where each file is stored -> the file as found (its name labels progress)
+        for f in files:
+            found.setdefault(where(f), f)
+        paths = list(found)
+        misnamed = {path: failure for path in paths if (failure := _name_failure(path)) is not None}
+        if resume is not None:
+            open_records = {resume.path: resume.id}
+        elif journal:
+            recorded = self.store.add_pending_ingests([
+                PendingIngest(str(path), collection, kind, chunk_tokens, options.stored(), encode=encode,
+                              summaries=summaries, settings=self.settings)
+                for path in paths if path not in misnamed])
+            open_records = {item.path: item.id for item in recorded}
+        else:
+            open_records = {}
+        deferred: list[int] = []
+        try:
+            for index, path in enumerate(paths):
+                on_event({"type": "progress", "task": "files", "label": found[path].name, "done": index,
+                          "total": len(paths)})
+                result = misnamed.get(path) or self._ingest_file(path, collection, kind, chunk_tokens, on_event)
+                if result.status == "ingested" and defer:
+                    deferred.extend(result.doc_ids)
+                elif result.status == "ingested":
+                    if encode:
+                        self._encode_states(result, on_event)
+                    if summaries:
+                        self._encode_states(result, on_event, states=False, summaries=True)
+                results.append(result)
+                if str(path) in open_records:
+                    self.store.finish_pending_ingest(open_records.pop(str(path)))
+                on_event({"type": "file", **result.to_dict()})
+            on_event({"type": "progress", "task": "files", "label": "", "done": len(paths), "total": len(paths)})
+        finally:
+            # finished, failed or cancelled: nothing to resume. Only a crash skips this.
+            for record_id in open_records.values():
+                self.store.finish_pending_ingest(record_id)
+        outcome = IngestOutcome([r.to_dict() for r in results])
+        if deferred and (encode or summaries):
+            work = PendingEncode(deferred, self.settings, states=encode, summaries=summaries)
+            outcome.followups.append(self.store.add_pending_encode(work))
+            for r in outcome.files:
+                if r["status"] == "ingested":
+                    r.update({key: "background" for key, on in (("states", encode), ("summaries", summaries)) if on})
+        return outcome
+
+    def run_deferred(self, work: PendingEncode, on_event: EventSink = _ignore, batch: int = 64) -> dict:
+        """Compute what an ingest deferred (`IngestOutcome.followups`, or the store's pending
+        encodes after a crash), then delete its record. Returns `encode_states`'s outcome."""
+        outcome = self.encode_states(work.doc_ids, on_event, batch=batch, states=work.states,
+                                     summaries=work.summaries)
+        if work.id is not None:
+            self.store.finish_pending_encode(work.id)
+        return outcome
 
     def _encode_states(self, result: FileResult, on_event: EventSink, states: bool = True,
                        summaries: bool = False) -> None:
@@ -277,13 +377,6 @@ class Engine:
     ) -> FileResult:
         started = time.perf_counter()
         warnings: list[str] = []
-        try:
-            str(path).encode("utf-8")
-        except UnicodeEncodeError:  # a name the store (UTF-8 text) cannot record as it is
-            error = InputError("the file name is not valid UTF-8, so the store cannot record it",
-                               "rename the file (e.g. convmv -f latin1 -t utf8), then ingest it again",
-                               path=str(path))
-            return FileResult(str(path), "failed", error=error.to_dict(), seconds=time.perf_counter() - started)
         try:
             # read once and hash exactly the bytes parsed: a file rewritten meanwhile is never stored
             # with the hash of one version and the text of another
@@ -591,6 +684,22 @@ class Engine:
         info = backbone.info()
         info["load_s"] = round(backbone.load_seconds if backbone.loaded else seconds, 3)
         return info
+
+
+def resume_arguments(pending: PendingIngest, with_options: bool = True) -> dict:
+    """`Engine.ingest`'s arguments that finish a file a crash interrupted: its request's options
+    (rows from before m006 have none: their collection, kind and chunk size), or with
+    `with_options` off, for a row whose options this version cannot use, its collection alone.
+    Whether its states and summaries follow is the request's either way."""
+    if with_options:
+        params = {"collection": pending.collection, "kind": pending.kind}
+        if pending.chunk_tokens is not None:
+            params["chunk_tokens"] = pending.chunk_tokens
+        params.update(pending.options)
+        params = {k: v for k, v in params.items() if k in IngestOptions().stored()}
+    else:
+        params = {"collection": pending.collection or DEFAULT_COLLECTION}
+    return {**params, "targets": [pending.path], "encode": pending.encode, "summaries": pending.summaries}
 
 
 def _metadata(doc: dict) -> dict:

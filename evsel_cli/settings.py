@@ -106,6 +106,11 @@ class Settings:
             debug=_flag(env, "EVSEL_DEBUG", False),
         )
 
+    def encode_at_ingest(self, requested: bool | None = None) -> bool:
+        """Whether an ingest computes its chunks' states: --encode/--no-encode when given (not
+        None), else EVSEL_ENCODE. The one place that default is decided."""
+        return self.encode if requested is None else bool(requested)
+
     def with_(self, **changes) -> "Settings":
         return replace(self, **changes)
 

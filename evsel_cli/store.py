@@ -8,14 +8,16 @@ import os
 import shlex
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
 import sqlite_utils
 
 from . import paths
-from .errors import NotFoundError, StoreError, UnsafeHomeError, known_error
+from .errors import EvselError, NotFoundError, StoreError, UnsafeHomeError, known_error
+from .settings import Settings
 
 DEFAULT_COLLECTION = "default"
 
@@ -185,6 +187,15 @@ def m008_summaries(db: sqlite_utils.Database) -> None:
     )
     db.execute("create index summaries_first_hash on summaries (first_hash)")
     db.execute("alter table pending_encodes add column summaries integer not null default 0")
+
+
+@migration
+def m009_pending_encode_flags(db: sqlite_utils.Database) -> None:
+    # A background encode says what it computes in two booleans, `states` and `summaries`; until
+    # now `summaries` held both as bits (1: summaries, 2: no states). Rows already there keep
+    # their meaning.
+    db.execute("alter table pending_encodes add column states integer not null default 1")
+    db.execute("update pending_encodes set states = (summaries & 2) = 0, summaries = summaries & 1")
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:
@@ -383,11 +394,59 @@ class ChunkRecord:
         }
 
 
+@dataclass
+class PendingIngest:
+    """One file of an ingest request, recorded before it is read and deleted once it is done
+    (stored, unchanged, failed or cancelled): a row a crash leaves behind is ingested again."""
+
+    path: str
+    collection: str
+    kind: str
+    chunk_tokens: int | None
+    options: dict = field(default_factory=dict)  # the request's other `Engine.ingest` arguments (none before m006)
+    encode: bool = False  # compute the file's chunk states afterwards
+    summaries: bool = False  # write its memory summaries afterwards
+    settings: Settings | None = None  # the request's (None before m006: whoever resumes it uses its own)
+    id: int | None = None  # the row, once recorded
+    unreadable: str | None = None  # why the row's options could not be read (then there are none)
+
+
+@dataclass
+class PendingEncode:
+    """Work an ingest left for later: these documents' chunk states and/or memory summaries,
+    recorded until it is done, so a process killed in the middle resumes it."""
+
+    doc_ids: list[int]
+    settings: Settings  # the ingest request's
+    states: bool = True  # UNREAL's per-chunk states
+    summaries: bool = False  # QRRanker's memory summaries
+    id: int | None = None  # the row, once recorded
+
+    @property
+    def what(self) -> str:
+        return " and ".join(w for w, on in (("chunk states", self.states), ("summaries", self.summaries)) if on)
+
+
 class Store:
     """The engine's view of the database. Every write of one source file is one transaction."""
 
     def __init__(self, db: sqlite_utils.Database | None = None):
         self.db = db or connect()
+
+    @contextmanager
+    def _transaction(self):
+        """One write transaction: committed at the end of the block, rolled back if it raises."""
+        conn = self.db.conn
+        conn.execute("begin immediate")
+        try:
+            yield conn
+            conn.execute("commit")
+        except BaseException as exc:
+            _rollback(conn)
+            known = known_error(exc) if isinstance(exc, sqlite3.Error) else None
+            if known is not None:  # a full disk or a store locked too long: one line, nothing stored
+                raise known from exc
+            raise
 
     # collections
     def collection_id(self, name: str, create: bool = False) -> int | None:
@@ -427,9 +486,7 @@ class Store:
         now = time.time()
         ids = []
         dropped: set[str] = set()  # content hashes of the chunks this replaces
-        conn = self.db.conn
-        conn.execute("begin immediate")
-        try:
+        with self._transaction() as conn:
             old = {row["part"]: row for row in self.documents_for_path(collection_id, path)}
             for doc in docs:
                 values = {
@@ -479,13 +536,6 @@ class Store:
             for stale in old.values():  # parts that vanished from the new version of the file
                 dropped |= self._delete_document(stale["id"])
             orphans = self._drop_orphan_states(dropped)
-            conn.execute("commit")
-        except BaseException as exc:
-            _rollback(conn)
-            known = known_error(exc) if isinstance(exc, sqlite3.Error) else None
-            if known is not None:  # a full disk or a store locked too long: one line, nothing stored
-                raise known from exc
-            raise
         self._drop_orphan_files(orphans)
         return ids
 
@@ -532,17 +582,11 @@ class Store:
             pass
 
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
-        conn = self.db.conn
-        conn.execute("begin immediate")
-        try:
+        with self._transaction():
             dropped: set[str] = set()
             for doc_id in doc_ids:
                 dropped |= self._delete_document(doc_id)
             orphans = self._drop_orphan_states(dropped)
-            conn.execute("commit")
-        except BaseException:
-            _rollback(conn)
-            raise
         self._drop_orphan_files(orphans)
 
     def documents(self, collection: str | None = None) -> list[dict]:
@@ -559,6 +603,11 @@ class Store:
         for row in rows:
             row["metadata"] = json.loads(row["metadata"] or "{}")
         return rows
+
+    def totals(self) -> tuple[int, int]:
+        """(documents, chunks) in the whole store."""
+        documents, chunks = self.db.execute("select count(*), coalesce(sum(n_chunks), 0) from documents").fetchone()
+        return documents, chunks
 
     def document(self, doc_id: int) -> dict:
         rows = [d for d in self.documents() if d["id"] == doc_id]
@@ -607,14 +656,8 @@ class Store:
             array = np.ascontiguousarray(array)
             rows.append((content_hash, model, method, config, json.dumps(list(array.shape)), array.dtype.name,
                          array.tobytes(), now))
-        conn = self.db.conn
-        conn.execute("begin immediate")
-        try:
+        with self._transaction() as conn:
             conn.executemany("insert or ignore into chunk_states values (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            conn.execute("commit")
-        except BaseException:
-            _rollback(conn)
-            raise
 
     # block summaries (m008)
     def get_summaries(self, keys: Iterable[str]) -> dict[str, str]:
@@ -628,15 +671,9 @@ class Store:
         return found
 
     def put_summary(self, key: str, model: str, kind: str, first_hash: str, text: str, seconds: float) -> None:
-        conn = self.db.conn
-        conn.execute("begin immediate")
-        try:
+        with self._transaction() as conn:
             conn.execute("insert or ignore into summaries values (?, ?, ?, ?, ?, ?, ?)",
                          [key, model, kind, first_hash, text, seconds, time.time()])
-            conn.execute("commit")
-        except BaseException:
-            _rollback(conn)
-            raise
 
     def count_summaries(self) -> int:
         return self.db.execute("select count(*) from summaries").fetchone()[0]
@@ -686,6 +723,74 @@ class Store:
 
     def remove_watch(self, path: str) -> bool:
         return self.db.execute("delete from watches where path = ?", [path]).rowcount > 0
+
+    # pending work (m002, m005, m006, m009): what an ingest began or left for later; rows a crash
+    # leaves behind are picked up at the daemon's next start
+    def add_pending_ingests(self, files: list[PendingIngest]) -> list[PendingIngest]:
+        """Record these files (in one transaction); returns them with their row ids."""
+        now = time.time()
+        recorded = []
+        with self._transaction() as conn:
+            for item in files:
+                options = {**item.options, "encode": bool(item.encode), "summaries": bool(item.summaries)}
+                settings = json.dumps(item.settings.to_dict()) if item.settings is not None else None
+                row_id = conn.execute(
+                    "insert into pending_ingests (path, collection, kind, chunk_tokens, options, settings, created_at) "
+                    "values (?, ?, ?, ?, ?, ?, ?)",
+                    [item.path, item.collection, item.kind, item.chunk_tokens, json.dumps(options), settings, now],
+                ).lastrowid
+                recorded.append(replace(item, id=row_id))
+        return recorded
+
+    def pending_ingests(self) -> list[PendingIngest]:
+        """The files recorded and not finished, oldest first. A row whose options or settings this
+        version cannot read comes back without them (`unreadable` says why)."""
+        out = []
+        for row in self.db.query("select * from pending_ingests order by id"):
+            options, settings, unreadable = {}, None, None
+            try:
+                options = json.loads(row.get("options") or "{}")
+                if row.get("settings"):
+                    settings = Settings.from_dict(json.loads(row["settings"]))
+            except (ValueError, TypeError, EvselError) as exc:
+                options, settings, unreadable = {}, None, str(exc)
+            options = dict(options) if isinstance(options, dict) else {}
+            out.append(PendingIngest(
+                path=row["path"], collection=row["collection"], kind=row["kind"], chunk_tokens=row["chunk_tokens"],
+                encode=bool(options.pop("encode", False)), summaries=bool(options.pop("summaries", False)),
+                options=options, settings=settings, id=row["id"], unreadable=unreadable,
+            ))
+        return out
+
+    def finish_pending_ingest(self, row_id: int) -> None:
+        self.db.execute("delete from pending_ingests where id = ?", [row_id])
+
+    def add_pending_encode(self, work: PendingEncode) -> PendingEncode:
+        """Record deferred work; returns it with its row id."""
+        row_id = self.db.execute(
+            "insert into pending_encodes (doc_ids, settings, created_at, states, summaries) values (?, ?, ?, ?, ?)",
+            [json.dumps(work.doc_ids), json.dumps(work.settings.to_dict()), time.time(), int(work.states),
+             int(work.summaries)],
+        ).lastrowid
+        return replace(work, id=row_id)
+
+    def pending_encodes(self) -> list[PendingEncode]:
+        """The deferred work recorded and not finished, oldest first. A row this version cannot read
+        is deleted instead: its states and summaries are computed when an ask first needs them."""
+        out = []
+        for row in list(self.db.query("select * from pending_encodes order by id")):
+            try:
+                settings = Settings.from_dict(json.loads(row["settings"]))
+                doc_ids = [int(i) for i in json.loads(row["doc_ids"])]
+            except (ValueError, TypeError, EvselError):
+                self.finish_pending_encode(row["id"])
+                continue
+            out.append(PendingEncode(doc_ids, settings, states=bool(row["states"]), summaries=bool(row["summaries"]),
+                                     id=row["id"]))
+        return out
+
+    def finish_pending_encode(self, row_id: int) -> None:
+        self.db.execute("delete from pending_encodes where id = ?", [row_id])
 
     def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
         """Chunks in scope, in document order."""

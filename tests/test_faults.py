@@ -80,6 +80,7 @@ def test_kill_9_during_a_no_encode_ingest_resumes_without_encoding(daemon_home, 
 def test_removing_a_watch_cancels_its_queued_and_running_jobs(tmp_path):
     from evsel.daemon.server import Daemon, Job, RequestCancelled
     from evsel.daemon.watcher import Watcher
+    from evsel.engine import Engine
     from evsel.store import Store
 
     folder, other = tmp_path / "a", tmp_path / "b"
@@ -87,6 +88,7 @@ def test_removing_a_watch_cancels_its_queued_and_running_jobs(tmp_path):
     other.mkdir()
     daemon = Daemon(preload=False)
     daemon.fast_store = Store()
+    daemon.fast_engine = Engine(daemon.settings, store=daemon.fast_store)
     daemon.watcher = Watcher(lambda *args: None)
     daemon.watcher.roots[str(folder)] = {"collection": "default", "watch": None, "error": None}
     daemon.fast_store.add_watch(str(folder), "default")

@@ -212,7 +212,8 @@ def test_the_daemon_writes_summaries_in_the_background(daemon_home, tmp_path):  
     try:
         settings = json.dumps(__import__("evsel.settings", fromlist=["Settings"]).Settings.resolve().to_dict())
         conn.execute("delete from summaries")
-        conn.execute("insert into pending_encodes (doc_ids, settings, created_at, summaries) values (?, ?, 0, 3)",
+        conn.execute("insert into pending_encodes (doc_ids, settings, created_at, states, summaries) "
+                     "values (?, ?, 0, 0, 1)",
                      [json.dumps([result["evidence"][0]["doc_id"]]), settings])
         conn.commit()
     finally:
@@ -225,6 +226,6 @@ def test_the_daemon_writes_summaries_in_the_background(daemon_home, tmp_path):  
     conn = sqlite3.connect(daemon_home / "evsel.db")
     try:
         assert conn.execute("select count(*) from pending_encodes").fetchone()[0] == 0
-        assert conn.execute("select count(*) from chunk_states").fetchone()[0] == 0  # bit 2: no states
+        assert conn.execute("select count(*) from chunk_states").fetchone()[0] == 0  # states = 0
     finally:
         conn.close()

@@ -371,3 +371,134 @@ def test_killed_ingest_leaves_the_store_as_it_was(tmp_path):
     [result] = ingest(big)
     assert result["status"] == "ingested"
     assert "".join(c.text for c in Store().chunks(result["doc_ids"])) == big.read_text(encoding="utf-8")
+
+
+# pending work: what an ingest began or deferred, kept until done (the daemon resumes what a crash left)
+
+
+def test_m009_reads_the_old_bit_flag_as_named_booleans(monkeypatch):
+    from evsel.settings import Settings
+
+    names = [name for name, _ in MIGRATIONS]
+    monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS[: names.index("m009_pending_encode_flags")])
+    db = connect()  # a store as evsel left it before m009
+    settings = json.dumps(Settings().to_dict())
+    for flag in (0, 1, 2, 3):  # bit 1: summaries, bit 2: no states
+        db.execute("insert into pending_encodes (doc_ids, settings, created_at, summaries) values (?, ?, 0, ?)",
+                   [json.dumps([flag + 1]), settings, flag])
+    db.conn.close()
+    monkeypatch.setattr(store_module, "MIGRATIONS", list(MIGRATIONS))
+    work = Store().pending_encodes()
+    assert [(w.doc_ids, w.states, w.summaries) for w in work] == [
+        ([1], True, False), ([2], True, True), ([3], False, False), ([4], False, True)]
+    assert [w.what for w in work] == ["chunk states", "chunk states and summaries", "", "summaries"]
+    assert all(w.settings == Settings() for w in work)
+
+
+def test_pending_work_round_trips_with_named_fields():
+    from evsel.settings import Settings
+    from evsel.store import PendingEncode, PendingIngest
+
+    store = Store()
+    settings = Settings(model="/models/tiny.gguf", encode=False)
+    [recorded] = store.add_pending_ingests([PendingIngest("/books/a.md", "books", "book", 100,
+                                                          {"resolve_links": False}, encode=True, settings=settings)])
+    assert recorded.id is not None
+    [back] = store.pending_ingests()
+    assert back == recorded
+    assert (back.encode, back.summaries, back.settings) == (True, False, settings)
+    assert back.options == {"resolve_links": False}
+    # the row keeps the request's options as JSON, encode resolved (an old daemon reads it the same way)
+    options = json.loads(store.db.execute("select options from pending_ingests").fetchone()[0])
+    assert options == {"resolve_links": False, "encode": True, "summaries": False}
+    store.finish_pending_ingest(back.id)
+    assert store.pending_ingests() == []
+
+    work = store.add_pending_encode(PendingEncode([3, 4], settings, states=False, summaries=True))
+    assert store.pending_encodes() == [work]
+    store.finish_pending_encode(work.id)
+    assert store.pending_encodes() == []
+
+
+def test_unreadable_pending_rows():
+    store = Store()
+    # an ingest whose options cannot be read resumes with its collection, kind and chunk size alone
+    store.db.execute("insert into pending_ingests (path, collection, kind, chunk_tokens, options, settings) "
+                     "values ('/a.md', 'books', 'auto', 90, '{\"encode\": true}', '{\"colour\": \"red\"}')")
+    [pending] = store.pending_ingests()
+    assert pending.unreadable and "colour" in pending.unreadable
+    assert (pending.options, pending.encode, pending.settings, pending.chunk_tokens) == ({}, False, None, 90)
+    # an encode whose row cannot be read is dropped: the first ask computes what it needs
+    store.db.execute("insert into pending_encodes (doc_ids, settings) values ('not json', '{}')")
+    assert store.pending_encodes() == []
+    assert store.db.execute("select count(*) from pending_encodes").fetchone()[0] == 0
+
+
+def test_resume_arguments_keep_the_requests_options():
+    from evsel.engine import resume_arguments
+    from evsel.store import PendingIngest
+
+    pending = PendingIngest("/books/a.md", "books", "book", 100, {"resolve_links": False, "from_the_future": 1},
+                            encode=True, summaries=True)
+    assert resume_arguments(pending) == {"targets": ["/books/a.md"], "collection": "books", "kind": "book",
+                                         "chunk_tokens": 100, "resolve_links": False, "encode": True, "summaries": True}
+    assert resume_arguments(pending, with_options=False) == {"targets": ["/books/a.md"], "collection": "books",
+                                                             "encode": True, "summaries": True}
+    old_row = PendingIngest("/a.md", "default", "auto", None)  # from before m006: no options, no encoding
+    assert resume_arguments(old_row) == {"targets": ["/a.md"], "collection": "default", "kind": "auto",
+                                         "encode": False, "summaries": False}
+
+
+def test_a_deferred_ingest_records_each_file_until_done_and_returns_its_followups(tmp_path):
+    from evsel.engine import IngestOptions
+    from evsel.settings import Settings
+
+    a, b = tmp_path / "a.md", tmp_path / "b.md"
+    a.write_text("# A\n\nThe keeper lit the lamp at dusk.\n")
+    b.write_text("# B\n\nThe ferry left at noon.\n")
+    engine = Engine(Settings(encode=True))
+    seen = []
+
+    def on_event(event):
+        if event["type"] == "progress" and event["task"] == "files" and event["label"]:
+            seen.append(sorted(p.path for p in engine.store.pending_ingests()))
+
+    outcome = engine.ingest_files([str(tmp_path)], IngestOptions(collection="notes"), on_event, defer=True,
+                                  journal=True)
+    assert seen == [[str(a), str(b)], [str(b)]]  # recorded before reading, each dropped once done
+    assert engine.store.pending_ingests() == []
+    assert [r["states"] for r in outcome.files] == ["background", "background"]
+    assert "summaries" not in outcome.files[0]
+    [work] = outcome.followups
+    assert (work.doc_ids, work.states, work.summaries, work.settings) == (
+        [i for r in outcome.files for i in r["doc_ids"]], True, False, engine.settings)
+    assert engine.store.pending_encodes() == [work]
+    assert engine.store.count_states() == 0  # deferred, not computed
+    # the same ingest in-process (not deferred) has nothing left to do
+    again = engine.ingest_files([str(a)], IngestOptions(collection="notes", encode=False))
+    assert again.followups == [] and again.files[0]["status"] == "unchanged" and "states" not in again.files[0]
+
+    # the deferred work, once run, leaves no record (nothing to compute for a document that is gone)
+    engine.docs_rm(work.doc_ids)
+    assert engine.run_deferred(work) == {"encoded": 0, "missing_before": 0}
+    assert engine.store.pending_encodes() == []
+
+
+def test_a_cancelled_journaled_ingest_leaves_nothing_to_resume(tmp_path):
+    from evsel.engine import IngestOptions
+
+    for name in ("a.md", "b.md"):
+        (tmp_path / name).write_text(f"# {name}\n\nSome text about {name}.\n")
+    engine = Engine()
+
+    class Cancelled(BaseException):
+        pass
+
+    def cancel_at_the_second_file(event):
+        if event["type"] == "file":
+            raise Cancelled()
+
+    with pytest.raises(Cancelled):
+        engine.ingest_files([str(tmp_path)], IngestOptions(), cancel_at_the_second_file, journal=True)
+    assert engine.store.pending_ingests() == []
+    assert len(engine.store.documents()) == 1

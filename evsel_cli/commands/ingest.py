@@ -9,7 +9,7 @@ from evsel.engine import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, KINDS
 from evsel.output import ProgressView, print_json, stderr
 
 from .base import INT, choice, path
-from .common import JsonOption, engine_from, settings
+from .common import JsonOption, engine_from
 
 
 def ingest(
@@ -37,9 +37,7 @@ def ingest(
     .jsonl). An unchanged file is skipped; a changed one replaces its old version. A file that
     fails is reported on stderr and the others are still ingested; the exit code is 1 if any failed.
     """
-    engine = engine_from(ctx)
-    if encode is None:  # EVSEL_ENCODE, resolved with the request's settings
-        encode = settings(ctx).encode
+    engine = engine_from(ctx)  # --encode unset (None): the engine applies EVSEL_ENCODE, from the same settings
     with ProgressView() as view:
         results = engine.ingest(list(paths), collection=collection, kind=kind, chunk_tokens=chunk_tokens,
                                 on_event=view, encode=encode, summaries=summaries)
