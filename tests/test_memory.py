@@ -134,9 +134,9 @@ def test_the_selector_writes_each_summary_once_and_reads_them(gqa_model_dir, tmp
     assert store.count_summaries() == 2
     assert any(e.get("task") == "summaries" for e in events)
     before = store.count_summaries()
-    selector.rank(QUESTION, scope[:3])
+    found = selector.ranking(QUESTION, scope[:3])
     assert store.count_summaries() == before  # cached: nothing written again
-    assert [m["label"] for m in selector.memory_used] == ["chunks 1-20"]
+    assert [m["label"] for m in found.extras["memory"]] == ["chunks 1-20"]  # what ask reports
 
 
 def test_memory_needs_the_qrranker_reranker():
