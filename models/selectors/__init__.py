@@ -8,7 +8,7 @@ pipeline and eval never name a selector.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from evsel.errors import EvselError
@@ -105,16 +105,16 @@ class MethodSpec:
         factory = _REGISTRY.get(self.rerank.selector.strip()) if self.rerank is not None else None
         return MEMORY in getattr(factory, "variants", ())
 
-    def with_memory(self, hint: str | None = None) -> "MethodSpec":
+    def with_memory(self) -> "MethodSpec":
         """`--memory`: the reranker with its memory variant added (after the ones given); only a
         reranker that has that variant takes it."""
         if not self.takes_memory():
-            raise _no_memory_reranker(hint or f"add --rerank {_memory_rerankers()[0]} (or drop --memory)")
+            raise _no_memory_reranker(f"add --rerank {_memory_rerankers()[0]} (or drop --memory)")
         selector = self.rerank.selector.strip()
         factory = _REGISTRY[selector]
         chosen = parse_variants(selector, self.rerank.argument, factory.variants, factory.variant_example)
-        rerank = StageSpec(selector, "+".join(dict.fromkeys([*chosen, MEMORY])))
-        rerank = replace(rerank, text=f"{rerank.selector}:{rerank.argument}")
+        argument = "+".join(dict.fromkeys([*chosen, MEMORY]))
+        rerank = StageSpec(selector, argument, f"{selector}:{argument}")
         first = self.text.partition(">")[0]
         return MethodSpec(self.first, rerank, f"{first}>{rerank.text}")
 
