@@ -27,8 +27,9 @@ def chunk_key(chunks: list[ChunkRecord]) -> str:
     return digest.hexdigest()
 
 
-class MemoCache:
-    """A small LRU of built objects with hit/miss counts per kind; safe across threads."""
+class ScopeDataCache:
+    """Data built from scopes' chunks (their chunk lists, BM25 indexes, selectors' stacked states),
+    in a small LRU with hit/miss counts per kind; safe across threads."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES):
         self.max_entries = max_entries
@@ -70,12 +71,12 @@ class MemoCache:
             return out
 
 
-class CachingStore(Store):
-    """A Store whose `chunks(...)` answers repeated scopes from memory."""
+class CachedChunksStore(Store):
+    """A Store whose `chunks(...)` answers repeated scopes from the scope-data cache."""
 
-    def __init__(self, memo: MemoCache, db=None):
+    def __init__(self, scope_data: ScopeDataCache, db=None):
         super().__init__(db)
-        self.memo = memo
+        self.scope_data = scope_data
 
     def signature(self) -> str:
         """Changes whenever any document is added, replaced, moved or removed."""
@@ -87,7 +88,7 @@ class CachingStore(Store):
 
     def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
         scope = (tuple(sorted(set(doc_ids))) if doc_ids else None, collection, self.signature())
-        found = self.memo.get_or_build(
+        found = self.scope_data.get_or_build(
             "chunks", scope, lambda chunks: {c.doc_id for c in chunks},
             lambda: Store.chunks(self, doc_ids, collection),
         )
@@ -97,10 +98,13 @@ class CachingStore(Store):
 class DaemonEngine(Engine):
     """The engine the daemon runs requests on: the same code, with scope data kept in memory."""
 
-    def __init__(self, settings, store: Store, memo: MemoCache):
+    def __init__(self, settings, store: Store, scope_cache: ScopeDataCache):
         super().__init__(settings, store=store)
-        self.memo = memo
+        self.scope_cache = scope_cache
 
-    def cached(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
+    def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
         key = (repr(config), chunk_key(chunks))
-        return self.memo.get_or_build(kind, key, lambda _value: {c.doc_id for c in chunks}, build)
+        return self.scope_cache.get_or_build(kind, key, lambda _value: {c.doc_id for c in chunks}, build)
+
+
+# the names daemon/server.py still imports (it is being reworked on another branch)

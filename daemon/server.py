@@ -40,7 +40,7 @@ from evsel.settings import Settings
 from evsel.store import DEFAULT_COLLECTION, PendingEncode, Store
 
 from . import runtime, watcher
-from .cache import CachingStore, DaemonEngine, MemoCache
+from .cache import CachedChunksStore, DaemonEngine, ScopeDataCache
 from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
 
 log = logging.getLogger("evsel.daemon")
@@ -110,7 +110,7 @@ class Daemon:
         self.debounce = debounce if debounce is not None else settings_module.watch_debounce()
         self.build = runtime.build_id()
         self.lock = runtime.HomeLock(self.files.lock)
-        self.memo = MemoCache()
+        self.scope_data = ScopeDataCache()
         self.queue: queue.Queue = queue.Queue()
         self.waiting: list[Job] = []  # mirror of the queue, for status and shutdown
         self.waiting_lock = threading.Lock()
@@ -163,7 +163,7 @@ class Daemon:
         if os.environ.get("EVSEL_MODEL_CACHE"):
             os.environ["EVSEL_MODEL_CACHE"] = str(Path(os.environ["EVSEL_MODEL_CACHE"]).expanduser().resolve())
         os.chdir("/")
-        self.worker_store = CachingStore(self.memo)  # used by the model thread only
+        self.worker_store = CachedChunksStore(self.scope_data)  # used by the model thread only
         self.fast_store = Store()  # docs requests and the watch list, under fast_lock
         self.status_store = Store()  # status only, so it never waits behind a slow docs request
         self.fast_engine = Engine(self.settings, store=self.fast_store)
@@ -510,7 +510,7 @@ class Daemon:
             _bind(fn, params)
             result = fn(**params)
             if method == "docs_rm":
-                self.memo.invalidate({d["id"] for d in result})
+                self.scope_data.invalidate({d["id"] for d in result})
             return result
 
     def _watch_add(self, path: str, collection: str) -> dict:
@@ -594,7 +594,7 @@ class Daemon:
             "memory_mb": _rss_mb(),
             "documents": docs[0],
             "chunks": docs[1],
-            "cache": self.memo.stats(),
+            "cache": self.scope_data.stats(),
             "queue": {
                 "running": None if running is None else {
                     "method": running.label, "id": running.id,
@@ -630,12 +630,12 @@ class Daemon:
         model = settings.model
         if model and not Path(model).exists():
             # not kept: the engine's own check reports the missing path
-            return DaemonEngine(settings, self.worker_store, self.memo)
+            return DaemonEngine(settings, self.worker_store, self.scope_data)
         key = (str(Path(model).resolve()) if model else None, settings.device)
         with self.engines_lock:
             engine = self.engines.pop(key, None)
             if engine is None:
-                engine = DaemonEngine(settings, self.worker_store, self.memo)
+                engine = DaemonEngine(settings, self.worker_store, self.scope_data)
             engine.settings = settings
             self.engines[key] = engine  # most recently used last
             while len(self.engines) > MAX_ENGINES:
@@ -772,7 +772,7 @@ class Daemon:
                 elif "id" in item and "status" not in item:
                     changed.add(item["id"])
         if changed:
-            self.memo.invalidate(changed)
+            self.scope_data.invalidate(changed)
 
     # crash safety for ingest
     def _resume_pending(self) -> None:
@@ -817,7 +817,7 @@ class Daemon:
             self.watcher.record(root, outcome)
             self._queue_deferred(followups)
             self._invalidate(outcome["files"])
-            self.memo.invalidate({d["id"] for d in outcome["removed"]})
+            self.scope_data.invalidate({d["id"] for d in outcome["removed"]})
             return outcome
 
         label = f"watch sync {root}" if paths is None else f"watch {len(paths)} file(s) in {root}"

@@ -13,28 +13,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+# the selectors package is light to import (no numpy, no model); importing it also registers the
+# cleanups of what selectors keep beside a store, so every process with an engine runs them
+from evsel.models.selectors import DEFAULT as DEFAULT_SELECT
+from evsel.models.selectors import DEFAULT_METHODS, MethodSpec
+from evsel.models.selectors import HELP as SELECTORS_HELP
+
 from . import chunker
 from .answer import STYLES
 from .chunker import DEFAULT_CHUNK_TOKENS
 from .errors import EmptyStoreError, EvselError, InputError, NotFoundError, known_error
 from .parsers import KINDS, collect_files, parse_file, read_file
-from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, methods_with_memory, with_memory
+from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer
 from .settings import Settings
 from .store import DEFAULT_COLLECTION, ChunkRecord, PendingEncode, PendingIngest, Store
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
-__all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "KINDS", "REQUESTS", "RERANK_TOP",
-           "SELECTORS_HELP", "STYLES", "Engine", "IngestOptions", "IngestOutcome", "evidence_label",
-           "resume_arguments"]
+__all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_METHODS", "DEFAULT_SELECT", "KINDS",
+           "REQUESTS", "RERANK_TOP", "SELECTORS_HELP", "STYLES", "Engine", "IngestOptions", "IngestOutcome",
+           "evidence_label", "resume_arguments"]
 
-
-def _selectors_help() -> str:
-    from evsel.models.selectors import HELP
-
-    return HELP
-
-
-SELECTORS_HELP = _selectors_help()
 DATASETS = ("locomo", "fairytaleqa", "musique", "hotpotqa", "mmlongbench", "financebench", "nocha")
 
 
@@ -198,7 +196,7 @@ class Engine:
             load_backbone=lambda: self.backbone,
             states=self.eval_states if for_eval else self.states,
             store=None if for_eval else self.store,
-            memo=self.cached,
+            scope_data=self.scope_data,
             on_event=on_event,
             settings=self.settings,
             resources=self.resources,
@@ -445,7 +443,7 @@ class Engine:
                               seconds=time.perf_counter() - started)
 
     # scope
-    def cached(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
+    def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
         """Data derived from a scope's chunks (a BM25 index, stacked chunk states), built by `build`.
 
         In-process it is built on every call; the daemon's engine keeps it in memory, keyed by
@@ -479,7 +477,7 @@ class Engine:
         doc_ids: list[int] | None = None,
         collection: str | None = None,
         top_n: int = 5,
-        select: str = "bm25",
+        select: str = DEFAULT_SELECT,
         evidence_only: bool = False,
         max_new_tokens: int = 96,
         rerank: str | None = None,
@@ -491,9 +489,11 @@ class Engine:
         question = question.strip()
         if not question:
             raise EvselError("the question is empty", 'ask something, e.g. evsel ask "who killed the count?"')
+        method_spec = MethodSpec.of(select, rerank)
         if memory:
-            rerank = with_memory(rerank)
-        spec = PipelineSpec(select=select, rerank=rerank, rerank_top=rerank_top, top_n=top_n)
+            method_spec = method_spec.with_memory()
+            rerank = method_spec.rerank.text
+        spec = PipelineSpec(method_spec, rerank_top=rerank_top, top_n=top_n)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         chunks = self.scope_chunks(doc_ids, collection)
@@ -503,24 +503,19 @@ class Engine:
         if pipeline.needs_model:  # a prose answer needs no model; a dialogue one loads it when it generates
             on_event({"type": "progress", "task": "load", "label": "loading the model", "done": 0, "total": 1})
             t = time.perf_counter()
-            _ = self.backbone.model
+            pipeline.load()  # the backbone and the selectors' adapters
             timings["load_s"] = time.perf_counter() - t
+        else:
+            pipeline.load()  # what a selector loads apart from the backbone (MiniLM)
         on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({spec.name})",
                   "done": 0, "total": 1})
-        ranked, stage_timings = pipeline.rank(question, chunks, pipeline.depth)
-        timings.update(stage_timings)
+        ranking = pipeline.ranking(question, chunks, pipeline.depth)
+        ranked = ranking.scored
+        timings.update(ranking.timings)
         evidence = pipeline.evidence(ranked)
-        # BM25 alone: when no word of the question is in any passage, every score is 0 (or, in a
-        # scope of a document or two, negative idf) and the passages shown are not evidence; say so
-        no_match = False
-        if select == "bm25" and rerank is None and evidence and all(s.score <= 0 for s in ranked):
-            from .bm25_index import tokenize
-
-            words = set(tokenize(question))
-            no_match = not any(words & set(tokenize(s.chunk.text)) for s in evidence)
-        if no_match:
-            on_event({"type": "warning", "message": "no passage shares a word with the question; the passages "
-                      "shown are not evidence (rephrase it, or try --select dense)"})
+        for message in ranking.warnings:
+            on_event({"type": "warning", "message": message})
+        no_match = bool(ranking.extras.get("no_match"))
 
         text = None
         usage = {}
@@ -556,7 +551,7 @@ class Engine:
             "usage": usage,
         }
         if memory:
-            result["memory"] = getattr(pipeline.reranker, "memory_used", [])
+            result["memory"] = ranking.extras.get("memory", [])
         if not evidence_only or pipeline.needs_model:
             result["method"]["backbone"] = self.backbone.name
             result["method"]["fingerprint"] = self.backbone.fingerprint
@@ -592,11 +587,10 @@ class Engine:
 
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
-        if memory:
-            methods = methods_with_memory(methods)
         config = EvalConfig(methods=list(methods), ks=list(ks or [1, 3, 5, 10]), generate=generate, limit=limit,
                             top_n=top_n, chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens,
-                            per_question=per_question, rerank_top=rerank_top, answer_style=answer_style)
+                            per_question=per_question, rerank_top=rerank_top, answer_style=answer_style,
+                            memory=memory)
         folder = data_dir or self.settings.data_dir
         data = load_dataset(dataset, _Path(folder) if folder else None, split=split, concat=concat)
         return run(data, config, self, on_event=on_event)

@@ -8,7 +8,9 @@ the training recipes, so eval measures exactly what a user runs:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from evsel.models.selectors import DEFAULT, MethodSpec, Ranking, Scored, build
 
 from .errors import EvselError
 from .store import ChunkRecord
@@ -18,70 +20,45 @@ RERANK_TOP = 50  # first-stage candidates a reranker re-scores, as in QRRanker
 
 @dataclass(frozen=True)
 class PipelineSpec:
-    select: str = "bm25"
-    rerank: str | None = None
+    method: MethodSpec = field(default_factory=lambda: MethodSpec.of(DEFAULT))
     rerank_top: int = RERANK_TOP
     top_n: int = 5
 
     def __post_init__(self) -> None:
         if self.top_n < 1:
             raise EvselError(f"--top-n {self.top_n} must be at least 1")
-        if self.rerank is not None and self.rerank_top < 1:
+        if self.method.rerank is not None and self.rerank_top < 1:
             raise EvselError(f"--rerank-top {self.rerank_top} must be at least 1")
 
     @classmethod
     def parse(cls, spec: str, **kwargs) -> "PipelineSpec":
         """`FIRST` or `FIRST>RERANKER` (eval's method names)."""
-        first, _, rerank = spec.partition(">")
-        if not first.strip() or (">" in spec and not rerank.strip()):
-            raise EvselError(f"method {spec!r} is not FIRST or FIRST>RERANKER", "e.g. bm25 or bm25>unreal")
-        return cls(select=first.strip(), rerank=rerank.strip() or None, **kwargs)
+        return cls(MethodSpec.parse(spec), **kwargs)
 
     @property
     def name(self) -> str:
-        return self.select if self.rerank is None else f"{self.select}>{self.rerank}"
-
-
-def with_memory(rerank: str | None) -> str:
-    """`--memory`: the qrranker reranker with its memory variant (the candidates' summaries as a
-    prefix); it only applies to qrranker."""
-    base, _, variants = (rerank or "").partition(":")
-    if base.strip() != "qrranker":
-        raise EvselError("--memory applies to the qrranker reranker", "add --rerank qrranker (or drop --memory)")
-    from evsel.models.selectors import base as selector_base
-    from evsel.models.selectors.qrranker import VARIANTS
-
-    chosen = selector_base.parse_variants("qrranker", variants, VARIANTS, "qrranker:untrained+memory")
-    return "qrranker:" + "+".join(dict.fromkeys([*chosen, "memory"]))
-
-
-def methods_with_memory(methods: list[str]) -> list[str]:
-    """eval's `--memory`: each FIRST>qrranker... method gets the memory variant; others stay."""
-    out, changed = [], False
-    for method in methods:
-        first, _, rerank = method.partition(">")
-        if rerank.strip().startswith("qrranker"):
-            method, changed = f"{first}>{with_memory(rerank.strip())}", True
-        out.append(method)
-    if not changed:
-        raise EvselError("--memory applies to the qrranker reranker", "add a method like bm25>qrranker")
-    return out
+        return self.method.name
 
 
 class Pipeline:
-    """Selectors for one spec, built once per request (or once per eval method) on a context."""
+    """Selectors for one spec, built once per request (or once per eval method) on a context;
+    building is cheap: `load()` loads what they need from the model (else their first use does)."""
 
     def __init__(self, spec: PipelineSpec, context):
-        from evsel.models.selectors import get_selector
-
         self.spec = spec
         self.context = context
-        self.first = get_selector(spec.select, context)
-        self.reranker = get_selector(spec.rerank, context) if spec.rerank else None
+        self.first = build(spec.method.first, context)
+        self.reranker = build(spec.method.rerank, context) if spec.method.rerank else None
 
     @property
     def needs_model(self) -> bool:
         return self.first.needs_model or (self.reranker is not None and self.reranker.needs_model)
+
+    def load(self) -> None:
+        """Load the model and adapters the selectors need (ask times this as loading the model)."""
+        self.first.load()
+        if self.reranker is not None:
+            self.reranker.load()
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         """Index time: what the selectors build for a scope before its questions."""
@@ -94,23 +71,32 @@ class Pipeline:
         """How much of the ranking the evidence needs: the top-n, or the reranker's candidates."""
         return max(self.spec.top_n, self.spec.rerank_top if self.reranker is not None else 0)
 
-    def rank(self, question: str, chunks: list[ChunkRecord], depth: int | None = None) -> tuple[list, dict[str, float]]:
+    def ranking(self, question: str, chunks: list[ChunkRecord], depth: int | None = None) -> Ranking:
         """The scope ranked (Scored, rank 1 = best), its top `depth` (None: all of it, as eval
         scores recall): the reranker's order over the first stage's top `rerank_top`, then the rest
-        of the first stage's order. And stage timings."""
-        from evsel.models.selectors import Scored
-
+        of the first stage's order; with the extras and warnings of the stage whose order the
+        evidence follows, and stage timings."""
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        ranked = self.first.rank(question, chunks, depth)
+        result = self.first.ranking(question, chunks, depth)
         timings["select_s"] = time.perf_counter() - started
-        if self.reranker is not None and ranked:
-            started = time.perf_counter()
-            head = self.reranker.rank(question, [s.chunk for s in ranked[: self.spec.rerank_top]])
-            rest = ranked[self.spec.rerank_top:]
-            ranked = [Scored(s.chunk, s.score, rank) for rank, s in enumerate(head + rest, 1)]
-            timings["rerank_s"] = time.perf_counter() - started
-        return ranked, timings
+        if self.reranker is not None:
+            ranked = result.scored
+            result = Ranking(ranked)  # the first stage's extras describe an order the reranker replaces
+            if ranked:
+                started = time.perf_counter()
+                head = self.reranker.ranking(question, [s.chunk for s in ranked[: self.spec.rerank_top]])
+                rest = ranked[self.spec.rerank_top:]
+                result = Ranking([Scored(s.chunk, s.score, rank) for rank, s in enumerate(head.scored + rest, 1)],
+                                 head.extras, head.warnings)
+                timings["rerank_s"] = time.perf_counter() - started
+        result.timings = timings
+        return result
+
+    def rank(self, question: str, chunks: list[ChunkRecord], depth: int | None = None) -> tuple[list, dict[str, float]]:
+        """`ranking`'s order and stage timings alone."""
+        found = self.ranking(question, chunks, depth)
+        return found.scored, found.timings
 
     def evidence(self, ranked: list) -> list:
         """The top-n, in document order (the order the generator reads them)."""

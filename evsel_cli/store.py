@@ -564,22 +564,30 @@ class Store:
             self.db.conn.executemany("delete from summaries where first_hash = ?", orphans)
         return [h for (h,) in orphans]
 
+    # hook(store, content_hashes) of a component keeping per-chunk data outside the database (a
+    # selector's files beside it): registered by that component, run after a deletion commits
+    _chunk_cleanups: list[Callable[["Store", list[str]], None]] = []
+
+    @classmethod
+    def on_chunks_deleted(cls, hook: Callable[["Store", list[str]], None]):
+        """Register `hook(store, hashes)`, called with the content hashes no chunk holds any more
+        once their deletion has committed (a rolled-back one keeps the data). Usable as a decorator."""
+        if hook not in cls._chunk_cleanups:
+            cls._chunk_cleanups.append(hook)
+        return hook
+
     def _drop_orphan_files(self, hashes: Iterable[str] | None) -> None:
-        """Delete the per-chunk files kept beside the database (BlockSearch's routing keys) of
-        orphaned content hashes. Run after the commit, so a rolled-back deletion keeps them; a file
-        that cannot be deleted stays (it is a cache: an orphan costs disk, never a wrong answer)."""
+        """Run the registered cleanups for orphaned content hashes, after the commit. One that
+        cannot delete a file leaves it (those are caches: an orphan costs disk, never a wrong
+        answer)."""
         hashes = list(hashes or ())
         if not hashes:
             return
-        from evsel.models import blocksearch  # lazy: numpy only, and only when chunks went
-
-        folder = blocksearch.store_dir_of(self)
-        if folder is None:  # an in-memory store has no files
-            return
-        try:
-            blocksearch.delete_cached_keys(folder, hashes)
-        except OSError:
-            pass
+        for cleanup in list(self._chunk_cleanups):
+            try:
+                cleanup(self, hashes)
+            except OSError:
+                pass
 
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
         with self._transaction():

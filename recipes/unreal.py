@@ -113,7 +113,7 @@ def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = Non
     from evsel.models.selectors import SelectorContext
     from evsel.pipeline import Pipeline, PipelineSpec
 
-    first_stage = Pipeline(PipelineSpec(select="bm25", top_n=config.c0),
+    first_stage = Pipeline(PipelineSpec.parse("bm25", top_n=config.c0),
                            SelectorContext(load_backbone=lambda: backbone, states=None))
 
     _check_sources(config.sources)

@@ -404,9 +404,15 @@ def _store_doc(texts: list[str]) -> dict:
 def test_removing_a_document_deletes_exactly_its_orphaned_key_files(capsys):
     """A real store on disk (EVSEL_HOME), key files planted for its chunks under two models and
     two configs; removing a document (the store's call, then `evsel docs rm`, then a file's new
-    version) deletes the key files of the hashes no chunk holds any more, and nothing else."""
+    version) deletes the key files of the hashes no chunk holds any more, and nothing else: the
+    cleanup the BlockSearch selector registers with the store (the selectors package registers it
+    on import, as the engine imports it)."""
+    import evsel.models.selectors  # noqa: F401
     from evsel.cli import main
+    from evsel.models.selectors.blocksearch import delete_key_files
     from evsel.store import Store
+
+    assert delete_key_files in Store._chunk_cleanups
 
     store = Store()
     folder = bs.store_dir_of(store)

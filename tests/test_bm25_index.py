@@ -155,7 +155,7 @@ def test_a_document_replaced_under_an_open_scope_is_not_scored_from_the_new_vers
     chunks = store.chunks()
     scope = store.bm25_scope(chunks)
     selector = get_selector("bm25", SelectorContext(load_backbone=None, states=None, store=store,
-                                                    memo=lambda _kind, _chunks, _build, *_: scope))  # a kept scope
+                                                    scope_data=lambda _kind, _chunks, _build, *_: scope))  # a kept scope
     store.replace_file(store.collection_id("default"), "/book.txt", "s2b", [document("", corpus(7, 60))])
     query = tokenize(QUESTIONS[1])
     assert store.bm25_scores(scope, query, 1.5, 0.75) is None

@@ -264,10 +264,10 @@ def test_requests_carry_the_clients_settings_not_its_environment(tmp_path, monke
     source = inspect.getsource(server)
     assert "os.environ.update" not in source and "chdir(path)" not in source
 
-def test_memo_cache_drops_the_entries_of_changed_documents():
-    from evsel.daemon.cache import MemoCache
+def test_scope_data_cache_drops_the_entries_of_changed_documents():
+    from evsel.daemon.cache import ScopeDataCache
 
-    memo = MemoCache(max_entries=3)
+    memo = ScopeDataCache(max_entries=3)
     builds = []
 
     def build(value):

@@ -134,20 +134,29 @@ def test_the_selector_writes_each_summary_once_and_reads_them(gqa_model_dir, tmp
     assert store.count_summaries() == 2
     assert any(e.get("task") == "summaries" for e in events)
     before = store.count_summaries()
-    selector.rank(QUESTION, scope[:3])
+    found = selector.ranking(QUESTION, scope[:3])
     assert store.count_summaries() == before  # cached: nothing written again
-    assert [m["label"] for m in selector.memory_used] == ["chunks 1-20"]
+    assert [m["label"] for m in found.extras["memory"]] == ["chunks 1-20"]  # what ask reports
 
 
 def test_memory_needs_the_qrranker_reranker():
-    from evsel.pipeline import methods_with_memory, with_memory
+    from evsel.models.selectors import MethodSpec, methods_with_memory
 
-    assert with_memory("qrranker:untrained") == "qrranker:untrained+memory"
-    assert methods_with_memory(["bm25", "bm25>qrranker"]) == ["bm25", "bm25>qrranker:memory"]
-    with pytest.raises(EvselError, match="--memory applies to the qrranker reranker"):
-        with_memory("unreal")
-    with pytest.raises(EvselError, match="--memory applies to the qrranker reranker"):
-        methods_with_memory(["bm25", "dense"])
+    spec = MethodSpec.of("bm25", "qrranker:untrained").with_memory()
+    assert spec.rerank.text == "qrranker:untrained+memory" and spec.memory and spec.name == "bm25>qrranker:untrained+memory"
+    assert spec.rerank.variants == ["untrained", "memory"] and spec.first.text == "bm25"
+    assert MethodSpec.of("bm25", "qrranker:memory,untrained").with_memory().rerank.text == "qrranker:memory+untrained"
+    methods = [MethodSpec.parse(m) for m in ("bm25", "bm25>qrranker", "bm25 >qrranker:causal")]
+    assert [m.name for m in methods_with_memory(methods)] == ["bm25", "bm25>qrranker:memory",
+                                                              "bm25 >qrranker:causal+memory"]
+    with pytest.raises(EvselError, match="--memory applies to the qrranker reranker") as raised:
+        MethodSpec.of("bm25", "unreal").with_memory()
+    assert raised.value.hint == "add --rerank qrranker (or drop --memory)"
+    with pytest.raises(EvselError, match="--memory applies to the qrranker reranker") as raised:
+        methods_with_memory([MethodSpec.parse("bm25"), MethodSpec.parse("dense")])
+    assert raised.value.hint == "add a method like bm25>qrranker"
+    with pytest.raises(EvselError, match="unknown qrranker variant 'big'"):
+        MethodSpec.of("bm25", "qrranker:untrained+big").with_memory()
     from evsel.models.selectors.qrranker import parse_variants
 
     with pytest.raises(EvselError, match="unknown qrranker variant"):

@@ -104,8 +104,13 @@ def test_rerank_errors_are_one_line(tmp_path, capsys):
 
 
 def test_spec_parsing():
-    assert PipelineSpec.parse("bm25>dense").rerank == "dense"
-    assert PipelineSpec.parse("rrf:dense").select == "rrf:dense"
+    spec = PipelineSpec.parse("bm25>dense").method
+    assert (spec.first.selector, spec.rerank.selector, spec.rerank.argument) == ("bm25", "dense", None)
+    spec = PipelineSpec.parse("rrf:dense").method
+    assert (spec.first.selector, spec.first.argument, spec.rerank) == ("rrf", "dense", None)
+    spec = PipelineSpec.parse("bm25 > qrranker:untrained,causal").method
+    assert spec.rerank.text == "qrranker:untrained,causal" and spec.rerank.variants == ["untrained", "causal"]
+    assert spec.name == "bm25 > qrranker:untrained,causal" and not spec.memory  # named as given
     with pytest.raises(Exception, match="FIRST>RERANKER"):
         PipelineSpec.parse("bm25>")
 

@@ -535,6 +535,34 @@ def test_an_adapter_leaves_the_answering_backbone_untouched(gqa_model_dir, tmp_p
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in backbone.model.modules())
 
 
+def test_building_a_pipeline_loads_nothing_and_load_loads_the_model_and_adapter(gqa_model_dir, tmp_path,
+                                                                                monkeypatch):
+    """ask times `Pipeline.load()` as "loading the model": the reranker's backbone weights and
+    adapter are read there, once, not when the pipeline is built."""
+    from evsel.models.backbone import Backbone
+    from evsel.models.selectors import SelectorContext
+    from evsel.pipeline import Pipeline, PipelineSpec
+    from evsel.settings import Settings
+
+    folder = tmp_path / "trained"
+    _adapter(Backbone(str(gqa_model_dir), "cpu")).save(folder)
+    (folder / qr.HEADS_FILE).write_text(json.dumps({"format": qr.HEADS_FORMAT, "encoding": "block",
+                                                    "heads": [{"layer": l, "head": h} for l, h in HEADS]}))
+    backbone = Backbone(str(gqa_model_dir), "cpu")
+    read = []
+    real = qr.load_adapter
+    monkeypatch.setattr(qr, "load_adapter", lambda where, model: read.append(where) or real(where, model))
+    context = SelectorContext(load_backbone=lambda: backbone, states=None,
+                              settings=Settings(qrranker_heads=str(folder / qr.HEADS_FILE)))
+    pipeline = Pipeline(PipelineSpec.parse("bm25>qrranker"), context)
+    assert pipeline.needs_model and not backbone.loaded and read == []
+    pipeline.load()
+    assert backbone.loaded and read == [folder]
+    assert pipeline.reranker.adapter_from == str(folder) and pipeline.reranker.heads == HEADS
+    pipeline.load()
+    assert read == [folder]  # once
+
+
 def test_train_cli_smoke_on_a_tiny_model(gqa_model_dir, tmp_path, capsys, monkeypatch):
     import sys
 

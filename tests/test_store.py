@@ -260,6 +260,43 @@ def test_a_failed_removal_keeps_the_states(monkeypatch):
     assert store.count_states() == 1 and len(store.chunks([a])) == 1
 
 
+def test_registered_cleanups_run_after_a_deletion_commits(monkeypatch):
+    """What a selector keeps beside the store for a chunk's content goes once no chunk holds it:
+    the store calls the cleanups registered with it after the commit, never for a rolled-back one."""
+    monkeypatch.setattr(Store, "_chunk_cleanups", [])  # this test's cleanups only
+    seen = []
+
+    @Store.on_chunks_deleted
+    def record(store, hashes):
+        seen.append((store, sorted(hashes)))
+        assert not store.db.conn.in_transaction  # committed
+
+    @Store.on_chunks_deleted
+    def broken(_store, _hashes):
+        raise PermissionError("a key file that cannot be deleted stays")
+
+    store = Store()
+    collection = store.collection_id("default", create=True)
+    [a] = store.replace_file(collection, "/a.txt", "a1", [_doc("", ["shared", "only a"])])
+    [b] = store.replace_file(collection, "/b.txt", "b1", [_doc("", ["shared"])])
+    hashes = {c.text: c.content_hash for c in store.chunks()}
+    real = Store._drop_orphan_states
+
+    def fail(self, dropped):
+        real(self, dropped)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(Store, "_drop_orphan_states", fail)
+    with pytest.raises(sqlite3.OperationalError):
+        store.remove_documents([a])
+    assert seen == []
+    monkeypatch.setattr(Store, "_drop_orphan_states", real)
+    store.remove_documents([a])  # "shared" is still in b
+    assert seen == [(store, [hashes["only a"]])]
+    store.replace_file(collection, "/b.txt", "b2", [_doc("", ["new in b"])])  # a new version drops it
+    assert seen[1:] == [(store, [hashes["shared"]])]
+
+
 # failures
 
 
@@ -276,6 +313,7 @@ def test_failure_inside_replace_file_leaves_the_old_version(tmp_path, monkeypatc
     def fail(self, doc_id):
         raise sqlite3.OperationalError("disk I/O error")
 
+    real = Store._delete_document
     monkeypatch.setattr(Store, "_delete_document", fail)
     [result] = ingest(path)
     assert result["status"] == "failed"
@@ -284,7 +322,7 @@ def test_failure_inside_replace_file_leaves_the_old_version(tmp_path, monkeypatc
     assert rows(db, "chunks") == chunks
     texts = " ".join(c.text for c in Store().chunks(first["doc_ids"]))
     assert "under the mat" in texts and "in the drawer" not in texts
-    monkeypatch.undo()
+    monkeypatch.setattr(Store, "_delete_document", real)  # not undo(): that would drop this test's EVSEL_HOME
     assert_consistent(Store())
 
 

@@ -5,7 +5,7 @@ from typing import Annotated, List, Optional
 import typer
 from rich.markup import escape
 
-from evsel.engine import RERANK_TOP, STYLES, evidence_label
+from evsel.engine import DEFAULT_SELECT, RERANK_TOP, STYLES, evidence_label
 from evsel.output import ProgressView, flat, print_json, stdout
 
 from .base import INT, choice
@@ -56,7 +56,7 @@ def ask(
     collection: CollectionOption = None,
     top_n: Annotated[int, typer.Option("--top-n", parser=INT, help="How many evidence passages to use.")] = 5,
     select: Annotated[str, typer.Option("--select", metavar="METHOD",
-                                        help=SELECT_HELP)] = "bm25",
+                                        help=SELECT_HELP)] = DEFAULT_SELECT,
     rerank: Annotated[Optional[str], typer.Option(
         "--rerank", metavar="METHOD",
         help="Rerank the first stage's top candidates with this selector (any --select method).")] = None,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from evsel.engine import DATASETS as DATASET_NAMES
-from evsel.engine import DEFAULT_CHUNK_TOKENS, RERANK_TOP, STYLES
+from evsel.engine import DEFAULT_CHUNK_TOKENS, DEFAULT_METHODS, RERANK_TOP, STYLES
 from evsel.errors import EvselError, InputError
 from evsel.output import ProgressView, print_json, stderr, stdout, warning
 
@@ -35,7 +35,7 @@ def eval_command(
         help="Comma-separated methods: any selector (bm25, dense, random, ...), rrf:OTHER (BM25 fused "
              "with OTHER), FIRST>RERANKER (e.g. bm25>qrranker, bm25>qrranker:untrained, bm25>qrranker:memory), full (whole document to the generator; needs --generate), or oracle (the gold evidence itself: "
              "what the answer step makes of perfect selection; needs --generate).")
-    ] = "bm25,dense,random",
+    ] = DEFAULT_METHODS,
     ks: Annotated[str, typer.Option("--k", metavar="LIST", help="Cut-offs for recall@k.")] = "1,3,5,10",
     generate: Annotated[bool, typer.Option(
         "--generate", help="Also answer each question with the backbone and score the answers.")] = False,
@@ -85,7 +85,7 @@ def eval_command(
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     if not method_list:
-        raise EvselError("--methods is empty", "e.g. --methods bm25,dense,random")
+        raise EvselError("--methods is empty", f"e.g. --methods {DEFAULT_METHODS}")
     if top_n < 1:
         raise EvselError(f"--top-n {top_n} must be at least 1")
     if chunk_tokens < 16:

@@ -2,9 +2,9 @@
 
 Documents are parsed and chunked in memory exactly as `evsel ingest` would (same parsers, same
 chunker, the backbone's tokenizer), never written to the user's store. A method is any registered
-selector by name (`bm25`, `dense`, `random`, later `unreal`, ...), a fusion `rrf:OTHER`, a first
-stage followed by a reranker of its top `rerank_top` (`bm25>unreal`), or `full`: the whole document read
-by the generator when it fits the context window (answers only, no ranking).
+selector by name, a first stage followed by a reranker of its top `rerank_top` (FIRST>RERANKER;
+see evsel.models.selectors), `full`: the whole document read by the generator when it fits the
+context window (answers only, no ranking), or `oracle`: the gold evidence itself.
 
 Every method runs through `evsel.pipeline`, the path `evsel ask` takes, on a selector context whose
 state cache is eval's own (EVSEL_HOME/cache/eval.db), so the user's store is never written. A
@@ -20,6 +20,7 @@ from typing import Callable
 
 from evsel import chunker
 from evsel.errors import EvselError, ModelError
+from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, methods_with_memory
 from evsel.pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order
 from evsel.store import ChunkRecord
 
@@ -42,6 +43,7 @@ class EvalConfig:
     per_question: bool = False  # keep each question's record in the result
     rerank_top: int = RERANK_TOP  # first-stage candidates a FIRST>RERANKER method re-scores
     answer_style: str = "short"  # the answer step (evsel ask --style)
+    memory: bool = False  # every reranker with a memory variant reads its candidates' summaries
 
 
 def _ignore(_event: dict) -> None:
@@ -65,29 +67,45 @@ def select_questions(questions: list[EvalQuestion], limit: int | None) -> list[E
     return [questions[(i * len(questions)) // limit] for i in range(limit)]
 
 
-class Method:
-    """One method spec: `full`, or a pipeline spec (`FIRST` or `FIRST>RERANKER`) run through the
-    very pipeline `evsel ask` uses."""
+EVAL_ROWS = ("full", "oracle")  # eval's own rows: the answer step without a selector
 
-    def __init__(self, spec: str, context, config: "EvalConfig"):
-        self.spec = spec
-        self.full = spec == "full"
-        self.oracle = spec == "oracle"
+
+def method_specs(names: list[str], memory: bool) -> list[tuple[str, MethodSpec | None]]:
+    """Each method's name (how results call it) and its parsed spec (None for full and oracle);
+    with `memory`, the methods whose reranker has the memory variant get it, and their names say so."""
+    specs = {name: MethodSpec.parse(name) for name in names if name not in EVAL_ROWS}
+    if memory:
+        specs = dict(zip(specs, methods_with_memory(list(specs.values()))))
+    return [(specs[name].name, specs[name]) if name in specs else (name, None) for name in names]
+
+
+class Method:
+    """One method: `full`, `oracle`, or a pipeline spec (`FIRST` or `FIRST>RERANKER`) run through
+    the very pipeline `evsel ask` uses."""
+
+    def __init__(self, name: str, spec: MethodSpec | None, context, config: "EvalConfig"):
+        self.spec = name
+        self.full = name == "full"
+        self.oracle = name == "oracle"
         self.pipeline = None
-        if not self.full and not self.oracle:
-            self.pipeline = Pipeline(PipelineSpec.parse(spec, rerank_top=config.rerank_top, top_n=config.top_n),
-                                     context)
+        if spec is not None:
+            self.pipeline = Pipeline(PipelineSpec(spec, rerank_top=config.rerank_top, top_n=config.top_n), context)
 
     @property
     def needs_model(self) -> bool:
         return self.pipeline is not None and self.pipeline.needs_model
+
+    def load(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.load()
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         if self.pipeline is not None:
             self.pipeline.prepare(chunks)
 
     def rank(self, question: str, chunks: list[ChunkRecord]) -> tuple[list, dict[str, float]]:
-        return self.pipeline.rank(question, chunks)
+        found = self.pipeline.ranking(question, chunks)
+        return found.scored, found.timings
 
 
 @dataclass
@@ -256,7 +274,7 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
     from evsel.models.selectors import Scored
 
     if not config.methods:
-        raise EvselError("no methods to evaluate", "give --methods, e.g. bm25,dense,random")
+        raise EvselError("no methods to evaluate", f"give --methods, e.g. {DEFAULT_METHODS}")
     if any(k < 1 for k in config.ks) or not config.ks:
         raise EvselError("--k needs positive integers, e.g. 1,3,5,10")
     ks = sorted(set(config.ks))
@@ -271,7 +289,9 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                          "add --generate or drop oracle")
     started = time.perf_counter()
     context = engine.selector_context(on_event, for_eval=True)
-    methods = [Method(spec, context, config) for spec in config.methods]
+    methods = [Method(name, spec, context, config) for name, spec in method_specs(config.methods, config.memory)]
+    for method in methods:  # the model and adapters now: a missing one fails before any work
+        method.load()
     questions = select_questions(dataset.questions, config.limit)
     keys = list(dict.fromkeys(k for q in questions for k in q.docs))
     corpus = build_corpus(dataset, keys, engine.backbone, config.chunk_tokens, on_event)
@@ -367,7 +387,7 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
             "notes": dataset.notes,
         },
         "config": {
-            "methods": config.methods,
+            "methods": [m.spec for m in methods],
             "k": ks,
             "generate": config.generate,
             "limit": config.limit,

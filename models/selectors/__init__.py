@@ -1,18 +1,25 @@
 """Evidence selectors behind one interface: `rank(question, chunks, top_n)`.
 
 Selectors register by name, so `evsel ask --select NAME` and `evsel eval --methods ...` find
-every method the same way.
+every method the same way. A method (`FIRST` or `FIRST>RERANKER`, each `NAME[:ARGUMENT]`) is
+parsed once into a `MethodSpec` here; the pipeline builds its stages from it, so the engine, the
+pipeline and eval never name a selector.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from evsel.errors import EvselError
 
-from .base import Scored, Selector, SelectorContext
+from .base import Ranking, Scored, Selector, SelectorContext, parse_variants
 
 _REGISTRY: dict[str, Callable[..., Selector]] = {}
+
+DEFAULT = "bm25"  # the first stage when none is named (ask --select's default)
+DEFAULT_METHODS = "bm25,dense,random"  # eval --methods' default: words, a dense baseline, the floor
+MEMORY = "memory"  # the variant --memory adds to a reranker that takes it
 
 
 def register(name: str):
@@ -40,22 +47,114 @@ HELP = ("bm25 (default; words), unreal (the backbone's own states with the train
         "blocksearch:decode with the untouched backbone)")
 
 
-def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
-    """A selector by spec: a registered name, rrf:OTHER for BM25 fused with OTHER, or
-    qrranker:VARIANT[+VARIANT] (untrained, memory, causal) so one eval run can hold several."""
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of a method: `selector[:argument]` (rrf's fused selector, or the variants of
+    qrranker and blocksearch), and the text it was given as (how results name it)."""
+
+    selector: str
+    argument: str | None = None
+    text: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "StageSpec":
+        selector, _, argument = text.partition(":")
+        return cls(selector, argument or None, text)
+
+    @property
+    def variants(self) -> list[str]:
+        """The argument as variants (`untrained+memory`, also comma-separated), in order, each once."""
+        return list(dict.fromkeys(v.strip() for v in (self.argument or "").replace(",", "+").split("+")
+                                  if v.strip()))
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method: its first stage, an optional reranker of the first stage's top candidates, and
+    the text results name it by (as given; `with_memory` rewrites the reranker's part)."""
+
+    first: StageSpec
+    rerank: StageSpec | None = None
+    text: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "MethodSpec":
+        """`FIRST` or `FIRST>RERANKER` (eval's method names)."""
+        first, _, rerank = text.partition(">")
+        if not first.strip() or (">" in text and not rerank.strip()):
+            raise EvselError(f"method {text!r} is not FIRST or FIRST>RERANKER", f"e.g. {DEFAULT} or {DEFAULT}>unreal")
+        return cls(StageSpec.parse(first.strip()), StageSpec.parse(rerank.strip()) if rerank.strip() else None, text)
+
+    @classmethod
+    def of(cls, select: str = DEFAULT, rerank: str | None = None) -> "MethodSpec":
+        """ask's --select and --rerank, as given."""
+        return cls(StageSpec.parse(select), StageSpec.parse(rerank) if rerank else None,
+                   select if rerank is None else f"{select}>{rerank}")
+
+    @property
+    def name(self) -> str:
+        return self.text
+
+    @property
+    def memory(self) -> bool:
+        return self.rerank is not None and MEMORY in self.rerank.variants
+
+    def takes_memory(self) -> bool:
+        """Does the reranker have the memory variant (the candidates' summaries as a prefix)?"""
+        _load_builtins()
+        factory = _REGISTRY.get(self.rerank.selector.strip()) if self.rerank is not None else None
+        return MEMORY in getattr(factory, "variants", ())
+
+    def with_memory(self) -> "MethodSpec":
+        """`--memory`: the reranker with its memory variant added (after the ones given); only a
+        reranker that has that variant takes it."""
+        if not self.takes_memory():
+            raise _no_memory_reranker(f"add --rerank {_memory_rerankers()[0]} (or drop --memory)")
+        selector = self.rerank.selector.strip()
+        factory = _REGISTRY[selector]
+        chosen = parse_variants(selector, self.rerank.argument, factory.variants, factory.variant_example)
+        argument = "+".join(dict.fromkeys([*chosen, MEMORY]))
+        rerank = StageSpec(selector, argument, f"{selector}:{argument}")
+        first = self.text.partition(">")[0]
+        return MethodSpec(self.first, rerank, f"{first}>{rerank.text}")
+
+
+def methods_with_memory(methods: list[MethodSpec]) -> list[MethodSpec]:
+    """eval's `--memory`: each method whose reranker has the memory variant gets it; others stay."""
+    out = [m.with_memory() if m.takes_memory() else m for m in methods]
+    if out == methods:
+        raise _no_memory_reranker(f"add a method like {DEFAULT}>{_memory_rerankers()[0]}")
+    return out
+
+
+def _memory_rerankers() -> list[str]:
     _load_builtins()
-    base, _, arg = name.partition(":")
+    return [name for name, factory in _REGISTRY.items() if MEMORY in getattr(factory, "variants", ())]
+
+
+def _no_memory_reranker(hint: str) -> EvselError:
+    return EvselError(f"--memory applies to the {' or '.join(_memory_rerankers())} reranker", hint)
+
+
+def build(stage: StageSpec, context: SelectorContext, **kwargs) -> Selector:
+    """The selector of a stage, built on `context` (cheap: it loads the model on first use)."""
+    _load_builtins()
+    base, arg, name = stage.selector, stage.argument, stage.text
     if arg:
-        if base == "rrf":
-            kwargs["other"] = arg
-        elif base in ("qrranker", "blocksearch"):
-            kwargs["variants"] = arg
-        else:
+        takes = getattr(_REGISTRY.get(base), "argument", None)
+        if takes is None:
             raise EvselError(f"selector {name!r}: only rrf, qrranker and blocksearch take an argument",
                              "use rrf:OTHER (e.g. rrf:unreal) or qrranker:untrained / qrranker:memory")
+        kwargs[takes] = arg
     if base not in _REGISTRY:
         raise EvselError(f"unknown selector {name!r}", f"choose one of: {', '.join(sorted(_REGISTRY))}, rrf:OTHER")
     return _REGISTRY[base](context, **kwargs)
+
+
+def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
+    """A selector by spec: a registered name, rrf:OTHER for BM25 fused with OTHER, or
+    qrranker:VARIANT[+VARIANT] (untrained, memory, causal) so one eval run can hold several."""
+    return build(StageSpec.parse(name), context, **kwargs)
 
 
 def _load_builtins() -> None:
@@ -66,4 +165,9 @@ def _load_builtins() -> None:
     from . import blocksearch  # noqa: F401  (in-context retrieval by QK routing, seed 001)
 
 
-__all__ = ["HELP", "Scored", "Selector", "SelectorContext", "register", "available", "get_selector"]
+# selectors that keep files beside a store register their cleanup when imported; these are light
+# to import, so every process that can delete chunks (the engine imports this package) has them
+from . import blocksearch  # noqa: E402,F401
+
+__all__ = ["DEFAULT", "DEFAULT_METHODS", "HELP", "MethodSpec", "Ranking", "Scored", "Selector", "SelectorContext",
+           "StageSpec", "available", "build", "get_selector", "methods_with_memory", "register"]

@@ -23,7 +23,7 @@ def _ignore(_event: dict) -> None:
 
 
 def build_now(_kind: str, _chunks: list[ChunkRecord], build: Callable[[], object], *_config) -> object:
-    """The memo of a one-shot process: nothing outlives the request, so just build."""
+    """The scope data of a one-shot process: nothing outlives the request, so just build."""
     return build()
 
 
@@ -35,8 +35,9 @@ class SelectorContext:
     - `states`: the per-chunk state cache (the user's store for `ask`, eval's own cache for `eval`);
     - `store`: the store the chunks live in, for indexes persisted beside them; None when the chunks
       exist only in memory (eval);
-    - `memo(kind, chunks, build, *config)`: scope data kept between requests (the daemon keeps it
-      in memory, keyed by the chunks' ids and hashes; in-process it builds every time);
+    - `scope_data(kind, chunks, build, *config)`: data built from a scope's chunks (an index,
+      stacked states), kept between requests by the daemon (in memory, keyed by the chunks' ids and
+      hashes); in-process it builds every time;
     - `on_event`: the progress sink of the request;
     - `settings`: the request's settings (adapter paths, ...);
     - `resources`: objects a selector loads once and keeps for the engine's lifetime (the MiniLM
@@ -46,7 +47,7 @@ class SelectorContext:
     load_backbone: Callable[[], "Backbone"]
     states: "StateCache"
     store: "Store | None" = None
-    memo: Callable[..., object] = build_now
+    scope_data: Callable[..., object] = build_now
     on_event: EventSink = _ignore
     settings: Settings = field(default_factory=Settings)
     resources: dict = field(default_factory=dict)
@@ -68,14 +69,40 @@ class Scored:
             raise ValueError("rank starts at 1")
 
 
+@dataclass
+class Ranking:
+    """What ranking returns: the chunks (Scored, rank 1 = best) and what the selector says beside
+    them: `extras` for the result ("memory": the summaries a reranker read; "no_match": no ranked
+    passage shares a word with the question), `warnings` for the user, and the pipeline's stage
+    `timings`."""
+
+    scored: list[Scored]
+    extras: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
 class Selector(ABC):
-    """Ranks chunks for a question. `needs_model` tells the engine whether to load the backbone."""
+    """Ranks chunks for a question. `needs_model` tells the engine whether to load the backbone.
+
+    Construction is cheap: what a selector needs from the model (the backbone, an adapter) is
+    loaded by `load()`, which the pipeline calls where it reports loading, or on first use.
+    `argument` names the keyword a spec's NAME:ARGUMENT fills (None: the selector takes none);
+    `variants` are the ones NAME:VARIANT[+VARIANT] may name."""
 
     name: str = ""
     needs_model: bool = False
+    argument: str | None = None
+    variants: tuple[str, ...] = ()
+    variant_example: str = ""  # for the error naming an unknown variant
 
     def __init__(self, context: SelectorContext, **_options):
         self.context = context
+
+    def load(self) -> None:
+        """Load what scoring needs from the model now (the backbone's weights, an adapter)."""
+        if self.needs_model:
+            _ = self.context.backbone.model
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         """Build what scoring this scope needs (an index, encoded chunk states) ahead of the
@@ -98,6 +125,10 @@ class Selector(ABC):
         if top_n is not None:
             order = order[:top_n]
         return [Scored(chunks[i], float(values[i]), rank) for rank, i in enumerate(order.tolist(), 1)]
+
+    def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
+        """`rank`, with what this selector reports beside the order (see Ranking)."""
+        return Ranking(self.rank(question, chunks, top_n))
 
 
 def parse_variants(selector: str, text: str | None, allowed: tuple[str, ...], example: str) -> list[str]:

@@ -7,14 +7,17 @@ chunks come from (the user's store for ask, eval's cache for eval), or in memory
 decoder (models/blockdecoder.py): each carries a four-digit code, the query block reads them all at
 every layer and the digit beam search returns codes, best first. Those chunks lead the ranking in
 beam order, then the rest by routing score. `blocksearch:decode`: the same with the untouched
-backbone decoding the codes (no adapter), the decoder's untrained baseline."""
+backbone decoding the codes (no adapter), the decoder's untrained baseline.
+
+The key files of chunks deleted from a store are deleted with them (`delete_key_files`, a cleanup
+the store runs after the deletion commits); this module registers it when the selectors package
+is imported, so it stays light: numpy and the model code are imported where used."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-from evsel.store import ChunkRecord
+from evsel.store import ChunkRecord, Store
 
 from . import base, register
 from .base import Selector
@@ -25,13 +28,27 @@ VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode"
 
 
 def parse_variants(text: str | None) -> list[str]:
-    return base.parse_variants("blocksearch", text, VARIANTS, "blocksearch:mass+ssmax")
+    return base.parse_variants("blocksearch", text, VARIANTS, BlockSearchSelector.variant_example)
+
+
+@Store.on_chunks_deleted
+def delete_key_files(store: Store, hashes: list[str]) -> None:
+    """The routing keys cached beside a store for content hashes no chunk holds any more, under
+    every model and config (an in-memory store has no files)."""
+    from evsel.models import blocksearch as bs
+
+    folder = bs.store_dir_of(store)
+    if folder is not None:
+        bs.delete_cached_keys(folder, hashes)
 
 
 @register("blocksearch")
 class BlockSearchSelector(Selector):
     name = "blocksearch"
     needs_model = True
+    argument = "variants"
+    variants = VARIANTS
+    variant_example = "blocksearch:mass+ssmax"
 
     def __init__(self, context, ssmax: bool = False, variant: str = "maxsim", query_mode: str = "prefix",
                  layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
@@ -140,7 +157,7 @@ class BlockSearchSelector(Selector):
             def build():
                 return router.scope([c.text for c in chunks], list(key), self.context.on_event)
 
-            self._scope = (key, self.context.memo("blocksearch", chunks, build, router.digest))
+            self._scope = (key, self.context.scope_data("blocksearch", chunks, build, router.digest))
         return self._scope[1]
 
     @staticmethod
@@ -155,6 +172,8 @@ class BlockSearchSelector(Selector):
         return [c if c.content_hash else replace(c, content_hash=content_hash(c.text)) for c in chunks]
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
+        import numpy as np
+
         routing = self.router.route(question, self.scope(chunks))
         self.last_routing = routing
         if not (self.trained or self.decode) or not len(chunks):

@@ -3,7 +3,7 @@
 With a store (`evsel ask`), the scores come from the index persisted at ingest (evsel/bm25_index.py),
 equal to BM25Okapi's over the scope's chunks without tokenizing them; chunks that are not whole
 stored documents (a reranker's candidates) and eval's in-memory chunks get BM25Okapi built from
-their texts, kept between requests by the daemon's memo.
+their texts, kept between requests by the daemon's scope-data cache.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ from evsel.bm25_index import STOPWORDS, chunk_tokens, tokenize
 from evsel.store import ChunkRecord
 
 from . import register
-from .base import Selector
+from .base import Ranking, Selector
 
 __all__ = ["BM25Selector", "STOPWORDS", "tokenize"]
+
+NO_MATCH = ("no passage shares a word with the question; the passages shown are not evidence "
+            "(rephrase it, or try --select dense)")
 
 
 @register("bm25")
@@ -41,7 +44,7 @@ class BM25Selector(Selector):
                     return scope
             return self.build(chunks)
 
-        return self.context.memo("bm25", chunks, build, self.k1, self.b)
+        return self.context.scope_data("bm25", chunks, build, self.k1, self.b)
 
     def build(self, chunks: list[ChunkRecord]) -> BM25Okapi:
         return BM25Okapi([chunk_tokens(c.text) for c in chunks], k1=self.k1, b=self.b)
@@ -60,3 +63,13 @@ class BM25Selector(Selector):
                 return values.tolist()
             index = self.build(chunks)  # a document changed under the scope: score the chunks in hand
         return [float(x) for x in index.get_scores(query)]
+
+    def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
+        """When no word of the question is in any ranked passage, every score is 0 (or, in a scope
+        of a document or two, negative idf) and the passages are not evidence: "no_match" says so."""
+        ranked = self.rank(question, chunks, top_n)
+        if ranked and all(s.score <= 0 for s in ranked):
+            words = set(tokenize(question))
+            if not any(words & set(tokenize(s.chunk.text)) for s in ranked):
+                return Ranking(ranked, {"no_match": True}, [NO_MATCH])
+        return Ranking(ranked)

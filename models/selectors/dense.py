@@ -93,8 +93,17 @@ class DenseSelector(Selector):
 
     def __init__(self, context: SelectorContext, **_):
         super().__init__(context)
-        self.encoder = MiniLM.of(context)
+        self._encoder: MiniLM | None = None
         self._scope: tuple[tuple, np.ndarray] | None = None  # last scope's vectors
+
+    def load(self) -> None:
+        if self._encoder is None:
+            self._encoder = MiniLM.of(self.context)
+
+    @property
+    def encoder(self) -> MiniLM:
+        self.load()
+        return self._encoder
 
     def vectors(self, chunks: list[ChunkRecord]) -> np.ndarray:
         """(N, 384) float32 chunk embeddings, from the state cache or embedded now (index time);
@@ -110,7 +119,7 @@ class DenseSelector(Selector):
                     context.on_event, label="dense (MiniLM) embeddings")
                 return got[CONFIG].astype(np.float32)
 
-            self._scope = (key, context.memo(METHOD, chunks, build, CONFIG))
+            self._scope = (key, context.scope_data(METHOD, chunks, build, CONFIG))
         return self._scope[1]
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:

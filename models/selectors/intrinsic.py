@@ -22,12 +22,22 @@ class IntrinsicSelector(Selector):
     LAYERS = (1, 2, 3, 4, 5, 6)
 
     def __init__(self, context, layers: tuple[int, ...] | None = None, **_):
-        from evsel.models import unreal
-
         super().__init__(context)
         self.layers = sorted(layers or self.LAYERS)
-        self.encoder = unreal.IntrinsicEncoder(context.backbone, self.layers)
+        self._encoder = None
         self._scope: tuple[tuple, np.ndarray] | None = None
+
+    def load(self) -> None:
+        from evsel.models import unreal
+
+        if self._encoder is None:
+            super().load()
+            self._encoder = unreal.IntrinsicEncoder(self.context.backbone, self.layers)
+
+    @property
+    def encoder(self):
+        self.load()
+        return self._encoder
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         self.keys(chunks)

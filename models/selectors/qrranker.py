@@ -10,7 +10,7 @@ from evsel.errors import EvselError
 from evsel.store import ChunkRecord
 
 from . import base, register
-from .base import Selector
+from .base import Ranking, Selector
 
 MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
 VARIANTS = ("untrained", "memory", "causal")
@@ -25,11 +25,15 @@ def parse_variants(text: str | None) -> set[str]:
 class QRRankerSelector(Selector):
     name = "qrranker"
     needs_model = True
+    argument = "variants"
+    variants = VARIANTS
+    variant_example = "qrranker:untrained+memory"
 
     def __init__(self, context, heads: str | None = None, encoding: str | None = None, truncate: bool = True,
                  block_labels: str = "same", variants: str | None = None, memory: bool = False, **_):
         """`variants` (the spec's qrranker:VARIANTS): untrained (the heads without their trained
-        adapter), memory (the candidates' summaries as a prefix), causal (the seed's encoding)."""
+        adapter), memory (the candidates' summaries as a prefix), causal (the seed's encoding).
+        The heads and the adapter are resolved by `load` (the backbone's weights are needed)."""
         from evsel.models import qrranker as qr
 
         super().__init__(context)
@@ -37,24 +41,44 @@ class QRRankerSelector(Selector):
         self.name = "qrranker" + (":" + "+".join(v for v in VARIANTS if v in chosen) if chosen else "")
         self.use_memory = memory or "memory" in chosen
         self.memory_used: list[dict] = []  # the summaries the last scored question read
-        backbone = context.backbone
+        self.untrained = "untrained" in chosen
+        self.heads_setting = heads or context.settings.qrranker_heads
         encoding = encoding or ("causal" if "causal" in chosen else qr.DEFAULT_ENCODING)
-        setting = heads or context.settings.qrranker_heads
-        self.heads, self.heads_from = qr.resolve_heads(backbone, setting, encoding)
         self.config = qr.ScorerConfig(encoding=encoding, truncate=truncate, block_labels=block_labels)
-        # a trained adapter beside the heads (EVSEL_QRRANKER_HEADS's heads.json, or the shipped
-        # one) applies under the encoding it was trained for, with the heads it was trained with
-        self.adapter = None
-        self.adapter_from = None
-        folder = None if "untrained" in chosen else qr.adapter_folder(backbone, setting)
-        if folder is not None:
-            adapter = qr.load_adapter(folder, backbone.model)
-            if adapter.config.encoding == encoding:
-                self.adapter, self.adapter_from = adapter, str(folder)
-                self.heads = [tuple(h) for h in adapter.config.heads] or self.heads
+        self._loaded: dict | None = None  # heads, heads_from, adapter, adapter_from
         self._scorer = None
         self._scope: dict | None = None
         self._blocks = None
+
+    def load(self) -> None:
+        """The backbone, the heads and a trained adapter beside them (EVSEL_QRRANKER_HEADS's
+        heads.json, or the shipped one), which applies under the encoding it was trained for, with
+        the heads it was trained with."""
+        from evsel.models import qrranker as qr
+
+        if self._loaded is not None:
+            return
+        super().load()
+        backbone = self.context.backbone
+        encoding, setting = self.config.encoding, self.heads_setting
+        heads, heads_from = qr.resolve_heads(backbone, setting, encoding)
+        loaded = {"heads": heads, "heads_from": heads_from, "adapter": None, "adapter_from": None}
+        folder = None if self.untrained else qr.adapter_folder(backbone, setting)
+        if folder is not None:
+            adapter = qr.load_adapter(folder, backbone.model)
+            if adapter.config.encoding == encoding:
+                loaded.update(adapter=adapter, adapter_from=str(folder),
+                              heads=[tuple(h) for h in adapter.config.heads] or heads)
+        self._loaded = loaded
+
+    def _part(self, key: str):
+        self.load()
+        return self._loaded[key]
+
+    heads = property(lambda self: self._part("heads"))
+    heads_from = property(lambda self: self._part("heads_from"))
+    adapter = property(lambda self: self._part("adapter"))
+    adapter_from = property(lambda self: self._part("adapter_from"))
 
     @property
     def scorer(self):
@@ -78,6 +102,11 @@ class QRRankerSelector(Selector):
         candidates' documents from the store)."""
         self._scope = {c.id: c for c in chunks}
         self._blocks = None
+
+    def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
+        """With the memory variant, "memory": the summaries the question's candidates read."""
+        ranked = self.rank(question, chunks, top_n)
+        return Ranking(ranked, {"memory": self.memory_used} if self.use_memory else {})
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
         if len(chunks) > MAX_CANDIDATES:

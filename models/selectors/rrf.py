@@ -16,6 +16,7 @@ K = 60  # the constant of Cormack et al. (2009)
 @register("rrf")
 class RRFSelector(Selector):
     name = "rrf"
+    argument = "other"  # rrf:OTHER
 
     def __init__(self, context, other: str = "dense", **kwargs):
         super().__init__(context)
@@ -25,6 +26,10 @@ class RRFSelector(Selector):
         # both parts share the context, so their progress (chunks encoded at ask time) is shown
         self.parts = [get_selector("bm25", context), get_selector(other, context)]
         self.needs_model = any(p.needs_model for p in self.parts)
+
+    def load(self) -> None:
+        for part in self.parts:
+            part.load()
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         for part in self.parts:

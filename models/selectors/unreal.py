@@ -22,18 +22,32 @@ class UnrealSelector(Selector):
     needs_model = True
 
     def __init__(self, context, adapter: str | None = None, **_):
-        from evsel.models import unreal
-
         super().__init__(context)
-        backbone = context.backbone
-        self.adapter = unreal.default_adapter(backbone, adapter or context.settings.unreal_adapter)
-        self.query = unreal.UnrealQuery(backbone, self.adapter)
+        self.adapter_setting = adapter or context.settings.unreal_adapter
+        self._loaded: tuple | None = None  # (adapter, query, adapter digest)
         self.bm25 = get_selector("bm25", context)
         # query vectors by (question, C0): a second method over the same questions in one eval
         # run (rrf:unreal beside unreal) reuses the query pass
         self._queries: OrderedDict = OrderedDict()
-        self._adapter_id = self.adapter.digest()
         self._scope: tuple[tuple, object] | None = None  # last scope's keys
+
+    def load(self) -> None:
+        """The backbone and the trained adapter with its query pass."""
+        from evsel.models import unreal
+
+        if self._loaded is None:
+            super().load()
+            backbone = self.context.backbone
+            adapter = unreal.default_adapter(backbone, self.adapter_setting)
+            self._loaded = (adapter, unreal.UnrealQuery(backbone, adapter), adapter.digest())
+
+    def _part(self, index: int):
+        self.load()
+        return self._loaded[index]
+
+    adapter = property(lambda self: self._part(0))
+    query = property(lambda self: self._part(1))
+    _adapter_id = property(lambda self: self._part(2))
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         self.keys(chunks)
@@ -53,7 +67,7 @@ class UnrealSelector(Selector):
                                              context.on_event)
                 return self.query.chunk_keys(states)
 
-            keys = context.memo("unreal", chunks, build, cfg.cache_key(), self._adapter_id)
+            keys = context.scope_data("unreal", chunks, build, cfg.cache_key(), self._adapter_id)
             self._scope = (key, keys)
         return self._scope[1]
 
