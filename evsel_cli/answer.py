@@ -44,6 +44,7 @@ DIALOGUE_PASSAGES = 3
 # the lexical ranking's best sentences re-scored by the LLM (question likelihood), and the weight of
 # that likelihood (mean log-prob per question token) against the lexical score
 SENTENCE_POOL, SENTENCE_LLM_WEIGHT = 8, 0.3
+CONTEXT_WORDS = 30  # the supporting sentence is read with the sentences after it up to this many words
 SCORE_BATCH = 16  # rows per forward pass when scoring
 TYPE_WORDS = {"person": "person", "place": "place", "number": "number or amount", "date": "date or time",
               "organisation": "organisation or title", "thing": "noun phrase"}
@@ -113,76 +114,106 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
     if not ranked or grounding.support(question, ranked[0][1]) == 0.0:
         return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
     scorer = Scorer(backbone)
-    best = _choose_sentence(scorer, question, found, ranked)
-    if asked in grounding.ENTITY_TYPES + ("yesno",) and (not dialogue or style == "span") \
-            and not (asked == "date" and dialogue):
-        result = _typed_answer(scorer, question, asked, chunks, found, best)
+    typed = asked in grounding.ENTITY_TYPES and (not dialogue or style == "span") and not (asked == "date" and dialogue)
+    if typed:
+        result = _typed_answer(scorer, question, asked, found, ranked)
     else:
-        result = _from_sentence(backbone, question, chunks, found, best, style, max_new_tokens)
-    result.speaker = result.speaker or best.speaker
+        best = _choose_sentence(scorer, question, found, [pair for pair in ranked[:SENTENCE_POOL] if pair[0] > 0]
+                                or ranked[:1])
+        if asked == "yesno" and not dialogue:
+            yes = scorer.yes_or_no(question, _read(_context(found, best))) if scorer.ready else True
+            result = Grounded("yes" if yes else "no", "yesno", None, best.passage, best.start, best.end)
+        else:
+            result = _from_sentence(backbone, question, chunks, found, best, style, max_new_tokens)
+        result.speaker = result.speaker or best.speaker
     result.answer_type = asked
     return result
 
 
-def _following(found: list, sentence: grounding.Sentence) -> grounding.Sentence | None:
-    """The sentence (or turn) after `sentence` in its passage: answers often follow the sentence that
-    repeats the question."""
-    i = found.index(sentence)
-    if i + 1 < len(found) and found[i + 1].passage == sentence.passage:
-        return found[i + 1]
-    return None
-
-
 def _context(found: list, sentence: grounding.Sentence) -> list[grounding.Sentence]:
-    after = _following(found, sentence)
-    return [sentence] + ([after] if after is not None else [])
+    """The sentence and those after it in its passage, up to CONTEXT_WORDS words (at most three):
+    the answer often follows the sentence that repeats the question ("Irene Adler is married." /
+    "To whom?" / "To an English lawyer named Godfrey Norton.")."""
+    i = found.index(sentence)
+    out = [sentence]
+    size = len(grounding.words(sentence.text))
+    for after in found[i + 1: i + 3]:
+        if after.passage != sentence.passage or size >= CONTEXT_WORDS:
+            break
+        out.append(after)
+        size += len(grounding.words(after.text))
+    return out
 
 
 def _read(sentences: list[grounding.Sentence]) -> str:
     return " ".join((f"{s.speaker}: " if s.speaker else "") + s.text for s in sentences)
 
 
-def _choose_sentence(scorer: "Scorer", question: str, found: list, ranked: list) -> grounding.Sentence:
-    """The supporting sentence: the lexical ranking's best few, re-scored by the LLM's likelihood of
-    the question after reading each (with the sentence after it)."""
-    pool = [(score, s) for score, s in ranked[:SENTENCE_POOL] if score > 0]
+def _choose_sentence(scorer: "Scorer", question: str, found: list, pool: list) -> grounding.Sentence:
+    """The supporting sentence among `pool` (lexical score, sentence; best first), re-scored by the
+    LLM's likelihood of the question after reading each with what follows it."""
     if not scorer.ready or len(pool) < 2 or SENTENCE_LLM_WEIGHT == 0:
-        return ranked[0][1]
+        return pool[0][1]
     likelihoods = scorer.question_likelihood(question, [_read(_context(found, s)) for _, s in pool])
     top = max(likelihoods)
-    combined = [(score + SENTENCE_LLM_WEIGHT * (ll - top), i) for i, ((score, _), ll) in enumerate(zip(pool, likelihoods))]
-    return pool[max(combined)[1]][1]
+    combined = [(score + SENTENCE_LLM_WEIGHT * (ll - top), -i) for i, ((score, _), ll) in enumerate(zip(pool, likelihoods))]
+    return pool[-max(combined)[1]][1]
 
 
-def _typed_answer(scorer: "Scorer", question: str, asked: str, chunks: list, found: list,
-                  best: grounding.Sentence) -> Grounded:
-    """A phrase of the asked type from the supporting sentence (or the one after it), the LLM choosing
-    among the candidates a rule tagger proposes; abstains when there is none."""
-    context = _context(found, best)
-    if asked == "yesno":
-        yes = scorer.yes_or_no(question, _read(context)) if scorer.ready else True
-        return Grounded("yes" if yes else "no", "yesno", None, best.passage, best.start, best.end)
-    candidates: list[tuple[grounding.Sentence, int, int]] = []
+_SPEECH = re.compile(r"(?:said|says|remarked|whispered|cried|asked|answered|replied|observed|continued|shouted|"
+                     r"exclaimed|added|muttered|murmured|repeated|returned|began)\W*$", re.I)
+
+
+def _candidates(question: str, asked: str, context: list[grounding.Sentence]) -> list[tuple]:
+    """(sentence, start, end) of the phrases of the asked type in `context` that add to the question.
+    Names right after a speech verb ("remarked Holmes") only say who spoke: kept only when the
+    question asks who said something."""
+    about_speech = re.search(r"\b(?:say|said|tell|told|ask|asked|speak|spoke|call|called|remark|reply)", question, re.I)
+    out = []
+    for sentence in context:
+        for a, b in grounding.typed_spans(sentence.text, asked):
+            if grounding.echoes(question, sentence.text[a:b]):
+                continue
+            if not about_speech and _SPEECH.search(sentence.text[max(0, a - 20):a]):
+                continue
+            out.append((sentence, a, b))
+    return out
+
+
+def _typed_answer(scorer: "Scorer", question: str, asked: str, found: list, ranked: list) -> Grounded:
+    """A phrase of the asked type: the supporting sentence is chosen among the best-ranked ones whose
+    context holds a candidate of that type (the LLM re-scoring them), then the LLM picks the
+    candidate; abstains when no sentence offers one."""
     offered = grounding.options(question)
     if offered:  # a choice question: the answer is one of its alternatives, where the evidence names it
+        hits = []
         for option in offered:
-            hit = next(((s, m.start(), m.end()) for s in context + [x for x in found if x not in context]
+            hit = next(((s, m.start(), m.end()) for _, s in ranked
                         for m in [re.search(re.escape(option), s.text, re.I)] if m), None)
             if hit is not None:
-                candidates.append(hit)
-    if not candidates:
-        for sentence in context:
-            for a, b in grounding.typed_spans(sentence.text, asked):
-                if not grounding.echoes(question, sentence.text[a:b]):
-                    candidates.append((sentence, a, b))
-    if not candidates:
+                hits.append(hit)
+        if hits:
+            best = ranked[0][1]
+            context = _context(found, best)
+            pick = 0
+            if scorer.ready and len(hits) > 1:
+                scores = scorer.answer_likelihood(question, _read(context), [s.text[a:b] for s, a, b in hits])
+                pick = max(range(len(hits)), key=lambda i: (scores[i], -i))
+            sentence, a, b = hits[pick]
+            return Grounded(sentence.text[a:b], "span", None, sentence.passage, sentence.start + a,
+                            sentence.start + b, speaker=sentence.speaker)
+    pool = [(score, s) for score, s in ranked[:SENTENCE_POOL] if score > 0 and _candidates(question, asked, _context(found, s))]
+    if not pool:
+        best = ranked[0][1]
         return Grounded(None, "abstained", f"the supporting passage names no {TYPE_WORDS[asked]}",
                         best.passage, best.start, best.end)
+    best = _choose_sentence(scorer, question, found, pool)
+    context = _context(found, best)
+    candidates = _candidates(question, asked, context)
+    pick = 0
     if scorer.ready and len(candidates) > 1:
         scores = scorer.answer_likelihood(question, _read(context), [s.text[a:b] for s, a, b in candidates])
         pick = max(range(len(candidates)), key=lambda i: (scores[i], -i))
-    else:
-        pick = 0
     sentence, a, b = candidates[pick]
     return Grounded(sentence.text[a:b], "span", None, sentence.passage, sentence.start + a, sentence.start + b,
                     speaker=sentence.speaker)

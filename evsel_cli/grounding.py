@@ -369,7 +369,7 @@ _NUMBER_WORDS = r"(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twe
                 r"hundred|thousand|million|billion|half|dozen|score|a hundred|a thousand|a dozen)"
 _UNIT = r"(?:pounds?|shillings?|pence|guineas?|dollars?|cents?|euros?|francs?|crowns?|marks?|[a-z]+s|" \
         r"percent|per cent|%|years?|months?|weeks?|days?|hours?|minutes?|miles?|feet|foot|inches|metres?|" \
-        r"meters?|km|kilometres?|kilometers?|acres?|tons?|people|times)"
+        r"meters?|km|kilometres?|kilometers?|acres?|tons?|people|times)\b"
 _AMOUNT = re.compile(
     rf"(?:[$£€¥]\s?\d+(?:[,.]\d+)*(?:\s+(?:million|billion|thousand|hundred))?|\d+(?:[,.]\d+)*(?:\s*(?:%|million|billion|"
     rf"thousand|hundred))?|\b{_NUMBER_WORDS}(?:[\s-]+(?:and\s+)?{_NUMBER_WORDS})*)"
@@ -379,9 +379,13 @@ _DATE = re.compile(
     rf"(?:{_MONTH_RE}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{3,4}})?)|(?:{_MONTH_RE}\.?\s+(?:of\s+)?\d{{4}})|"
     rf"(?:(?:early|late|mid|the)\s+)?(?<![\d,.])\d{{3,4}}s?|\d{{1,2}}(?:st|nd|rd|th)\s+century|{_WEEKDAY_RE}|"
     rf"(?:january|february|march|april|june|july|august|september|october|november|december)|"
-    rf"\d{{1,2}}:\d\d(?:\s*[ap]\.?m\.?)?|\d{{1,2}}\s*(?:o'clock|[ap]\.?m\.?)|(?:yesterday|today|tomorrow|"
+    rf"\d{{1,2}}:\d\d(?:\s*[ap]\.?m\.?)?|(?:half|a quarter|quarter|\w+ minutes) (?:past|to) (?:one|two|three|four|five|six|seven|"
+    rf"eight|nine|ten|eleven|twelve)|\w+ o'clock|midnight|noon|"
+    rf"dawn|dusk|\d{{1,2}}\s*(?:o'clock|[ap]\.?m\.?)|(?:yesterday|today|tomorrow|"
     rf"last (?:night|week|month|year|summer|winter|spring|autumn|fall)|(?:in the )?(?:morning|evening|afternoon|night)|"
     rf"(?:\w+ )?(?:days?|weeks?|months?|years?) (?:ago|later|before|after)))\b", re.I)
+_LOCATIVE = re.compile(r"\b(?:in|at|to|from|into|near|inside|outside|under|behind|on|towards|across|beside|"
+                       r"through)\s+(?:(?:the|a|an|his|her|their|my|our|its|your)\s+)?", re.I)
 _QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]{2,80})[\"\u201d]")
 _LIKELY_VERB = re.compile(r"[a-z]+(?:ed|ing)|said|says|went|came|told|made|got|took|gave|saw|knew|thought|"
                           r"found|left|became|began|felt|kept|put|ran|sat|stood|brought|heard|held|let|meant|"
@@ -410,10 +414,22 @@ def typed_spans(text: str, kind: str) -> list[tuple[int, int]]:
                     piece = ""
             piece = piece.rstrip(".,'\u2019-&")
             if piece and not (kind == "person" and piece.lower() in ("i", "god")):
-                if not _DATE.fullmatch(piece):
+                if not _DATE.match(piece):
                     spans.append((a, a + len(piece)))
         if kind in ("organisation", "thing"):
             spans += [(m.start(1), m.end(1)) for m in _QUOTED.finditer(text)]
+    if kind == "place":  # lower-case places follow a preposition: "went to the kitchen"
+        for m in _LOCATIVE.finditer(text):
+            run = [w for w in WORD.finditer(text, m.end()) if w.start() < m.end() + 40][:3]
+            kept = []
+            for w in run:
+                if w.group().lower() in STOPWORDS or (kept and w.start() - kept[-1].end() > 1):
+                    break
+                kept.append(w)
+            infinitive = m.group().lower().strip() == "to" and not kept[0].group()[0].isupper() if kept else False
+            if kept and not infinitive and not _LIKELY_VERB.fullmatch(kept[-1].group()) \
+                    and not _DATE.match(text, kept[0].start()) and not _AMOUNT.match(text, kept[0].start()):
+                spans.append((kept[0].start(), kept[-1].end()))
     if kind == "number":
         spans += [(m.start(), m.end()) for m in _AMOUNT.finditer(text) if m.group().strip()]
         spans = [(a, b) for a, b in spans if text[a:b].strip().lower() not in ("a", "an", "one", "score")]
