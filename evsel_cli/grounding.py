@@ -391,7 +391,13 @@ _LIKELY_VERB = re.compile(r"[a-z]+(?:ed|ing)|said|says|went|came|told|made|got|t
                           r"found|left|became|began|felt|kept|put|ran|sat|stood|brought|heard|held|let|meant|"
                           r"met|paid|sent|set|spoke|wrote|married|lived|died|born")
 _SENTENCE_STARTERS = STOPWORDS | {"but", "and", "yet", "now", "then", "when", "while", "after", "although", "though",
-                                  "because", "since", "yes", "oh", "well", "still", "once", "perhaps", "indeed"}
+                                  "because", "since", "yes", "oh", "well", "still", "once", "perhaps", "indeed", "everyone",
+                                  "everybody", "everything", "someone", "somebody", "something", "nobody", "nothing",
+                                  "none", "one", "many", "few", "several", "later", "soon", "meanwhile", "instead",
+                                  "however", "suddenly", "finally", "thus", "therefore", "let", "please", "thank",
+                                  "thanks", "sure", "hey", "hi", "hello", "wow", "ah", "aye", "sir", "madam", "mrs",
+                                  "mr", "dear", "good", "great", "nice", "like", "even", "why", "let's", "i'm", "i've",
+                                  "i'll", "i'd", "it's", "that's", "there's", "we're", "you're", "don't", "didn't"}
 
 
 def typed_spans(text: str, kind: str) -> list[tuple[int, int]]:
