@@ -43,7 +43,7 @@ PROSE_PASSAGES, PROSE_PHRASE_BONUS = 5, 0.05
 DIALOGUE_PASSAGES = 3
 # the lexical ranking's best sentences re-scored by the LLM (question likelihood), and the weight of
 # that likelihood (mean log-prob per question token) against the lexical score
-SENTENCE_POOL, SENTENCE_LLM_WEIGHT = 8, 0.3
+SENTENCE_POOL, SENTENCE_LLM_WEIGHT, DIALOGUE_SENTENCE_LLM_WEIGHT = 8, 0.3, 0.3
 CONTEXT_WORDS = 30  # the supporting sentence is read with the sentences after it up to this many words
 SCORE_BATCH = 16  # rows per forward pass when scoring
 TYPE_WORDS = {"person": "person", "place": "place", "number": "number or amount", "date": "date or time",
@@ -152,11 +152,12 @@ def _read(sentences: list[grounding.Sentence]) -> str:
 def _choose_sentence(scorer: "Scorer", question: str, found: list, pool: list) -> grounding.Sentence:
     """The supporting sentence among `pool` (lexical score, sentence; best first), re-scored by the
     LLM's likelihood of the question after reading each with what follows it."""
-    if not scorer.ready or len(pool) < 2 or SENTENCE_LLM_WEIGHT == 0:
+    weight = DIALOGUE_SENTENCE_LLM_WEIGHT if pool[0][1].speaker else SENTENCE_LLM_WEIGHT
+    if not scorer.ready or len(pool) < 2 or weight == 0:
         return pool[0][1]
     likelihoods = scorer.question_likelihood(question, [_read(_context(found, s)) for _, s in pool])
     top = max(likelihoods)
-    combined = [(score + SENTENCE_LLM_WEIGHT * (ll - top), -i) for i, ((score, _), ll) in enumerate(zip(pool, likelihoods))]
+    combined = [(score + weight * (ll - top), -i) for i, ((score, _), ll) in enumerate(zip(pool, likelihoods))]
     return pool[-max(combined)[1]][1]
 
 

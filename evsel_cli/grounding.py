@@ -323,7 +323,8 @@ _DATE_NOUNS = r"(?:year|date|day|month|time|century|decade|season|period|era|age
 # (type, pattern): the earliest match in the question decides, ties by this order
 _TYPE_RULES = [
     ("yesno", re.compile(rf"^\s*{_AUX}\b(?!.*\b(?:who|whom|what|which|where|when|why|how)\b)", re.I)),
-    ("description", re.compile(r"\b(?:why|how come|for what reason|what (?:caused|made|led)|what happen(?:s|ed)?|"
+    ("description", re.compile(r"\b(?:why|how come|for what reason|what (?:caused|made|led)|what\b[^?]*\bhappen|"
+                               r"what (?:did|does|do|will|would) [^?]*?\b(?:say|tell|think|decide|promise|suggest)\b|"
                                r"what (?:did|does|do|will|would|could|can) [^?]*?\bdo\b|how (?:did|does|do|is|was|"
                                r"were|are|can|could|would|will|should|has|have|had) [^?]*?\bfeel|"
                                r"what (?:is|was|are|were) [^?]* like\b|describe\b)", re.I)),
@@ -386,6 +387,11 @@ _DATE = re.compile(
     rf"(?:\w+ )?(?:days?|weeks?|months?|years?) (?:ago|later|before|after)))\b", re.I)
 _LOCATIVE = re.compile(r"\b(?:in|at|to|from|into|near|inside|outside|under|behind|on|towards|across|beside|"
                        r"through)\s+(?:(?:the|a|an|his|her|their|my|our|its|your)\s+)?", re.I)
+_PERSON_HEADS = frozenset(
+    "man woman men women boy girl child children gentleman lady king queen prince princess knight soldier hunter "
+    "farmer peasant fisherman merchant servant maid shepherd priest monk witch wizard giant dwarf fairy stranger "
+    "father mother son daughter brother sister wife husband uncle aunt friend lawyer doctor clerk captain master "
+    "mistress widow nurse teacher student writer author actor actress singer player president governor".split())
 _QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]{2,80})[\"\u201d]")
 _LIKELY_VERB = re.compile(r"[a-z]+(?:ed|ing)|said|says|went|came|told|made|got|took|gave|saw|knew|thought|"
                           r"found|left|became|began|felt|kept|put|ran|sat|stood|brought|heard|held|let|meant|"
@@ -441,14 +447,17 @@ def typed_spans(text: str, kind: str) -> list[tuple[int, int]]:
         spans = [(a, b) for a, b in spans if text[a:b].strip().lower() not in ("a", "an", "one", "score")]
     if kind == "date":
         spans += [(m.start(), m.end()) for m in _DATE.finditer(text)]
-    if kind == "thing":
+    if kind in ("thing", "person"):
         tokens = list(WORD.finditer(text))
         run: list = []
         for m in tokens + [None]:
             if m is not None and m.group().lower() not in STOPWORDS and not m.group().isupper():
                 run.append(m)
                 continue
-            for size in range(1, min(3, len(run)) + 1):  # the run's last words: a noun phrase's head
+            for i, head in enumerate(run if kind == "person" else ()):  # "a gentleman", "an old man"
+                if head.group().lower() in _PERSON_HEADS:
+                    spans += [(run[j].start(), head.end()) for j in range(max(0, i - 1), i + 1)]
+            for size in range(1, min(3, len(run)) + 1) if kind == "thing" else ():  # a noun phrase's head
                 if size > 1 or not _LIKELY_VERB.fullmatch(run[-1].group()):
                     spans.append((run[-size].start(), run[-1].end()))
             run = []

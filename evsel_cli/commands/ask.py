@@ -59,7 +59,8 @@ def ask(
     grounding = result.get("grounding") or {}
     span = grounding.get("span")
     if result["answer"] is not None:
-        cited = f" [dim](passage #{result['evidence'][span['passage'] - 1]['rank']})[/]" if span else ""
+        kind = f"{grounding['answer_type']}, " if grounding.get("answer_type") else ""
+        cited = f" [dim]({kind}passage #{result['evidence'][span['passage'] - 1]['rank']})[/]" if span else ""
         stdout.print(f"[bold]Answer:[/] {escape(result['answer'])}{cited}\n")
     elif grounding.get("kind") == "abstained":
         stdout.print(f"[bold]Answer:[/] none: {escape(grounding['reason'])}\n")
