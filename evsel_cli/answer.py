@@ -133,13 +133,13 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
 
 
 def _context(found: list, sentence: grounding.Sentence) -> list[grounding.Sentence]:
-    """The sentence and those after it in its passage, up to CONTEXT_WORDS words (at most three):
+    """The sentence and those after it in its passage, up to CONTEXT_WORDS words (at most five):
     the answer often follows the sentence that repeats the question ("Irene Adler is married." /
-    "To whom?" / "To an English lawyer named Godfrey Norton.")."""
+    "When?" / "Yesterday." / "But to whom?" / "To an English lawyer named Norton.")."""
     i = found.index(sentence)
     out = [sentence]
     size = len(grounding.words(sentence.text))
-    for after in found[i + 1: i + 3]:
+    for after in found[i + 1: i + 5]:
         if after.passage != sentence.passage or size >= CONTEXT_WORDS:
             break
         out.append(after)
