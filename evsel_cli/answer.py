@@ -133,13 +133,13 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
 
 
 def _context(found: list, sentence: grounding.Sentence) -> list[grounding.Sentence]:
-    """The sentence and those after it in its passage, up to CONTEXT_WORDS words (at most five):
+    """The sentence and those after it in its passage, up to CONTEXT_WORDS words:
     the answer often follows the sentence that repeats the question ("Irene Adler is married." /
     "When?" / "Yesterday." / "But to whom?" / "To an English lawyer named Norton.")."""
     i = found.index(sentence)
     out = [sentence]
     size = len(grounding.words(sentence.text))
-    for after in found[i + 1: i + 5]:
+    for after in found[i + 1: i + 9]:
         if after.passage != sentence.passage or size >= CONTEXT_WORDS:
             break
         out.append(after)
@@ -167,10 +167,21 @@ _SPEECH = re.compile(r"(?:said|says|remarked|whispered|cried|asked|answered|repl
                      r"exclaimed|added|muttered|murmured|repeated|returned|began)\W*$", re.I)
 
 
-def _candidates(question: str, asked: str, context: list[grounding.Sentence]) -> list[tuple]:
+def _names(found: list) -> set[str]:
+    """Capitalised words seen inside a sentence, not only at its start: names, not sentence openers."""
+    out = set()
+    for s in found:
+        for m in list(grounding.WORD.finditer(s.text))[1:]:
+            if m.group()[0].isupper():
+                out.add(m.group())
+    return out
+
+
+def _candidates(question: str, asked: str, context: list[grounding.Sentence], names: set[str] | None = None) -> list[tuple]:
     """(sentence, start, end) of the phrases of the asked type in `context` that add to the question.
     Names right after a speech verb ("remarked Holmes") only say who spoke: kept only when the
-    question asks who said something."""
+    question asks who said something. A capitalised word opening a sentence is a name only when
+    `names` has it (the evidence capitalises it elsewhere too: "Threatens to send..." is not)."""
     about_speech = re.search(r"\b(?:say|said|tell|told|ask|asked|speak|spoke|call|called|remark|reply)", question, re.I)
     out = []
     for sentence in context:
@@ -178,6 +189,10 @@ def _candidates(question: str, asked: str, context: list[grounding.Sentence]) ->
             if grounding.echoes(question, sentence.text[a:b]):
                 continue
             if not about_speech and _SPEECH.search(sentence.text[max(0, a - 20):a]):
+                continue
+            phrase = sentence.text[a:b]
+            if names is not None and asked in ("person", "place", "organisation") and " " not in phrase \
+                    and not sentence.text[:a].strip(grounding.OPENING) and phrase not in names:
                 continue
             out.append((sentence, a, b))
     return out
@@ -205,14 +220,16 @@ def _typed_answer(scorer: "Scorer", question: str, asked: str, found: list, rank
             sentence, a, b = hits[pick]
             return Grounded(sentence.text[a:b], "span", None, sentence.passage, sentence.start + a,
                             sentence.start + b, speaker=sentence.speaker)
-    pool = [(score, s) for score, s in ranked[:SENTENCE_POOL] if score > 0 and _candidates(question, asked, _context(found, s))]
+    names = _names(found)
+    pool = [(score, s) for score, s in ranked[:SENTENCE_POOL]
+            if score > 0 and _candidates(question, asked, _context(found, s), names)]
     if not pool:
         best = ranked[0][1]
         return Grounded(None, "abstained", f"the supporting passage names no {TYPE_WORDS[asked]}",
                         best.passage, best.start, best.end)
     best = _choose_sentence(scorer, question, found, pool)
     context = _context(found, best)
-    candidates = _candidates(question, asked, context)
+    candidates = _candidates(question, asked, context, names)
     pick = 0
     if scorer.ready and len(candidates) > 1:
         scores = scorer.answer_likelihood(question, _read(context), [s.text[a:b] for s, a, b in candidates])

@@ -396,6 +396,7 @@ _QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]{2,80})[\"\u201d]")
 _LIKELY_VERB = re.compile(r"[a-z]+(?:ed|ing)|said|says|went|came|told|made|got|took|gave|saw|knew|thought|"
                           r"found|left|became|began|felt|kept|put|ran|sat|stood|brought|heard|held|let|meant|"
                           r"met|paid|sent|set|spoke|wrote|married|lived|died|born")
+OPENING = " \t\n\"'\u201c\u2018([*_-"
 _SENTENCE_STARTERS = STOPWORDS | {"but", "and", "yet", "now", "then", "when", "while", "after", "although", "though",
                                   "because", "since", "yes", "oh", "well", "still", "once", "perhaps", "indeed", "everyone",
                                   "everybody", "everything", "someone", "somebody", "something", "nobody", "nothing",
@@ -425,6 +426,9 @@ def typed_spans(text: str, kind: str) -> list[tuple[int, int]]:
                 if first is None:
                     piece = ""
             piece = piece.rstrip(".,'\u2019-&")
+            if not text[:a].strip(OPENING) and " " not in piece and len(piece) > 5 \
+                    and re.fullmatch(r"[a-z]+(?:ed|ing)", piece.lower()):  # "Married! When?" opens with a verb
+                continue
             if piece and not (kind == "person" and piece.lower() in ("i", "god")):
                 if not _DATE.match(piece):
                     spans.append((a, a + len(piece)))
