@@ -18,6 +18,7 @@ the question asks about one speaker and the passages say it of another.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from . import grounding
@@ -37,6 +38,16 @@ SNAP_AS_SUPPORT = 0.5  # ... for that span, not the whole sentence, to be shown 
 # 0.199 with these); dialogue keeps the defaults, there being no LoCoMo training split to choose on
 PROSE_PASSAGES, PROSE_PHRASE_BONUS = 5, 0.05
 DIALOGUE_PASSAGES = 3
+# the lexical ranking's best sentences re-scored by the LLM (question likelihood), and the weight of
+# that likelihood (mean log-prob per question token) against the lexical score. Prose: FairytaleQA
+# train, 60 questions, F1 0.185 at weight 0, 0.167 at 0.3 (docs/ANSWERS.md), so prose keeps the
+# lexical order and the LLM chooses among the typed phrases; dialogue: LoCoMo conversations 1-2 (61
+# questions), LoCoMo F1 0.267 at 0, 0.253 at 0.3
+SENTENCE_POOL, SENTENCE_LLM_WEIGHT, DIALOGUE_SENTENCE_LLM_WEIGHT = 8, 0.0, 0.0
+CONTEXT_WORDS = 30  # the supporting sentence is read with the sentences after it up to this many words
+SCORE_BATCH = 16  # rows per forward pass when scoring
+TYPE_WORDS = {"person": "person", "place": "place", "number": "number or amount", "date": "date or time",
+              "organisation": "organisation or title", "thing": "noun phrase"}
 SPEAKER_MARGIN = 0.3  # chosen on LoCoMo conversations 1-3 (docs/ANSWERS.md)
 _SAYS_NOTHING = ("not mentioned", "no information", "does not say", "doesn't say", "not provided",
                  "does not mention", "doesn't mention", "not specified", "no mention")
@@ -77,7 +88,7 @@ def short_messages(question: str, sentence: grounding.Sentence, chunk) -> list[d
 @dataclass
 class Grounded:
     text: str | None  # None: abstained
-    kind: str  # span | generated | date | sentence | abstained
+    kind: str  # span | generated | date | yesno | sentence | abstained
     reason: str | None = None
     passage: int | None = None  # 0-based index into the evidence given
     start: int | None = None  # span offsets in the passage text
@@ -86,6 +97,7 @@ class Grounded:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     speaker: str | None = None  # who said the supporting span (dialogues)
+    answer_type: str | None = None  # what the question asks for (grounding.ANSWER_TYPES)
 
     def as_metric_text(self) -> str:
         return self.text if self.text is not None else ABSTAIN_TEXT
@@ -95,15 +107,208 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
                     max_new_tokens: int = SHORT_MAX_TOKENS) -> Grounded:
     """The answer to `question` from `evidence` (Scored, best first) in `style` short or span."""
     dialogue = any(s.chunk.speakers for s in evidence)
+    asked = grounding.answer_type(question)
     chunks = [s.chunk for s in evidence[: DIALOGUE_PASSAGES if dialogue else PROSE_PASSAGES]]
     found = grounding.sentences(chunks)
     ranked = grounding.rank_sentences(question, found, phrase_bonus=0.0 if dialogue else PROSE_PHRASE_BONUS)
     if not ranked or grounding.support(question, ranked[0][1]) == 0.0:
-        return Grounded(None, "abstained", "no passage shares a content word with the question")
-    best = ranked[0][1]
-    result = _from_sentence(backbone, question, chunks, found, best, style, max_new_tokens)
-    result.speaker = best.speaker
+        return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
+    scorer = Scorer(backbone)
+    typed = asked in grounding.ENTITY_TYPES and (not dialogue or style == "span") and not (asked == "date" and dialogue)
+    if typed:
+        result = _typed_answer(scorer, question, asked, found, ranked)
+    else:
+        best = _choose_sentence(scorer, question, found, [pair for pair in ranked[:SENTENCE_POOL] if pair[0] > 0]
+                                or ranked[:1])
+        if asked == "yesno" and not dialogue:
+            yes = scorer.yes_or_no(question, _read(_context(found, best))) if scorer.ready else True
+            result = Grounded("yes" if yes else "no", "yesno", None, best.passage, best.start, best.end)
+        else:
+            result = _from_sentence(backbone, question, chunks, found, best, style, max_new_tokens)
+        result.speaker = result.speaker or best.speaker
+    result.answer_type = asked
     return result
+
+
+def _context(found: list, sentence: grounding.Sentence) -> list[grounding.Sentence]:
+    """The sentence and those after it in its passage, up to CONTEXT_WORDS words:
+    the answer often follows the sentence that repeats the question ("Irene Adler is married." /
+    "When?" / "Yesterday." / "But to whom?" / "To an English lawyer named Norton.")."""
+    i = found.index(sentence)
+    out = [sentence]
+    size = len(grounding.words(sentence.text))
+    for after in found[i + 1: i + 9]:
+        if after.passage != sentence.passage or size >= CONTEXT_WORDS:
+            break
+        out.append(after)
+        size += len(grounding.words(after.text))
+    return out
+
+
+def _read(sentences: list[grounding.Sentence]) -> str:
+    return " ".join((f"{s.speaker}: " if s.speaker else "") + s.text for s in sentences)
+
+
+def _choose_sentence(scorer: "Scorer", question: str, found: list, pool: list) -> grounding.Sentence:
+    """The supporting sentence among `pool` (lexical score, sentence; best first), re-scored by the
+    LLM's likelihood of the question after reading each with what follows it."""
+    weight = DIALOGUE_SENTENCE_LLM_WEIGHT if pool[0][1].speaker else SENTENCE_LLM_WEIGHT
+    if not scorer.ready or len(pool) < 2 or weight == 0:
+        return pool[0][1]
+    likelihoods = scorer.question_likelihood(question, [_read(_context(found, s)) for _, s in pool])
+    top = max(likelihoods)
+    combined = [(score + weight * (ll - top), -i) for i, ((score, _), ll) in enumerate(zip(pool, likelihoods))]
+    return pool[-max(combined)[1]][1]
+
+
+_SPEECH = re.compile(r"(?:said|says|remarked|whispered|cried|asked|answered|replied|observed|continued|shouted|"
+                     r"exclaimed|added|muttered|murmured|repeated|returned|began)\W*$", re.I)
+
+
+def _names(found: list) -> set[str]:
+    """Capitalised words seen inside a sentence, not only at its start: names, not sentence openers."""
+    out = set()
+    for s in found:
+        for m in list(grounding.WORD.finditer(s.text))[1:]:
+            if m.group()[0].isupper():
+                out.add(m.group())
+    return out
+
+
+def _candidates(question: str, asked: str, context: list[grounding.Sentence], names: set[str] | None = None) -> list[tuple]:
+    """(sentence, start, end) of the phrases of the asked type in `context` that add to the question.
+    Names right after a speech verb ("remarked Holmes") only say who spoke: kept only when the
+    question asks who said something. A capitalised word opening a sentence is a name only when
+    `names` has it (the evidence capitalises it elsewhere too: "Threatens to send..." is not)."""
+    about_speech = re.search(r"\b(?:say|said|tell|told|ask|asked|speak|spoke|call|called|remark|reply)", question, re.I)
+    out = []
+    for sentence in context:
+        for a, b in grounding.typed_spans(sentence.text, asked):
+            if grounding.echoes(question, sentence.text[a:b]):
+                continue
+            if not about_speech and _SPEECH.search(sentence.text[max(0, a - 20):a]):
+                continue
+            phrase = sentence.text[a:b]
+            if names is not None and asked in ("person", "place", "organisation") and " " not in phrase \
+                    and not sentence.text[:a].strip(grounding.OPENING) and phrase not in names:
+                continue
+            out.append((sentence, a, b))
+    return out
+
+
+def _typed_answer(scorer: "Scorer", question: str, asked: str, found: list, ranked: list) -> Grounded:
+    """A phrase of the asked type: the supporting sentence is chosen among the best-ranked ones whose
+    context holds a candidate of that type (the LLM re-scoring them), then the LLM picks the
+    candidate; abstains when no sentence offers one."""
+    offered = grounding.options(question)
+    if offered:  # a choice question: the answer is one of its alternatives, where the evidence names it
+        hits = []
+        for option in offered:
+            hit = next(((s, m.start(), m.end()) for _, s in ranked
+                        for m in [re.search(re.escape(option), s.text, re.I)] if m), None)
+            if hit is not None:
+                hits.append(hit)
+        if hits:
+            best = ranked[0][1]
+            context = _context(found, best)
+            pick = 0
+            if scorer.ready and len(hits) > 1:
+                scores = scorer.answer_likelihood(question, _read(context), [s.text[a:b] for s, a, b in hits])
+                pick = max(range(len(hits)), key=lambda i: (scores[i], -i))
+            sentence, a, b = hits[pick]
+            return Grounded(sentence.text[a:b], "span", None, sentence.passage, sentence.start + a,
+                            sentence.start + b, speaker=sentence.speaker)
+    names = _names(found)
+    pool = [(score, s) for score, s in ranked[:SENTENCE_POOL]
+            if score > 0 and _candidates(question, asked, _context(found, s), names)]
+    if not pool:
+        best = ranked[0][1]
+        return Grounded(None, "abstained", f"the supporting passage names no {TYPE_WORDS[asked]}",
+                        best.passage, best.start, best.end)
+    best = _choose_sentence(scorer, question, found, pool)
+    context = _context(found, best)
+    candidates = _candidates(question, asked, context, names)
+    pick = 0
+    if scorer.ready and len(candidates) > 1:
+        scores = scorer.answer_likelihood(question, _read(context), [s.text[a:b] for s, a, b in candidates])
+        pick = max(range(len(candidates)), key=lambda i: (scores[i], -i))
+    sentence, a, b = candidates[pick]
+    return Grounded(sentence.text[a:b], "span", None, sentence.passage, sentence.start + a, sentence.start + b,
+                    speaker=sentence.speaker)
+
+
+class Scorer:
+    """The LLM's log-likelihoods of texts after a prompt, in batches of one forward pass: how the
+    answer step lets the model choose the sentence and the phrase without generating."""
+
+    def __init__(self, backbone):
+        self.backbone = backbone
+        self.ready = all(hasattr(backbone, name) for name in ("model", "tokenizer", "chat_ids"))
+
+    def _plain(self, text: str) -> list[int]:
+        return self.backbone.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def continuation_logprobs(self, prefixes: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+        import torch
+
+        model = self.backbone.model
+        device = next(model.parameters()).device
+        decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+        out: list[list[float]] = []
+        for first in range(0, len(prefixes), SCORE_BATCH):
+            rows = [p + c for p, c in zip(prefixes[first:first + SCORE_BATCH], continuations[first:first + SCORE_BATCH])]
+            width = max(map(len, rows))
+            ids = torch.zeros((len(rows), width), dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, row in enumerate(rows):
+                ids[i, : len(row)] = torch.tensor(row)
+                mask[i, : len(row)] = 1
+            with torch.inference_mode():
+                if decoder is not None and head is not None:  # the vocabulary projection only where scored
+                    hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+                else:
+                    hidden = None
+                    logits_all = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+                for i in range(len(rows)):
+                    p = len(prefixes[first + i])
+                    c = continuations[first + i]
+                    where = torch.arange(p - 1, p - 1 + len(c), device=device)
+                    logits = head(hidden[i, where]) if hidden is not None else logits_all[i, where]
+                    logp = logits.float().log_softmax(-1)
+                    out.append(logp[torch.arange(len(c), device=device), torch.tensor(c, device=device)].tolist())
+        return out
+
+    def question_likelihood(self, question: str, contexts: list[str]) -> list[float]:
+        """Mean log-probability of the question's tokens after each context."""
+        bos = [self.backbone.bos_id()]
+        prefixes = [bos + self._plain(f"Passage: {c}\nQuestion:") for c in contexts]
+        asked = self._plain(" " + question)
+        scores = self.continuation_logprobs(prefixes, [asked] * len(contexts))
+        return [sum(s) / len(s) for s in scores]
+
+    def _answer_prefix(self, question: str, context: str) -> list[int]:
+        messages = [{"role": "system", "content": SHORT_SYSTEM},
+                    {"role": "user", "content": f"Passage: {context}\n\nQuestion: {question}"}]
+        return self.backbone.chat_ids(messages)[0].tolist()
+
+    def _end(self) -> list[int]:
+        tok = self.backbone.tokenizer
+        if self.backbone.has_chat_template() and tok.eos_token_id is not None:
+            return [tok.eos_token_id]
+        return self._plain("\n")[-1:]
+
+    def answer_likelihood(self, question: str, context: str, phrases: list[str]) -> list[float]:
+        """Log-probability of each phrase as the whole answer (its tokens and the end of the answer)."""
+        prefix = self._answer_prefix(question, context)
+        end = self._end()
+        continuations = [self._plain(p) + end for p in phrases]
+        return [sum(s) for s in self.continuation_logprobs([prefix] * len(phrases), continuations)]
+
+    def yes_or_no(self, question: str, context: str) -> bool:
+        """Yes when the model finds "Yes" likelier against "No" after the passage than after none."""
+        with_passage = self.answer_likelihood(question, context, ["Yes", "No"])
+        without = self.answer_likelihood(question, "", ["Yes", "No"])
+        return (with_passage[0] - with_passage[1]) - (without[0] - without[1]) >= 0
 
 
 def _from_sentence(backbone, question: str, chunks: list, found: list, best: grounding.Sentence, style: str,

@@ -527,7 +527,8 @@ class Engine:
             text = generated["text"]
             usage = {"prompt_tokens": generated["prompt_tokens"], "generated_tokens": generated["generated_tokens"]}
             grounded = {"style": style, "kind": generated["kind"], "reason": generated["reason"],
-                        "span": generated["span"], "generated": generated.get("generated")}
+                        "span": generated["span"], "generated": generated.get("generated"),
+                        "answer_type": generated.get("answer_type")}
             if grounded["span"] is not None:
                 cited = evidence[grounded["span"]["passage"] - 1].chunk
                 grounded["span"].update({k: v for k, v in cited.provenance().items()

@@ -296,3 +296,200 @@ def speaker_swap(question: str, found: list[Sentence], names: set[str], margin: 
     if other is not None and best_other - best_named > margin:
         return name, other
     return None
+
+
+# answer types: what kind of phrase a question asks for, and the evidence spans of that kind ------------
+
+ANSWER_TYPES = ("person", "place", "number", "date", "organisation", "thing", "yesno", "description")
+ENTITY_TYPES = ("person", "place", "number", "date", "organisation", "thing")  # answered with a phrase
+_AUX = r"(?:is|are|was|were|do|does|did|can|could|will|would|has|have|had|should|shall|may|might|must|isn't|" \
+       r"aren't|wasn't|weren't|don't|doesn't|didn't)"
+_WHAT = r"(?:what|which|in what|in which|on what|at what|of what|of which|from what|from which)"
+_PERSON_NOUNS = r"(?:person|man|woman|boy|girl|men|women|people|actor|actress|author|writer|poet|singer|" \
+                r"musician|player|king|queen|prince|princess|president|director|character|artist|painter|" \
+                r"composer|son|daughter|father|mother|brother|sister|wife|husband|child|friend|leader|founder|" \
+                r"member|politician|scientist|doctor|lawyer|owner|creator|producer|coach|captain|emperor|" \
+                r"ruler|saint|god|goddess|family)"
+_PLACE_NOUNS = r"(?:place|city|town|country|state|county|province|region|continent|location|island|river|" \
+               r"mountain|village|street|area|nation|capital|district|neighbou?rhood|building|venue|stadium|" \
+               r"lake|sea|ocean|park|room|house|castle|land|kingdom|borough|municipality|port)"
+_ORG_NOUNS = r"(?:company|organi[sz]ation|band|group|team|club|newspaper|magazine|university|college|school|" \
+             r"party|network|channel|label|film|movie|book|novel|album|song|show|series|game|play|opera|" \
+             r"brand|airline|firm|agency|institution|association|league|title|publication|station|church|" \
+             r"society|corporation|army|ship|journal|newspapers|record label|tv show|television series)"
+_NUMBER_NOUNS = r"(?:number|amount|percentage|percent|price|cost|age|population|size|length|height|distance|" \
+                r"sum|salary|wage|fee|rate|capacity|score|total|weight|area|quantity)"
+_DATE_NOUNS = r"(?:year|date|day|month|time|century|decade|season|period|era|age of)"
+# (type, pattern): the earliest match in the question decides, ties by this order
+_TYPE_RULES = [
+    ("yesno", re.compile(rf"^\s*{_AUX}\b(?!.*\b(?:who|whom|what|which|where|when|why|how)\b)", re.I)),
+    ("description", re.compile(r"\b(?:why|how come|for what reason|what (?:caused|made|led)|what\b[^?]*\bhappen|"
+                               r"what (?:did|does|do|will|would) [^?]*?\b(?:say|tell|think|decide|promise|suggest)\b|"
+                               r"what (?:did|does|do|will|would|could|can) [^?]*?\bdo\b|how (?:did|does|do|is|was|"
+                               r"were|are|can|could|would|will|should|has|have|had) [^?]*?\bfeel|"
+                               r"what (?:is|was|are|were) [^?]* like\b|describe\b)", re.I)),
+    ("date", re.compile(rf"\b(?:when|how long ago|{_WHAT} {_DATE_NOUNS}s?\b|what time)", re.I)),
+    ("number", re.compile(rf"\b(?:how (?:many|much|long|old|far|tall|big|large|high|often|deep|wide|heavy|"
+                          rf"fast|late|early)|{_WHAT} (?:(?:is|was) the )?{_NUMBER_NOUNS}\b)", re.I)),
+    ("place", re.compile(rf"\b(?:where|{_WHAT} (?:\w+ )?{_PLACE_NOUNS}\b)", re.I)),
+    ("organisation", re.compile(rf"\b(?:{_WHAT} (?:\w+ )?{_ORG_NOUNS}\b|what is the name of the {_ORG_NOUNS})", re.I)),
+    ("person", re.compile(rf"\b(?:who|whom|whose|{_WHAT} (?:\w+ )?{_PERSON_NOUNS}\b|what (?:is|was) (?:his|her|"
+                          rf"their|the \w+'s) name|name of the {_PERSON_NOUNS})", re.I)),
+    ("description", re.compile(r"\bhow\b", re.I)),
+    ("thing", re.compile(r"\b(?:what|which)\b", re.I)),
+]
+
+
+def answer_type(question: str) -> str:
+    """What the question asks for (one of ANSWER_TYPES), from its question words: the earliest
+    matching wh-phrase decides ("..., an Earl of which location?" asks for a place)."""
+    best = ("thing", len(question) + 1, len(_TYPE_RULES))
+    for order, (kind, pattern) in enumerate(_TYPE_RULES):
+        m = pattern.search(question)
+        if m and (m.start(), order) < best[1:]:
+            best = (kind, m.start(), order)
+    return best[0]
+
+
+def options(question: str) -> list[str]:
+    """The alternatives a choice question offers ("Which is older, X or Y?"), else []."""
+    tail = re.split(r"[,:;]", question.rstrip(" ?"))[-1]
+    if " or " not in tail:
+        return []
+    tail = re.sub(rf"^\s*(?:{_AUX}|who|which|what)\b[^A-Z0-9\"]*", "", tail)
+    parts = [p.strip(" \"'") for p in re.split(r"\s+or\s+", tail)]
+    return [p for p in parts if p] if len(parts) == 2 else []
+
+
+_CAP_WORD = r"(?:[A-Z][\w'\u2019&-]*\.?|\d+(?:st|nd|rd|th)?)"
+_NAME = re.compile(rf"[A-Z][\w'\u2019&-]*\.?(?:\s+(?:(?:de|da|du|van|von|der|del|la|le|y)\s+)*{_CAP_WORD})*")
+_TITLE = re.compile(rf"[A-Z][\w'\u2019&-]*\.?(?:\s+(?:(?:of|the|de|da|du|van|von|der|del|la|le|y|and|&|for|on|in)\s+)*"
+                    rf"{_CAP_WORD})*")
+_NUMBER_WORDS = r"(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|" \
+                r"sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|" \
+                r"hundred|thousand|million|billion|half|dozen|score|a hundred|a thousand|a dozen)"
+_UNIT = r"(?:pounds?|shillings?|pence|guineas?|dollars?|cents?|euros?|francs?|crowns?|marks?|[a-z]+s|" \
+        r"percent|per cent|%|years?|months?|weeks?|days?|hours?|minutes?|miles?|feet|foot|inches|metres?|" \
+        r"meters?|km|kilometres?|kilometers?|acres?|tons?|people|times)\b"
+_AMOUNT = re.compile(
+    rf"(?:[$£€¥]\s?\d+(?:[,.]\d+)*(?:\s+(?:million|billion|thousand|hundred))?|\d+(?:[,.]\d+)*(?:\s*(?:%|million|billion|"
+    rf"thousand|hundred))?|\b{_NUMBER_WORDS}(?:[\s-]+(?:and\s+)?{_NUMBER_WORDS})*)"
+    rf"(?:\s+{_UNIT}(?:\s+(?:a|an|per|each|every)\s+(?:week|day|month|year|hour|annum))?)?", re.I)
+_DATE = re.compile(
+    rf"\b(?:(?:\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH_RE}\.?(?:,?\s+\d{{3,4}})?)|"
+    rf"(?:{_MONTH_RE}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{3,4}})?)|(?:{_MONTH_RE}\.?\s+(?:of\s+)?\d{{4}})|"
+    rf"(?:(?:early|late|mid|the)\s+)?(?<![\d,.])\d{{3,4}}s?|\d{{1,2}}(?:st|nd|rd|th)\s+century|{_WEEKDAY_RE}|"
+    rf"(?:january|february|march|april|june|july|august|september|october|november|december)|"
+    rf"\d{{1,2}}:\d\d(?:\s*[ap]\.?m\.?)?|(?:half|a quarter|quarter|\w+ minutes) (?:past|to) (?:one|two|three|four|five|six|seven|"
+    rf"eight|nine|ten|eleven|twelve)|\w+ o'clock|midnight|noon|"
+    rf"dawn|dusk|\d{{1,2}}\s*(?:o'clock|[ap]\.?m\.?)|(?:yesterday|today|tomorrow|"
+    rf"last (?:night|week|month|year|summer|winter|spring|autumn|fall)|(?:in the )?(?:morning|evening|afternoon|night)|"
+    rf"(?:\w+ )?(?:days?|weeks?|months?|years?) (?:ago|later|before|after)))\b", re.I)
+_LOCATIVE = re.compile(r"\b(?:in|at|to|from|into|near|inside|outside|under|behind|on|towards|across|beside|"
+                       r"through)\s+(?:(?:the|a|an|his|her|their|my|our|its|your)\s+)?", re.I)
+_PERSON_HEADS = frozenset(
+    "man woman men women boy girl child children gentleman lady king queen prince princess knight soldier hunter "
+    "farmer peasant fisherman merchant servant maid shepherd priest monk witch wizard giant dwarf fairy stranger "
+    "father mother son daughter brother sister wife husband uncle aunt friend lawyer doctor clerk captain master "
+    "mistress widow nurse teacher student writer author actor actress singer player president governor".split())
+_QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]{2,80})[\"\u201d]")
+_LIKELY_VERB = re.compile(r"[a-z]+(?:ed|ing)|said|says|went|came|told|made|got|took|gave|saw|knew|thought|"
+                          r"found|left|became|began|felt|kept|put|ran|sat|stood|brought|heard|held|let|meant|"
+                          r"met|paid|sent|set|spoke|wrote|married|lived|died|born")
+OPENING = " \t\n\"'\u201c\u2018([*_-"
+_SENTENCE_STARTERS = STOPWORDS | {"but", "and", "yet", "now", "then", "when", "while", "after", "although", "though",
+                                  "because", "since", "yes", "oh", "well", "still", "once", "perhaps", "indeed", "everyone",
+                                  "everybody", "everything", "someone", "somebody", "something", "nobody", "nothing",
+                                  "none", "one", "many", "few", "several", "later", "soon", "meanwhile", "instead",
+                                  "however", "suddenly", "finally", "thus", "therefore", "let", "please", "thank",
+                                  "thanks", "sure", "hey", "hi", "hello", "wow", "ah", "aye", "sir", "madam", "mrs",
+                                  "mr", "dear", "good", "great", "nice", "like", "even", "why", "let's", "i'm", "i've",
+                                  "i'll", "i'd", "it's", "that's", "there's", "we're", "you're", "don't", "didn't"}
+
+
+def typed_spans(text: str, kind: str) -> list[tuple[int, int]]:
+    """Spans of `text` that could answer a question of type `kind`: names (capitalised runs) for
+    people, places and organisations (and quoted titles), amounts and numbers, dates and times,
+    noun-phrase-like runs of content words for things. Plain rules, no tagger."""
+    spans: list[tuple[int, int]] = []
+    if kind in ("person", "place", "organisation", "thing"):
+        found = list(_NAME.finditer(text)) + ([] if kind == "person" else list(_TITLE.finditer(text)))
+        for m in found:
+            a, b = m.start(), m.end()
+            piece = text[a:b]
+            first = WORD.match(piece)
+            # a sentence's first word is capitalised anyway: drop it when it is a function word
+            while first and first.group().lower() in _SENTENCE_STARTERS:
+                rest = piece[first.end():].lstrip()
+                a, piece = b - len(rest), rest
+                first = WORD.match(piece) if piece and piece[0].isupper() else None
+                if first is None:
+                    piece = ""
+            piece = piece.rstrip(".,'\u2019-&")
+            if not text[:a].strip(OPENING) and " " not in piece and len(piece) > 5 \
+                    and re.fullmatch(r"[a-z]+(?:ed|ing)", piece.lower()):  # "Married! When?" opens with a verb
+                continue
+            if piece and not (kind == "person" and piece.lower() in ("i", "god")):
+                if not _DATE.match(piece):
+                    spans.append((a, a + len(piece)))
+        if kind in ("organisation", "thing"):
+            spans += [(m.start(1), m.end(1)) for m in _QUOTED.finditer(text)]
+    if kind == "place":  # lower-case places follow a preposition: "went to the kitchen"
+        for m in _LOCATIVE.finditer(text):
+            run = [w for w in WORD.finditer(text, m.end()) if w.start() < m.end() + 40][:3]
+            kept = []
+            for w in run:
+                if w.group().lower() in STOPWORDS or (kept and w.start() - kept[-1].end() > 1):
+                    break
+                kept.append(w)
+            infinitive = m.group().lower().strip() == "to" and not kept[0].group()[0].isupper() if kept else False
+            if kept and not infinitive and not _LIKELY_VERB.fullmatch(kept[-1].group()) \
+                    and not _DATE.match(text, kept[0].start()) and not _AMOUNT.match(text, kept[0].start()):
+                spans.append((kept[0].start(), kept[-1].end()))
+    if kind == "number":
+        spans += [(m.start(), m.end()) for m in _AMOUNT.finditer(text) if m.group().strip()]
+        spans = [(a, b) for a, b in spans if text[a:b].strip().lower() not in ("a", "an", "one", "score")]
+    if kind == "date":
+        spans += [(m.start(), m.end()) for m in _DATE.finditer(text)]
+    if kind in ("thing", "person"):
+        tokens = list(WORD.finditer(text))
+        run: list = []
+        for m in tokens + [None]:
+            if m is not None and m.group().lower() not in STOPWORDS and not m.group().isupper():
+                run.append(m)
+                continue
+            for i, head in enumerate(run if kind == "person" else ()):  # "a gentleman", "an old man"
+                if head.group().lower() in _PERSON_HEADS:
+                    spans += [(run[j].start(), head.end()) for j in range(max(0, i - 1), i + 1)]
+            for size in range(1, min(3, len(run)) + 1) if kind == "thing" else ():  # a noun phrase's head
+                if size > 1 or not _LIKELY_VERB.fullmatch(run[-1].group()):
+                    spans.append((run[-size].start(), run[-1].end()))
+            run = []
+    seen, out = set(), []
+    for a, b in spans:
+        a, b = _trim_span(text, a, b)
+        if b > a and (a, b) not in seen:
+            seen.add((a, b))
+            out.append((a, b))
+    return out
+
+
+def _trim_span(text: str, a: int, b: int) -> tuple[int, int]:
+    while a < b and not (text[a].isalnum() or text[a] in "$£€¥"):
+        a += 1
+    while b > a and not (text[b - 1].isalnum() or text[b - 1] in "%"):
+        b -= 1
+    return a, b
+
+
+def echoes(question: str, span: str) -> bool:
+    """Does the span only repeat the question (every content word of it is asked)? An answer adds
+    something."""
+    said = content_words(span) or set(words(span))
+    return not said or said <= set(words(question))
+
+
+def contained(prediction: str | None, reference: str) -> bool:
+    """Every content word of the reference appears in the prediction."""
+    wanted = content_words(reference) or set(words(reference))
+    return bool(prediction) and bool(wanted) and wanted <= set(words(prediction))

@@ -131,5 +131,6 @@ def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: 
                 "doc_start": chunk.char_start + found.start, "doc_end": chunk.char_start + found.end}
     return {"text": found.text, "kind": found.kind, "reason": found.reason, "span": span,
             "generated": found.generated, "speaker": found.speaker, "metric_text": found.as_metric_text(),
+            "answer_type": found.answer_type,
             "prompt_tokens": found.prompt_tokens, "generated_tokens": found.generated_tokens,
             "generate_s": time.perf_counter() - started}

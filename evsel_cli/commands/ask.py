@@ -101,7 +101,8 @@ def ask(
     grounding = result.get("grounding") or {}
     span = grounding.get("span")
     if result["answer"] is not None:
-        cited = f" [dim](passage #{span['passage']})[/]" if span else ""
+        kind = f"{grounding['answer_type']}, " if grounding.get("answer_type") else ""
+        cited = f" [dim]({kind}passage #{span['passage']})[/]" if span else ""
         # a PDF's answer keeps its page's line breaks: shown on one line, like the passages
         stdout.print(f"[bold]Answer:[/] {escape(flat(result['answer']))}{cited}\n")
     elif grounding.get("kind") == "abstained":

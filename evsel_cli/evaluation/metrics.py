@@ -12,6 +12,8 @@ import re
 import string
 from collections import Counter
 
+from evsel.grounding import STOPWORDS
+
 
 def dedupe_units(units: list[set[int]]) -> list[set[int]]:
     """Units with the same chunks are one unit (two evidence turns in one chunk)."""
@@ -80,6 +82,18 @@ def token_f1(prediction: str, references: list[str]) -> float:
         return 0.0
     p = normalize_answer(prediction).split()
     return max(_f1(p, normalize_answer(r).split()) for r in references)
+
+
+def contained(prediction: str, references: list[str]) -> float:
+    """1 when every content word of some reference (after SQuAD normalisation; all its words when it
+    has only function words) appears in the prediction: the answer holds the reference, however long."""
+    said = set(normalize_answer(prediction).split())
+    for reference in references:
+        wanted = normalize_answer(reference).split()
+        content = {w for w in wanted if w not in STOPWORDS} or set(wanted)
+        if content and content <= said:
+            return 1.0
+    return 0.0
 
 
 # LoCoMo's F1 (task_eval/evaluation.py of snap-research/locomo) ----------------------------------

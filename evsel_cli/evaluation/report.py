@@ -51,7 +51,7 @@ def tables(result: dict) -> list[Table]:
         main.add_column("MRR", justify="right")
     generate = result["config"]["generate"]
     if generate:
-        for name in ("EM", "F1"):
+        for name in ("EM", "F1", "contained"):
             main.add_column(name, justify="right")
         if any("locomo_f1" in m for m in methods.values()):
             main.add_column("LoCoMo F1", justify="right")
@@ -74,7 +74,7 @@ def tables(result: dict) -> list[Table]:
         if ranked:
             row += [_fmt(m.get(f"recall@{k}")) for k in ks] + [_fmt(m.get(f"complete@{hk}")), _fmt(m.get("mrr"))]
         if generate:
-            row += [_fmt(m.get("em")), _fmt(m.get("f1"))]
+            row += [_fmt(m.get("em")), _fmt(m.get("f1")), _fmt(m.get("contained"))]
             if any("locomo_f1" in x for x in methods.values()):
                 row.append(_fmt(m.get("locomo_f1")))
             if any("pair_accuracy" in x for x in methods.values()):
@@ -93,6 +93,20 @@ def tables(result: dict) -> list[Table]:
         row.append(f"{m['index_s']:.1f}")
         main.add_row(*row)
     out = [main]
+    kinds = sorted({t for m in methods.values() for t in m.get("answer_types", {})})
+    if generate and kinds:  # the answer step by what each question asks for
+        by_type = Table(title="answers by type: EM / F1 / contained (questions)")
+        by_type.add_column("method")
+        for t in kinds:
+            n = max(m.get("answer_types", {}).get(t, {}).get("questions", 0) for m in methods.values())
+            by_type.add_column(f"{t} ({n})", justify="right")
+        for spec, m in methods.items():
+            cells = []
+            for t in kinds:
+                v = m.get("answer_types", {}).get(t)
+                cells.append("-" if not v else f"{_fmt(v.get('em'), 2)} / {_fmt(v.get('f1'), 2)} / {_fmt(v.get('contained'), 2)}")
+            by_type.add_row(spec, *cells)
+        out.append(by_type)
     groups = sorted({g for m in methods.values() for g, v in m["groups"].items() if v.get("with_gold")})
     if len(groups) > 1:
         by_group = Table(title=f"recall@{hk} by group (questions with gold)")

@@ -204,6 +204,7 @@ def _score_answer(dataset: EvalDataset, question: EvalQuestion, answer: str) -> 
     if question.answers:
         scores["em"] = metrics.exact_match(answer, question.answers)
         scores["f1"] = metrics.token_f1(answer, question.answers)
+        scores["contained"] = metrics.contained(answer, question.answers)
     if dataset.answer_metric == "locomo":
         reference = question.answers[0] if question.answers else ""
         scores["locomo_f1"] = metrics.locomo_f1(answer, reference, question.meta.get("category", 0))
@@ -224,7 +225,7 @@ def _summary(records: list[dict], ks: list[int], claims: bool) -> dict:
             out[key] = metrics.mean([r["ranking"][key] for r in ranked])
     answered = [r for r in records if "answer" in r]
     if answered:
-        for key in ("em", "f1", "locomo_f1", "correct"):
+        for key in ("em", "f1", "contained", "locomo_f1", "correct"):
             values = [r["scores"][key] for r in answered if key in r["scores"]]
             if values:
                 out[key] = metrics.mean(values)
@@ -350,6 +351,8 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                     else:
                         record["answer"] = out["text"]
                         record["answer_kind"] = out["kind"]
+                        if out.get("answer_type"):
+                            record["answer_type"] = out["answer_type"]
                         record["prompt_tokens"] = out["prompt_tokens"]
                         record["timings"]["generate_s"] = out["generate_s"]
                         record["scores"] = _score_answer(dataset, q, out["metric_text"])
@@ -362,6 +365,10 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
             "index_s": index_s,
             "groups": {g: _summary([r for r in records if r["group"] == g], ks, claims) for g in groups},
         }
+        typed = sorted({r["answer_type"] for r in headline if "answer_type" in r})
+        if typed:  # answer scores by what the question asks for (person, place, ...)
+            results[method.spec]["answer_types"] = {
+                t: _summary([r for r in headline if r.get("answer_type") == t], ks, claims) for t in typed}
         if method.full:
             results[method.spec]["not_fitting"] = not_fitting
         if config.generate and not claims:
