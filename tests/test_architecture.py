@@ -195,3 +195,34 @@ def test_the_store_imports_no_model_code():
     modules = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in modules if m.startswith("evsel.models") or m == "models"]
+
+
+def _readme_roles() -> dict[str, str]:
+    """The README's one-line roles: {path in backticks at the start of a bullet: the whole line}."""
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Layout"):]
+    section = section[: section.index("\n## ", 1)]
+    roles = {}
+    for line in section.splitlines():
+        for path in re.findall(r"^- (?:`([^`]+)`(?:, )?)+", line) and re.findall(r"`([^`]+)`", line.split(":", 1)[0]):
+            roles[path] = line
+    return roles
+
+
+def test_the_readme_gives_every_module_a_role():
+    """A module is named with its path, or its folder's line names it (`models/selectors/`: ... `bm25` ...)."""
+    roles = _readme_roles()
+    missing = []
+    for source in LAYOUT.values():
+        for path in sorted((ROOT / source).rglob("*.py")):
+            if path.name in ("__init__.py", "__main__.py") and path.parent.name != "parsers":
+                continue
+            rel = path.relative_to(ROOT).as_posix()
+            folder = path.parent.relative_to(ROOT).as_posix() + "/"
+            stem = path.stem if path.name != "__init__.py" else "__init__.py"
+            if rel in roles or (folder in roles and f"`{stem}" in roles[folder]):
+                continue
+            missing.append(rel)
+    assert not missing, f"README's Layout section gives these no role: {missing}"
