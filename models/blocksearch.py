@@ -76,6 +76,8 @@ METHOD = "blocksearch"
 KEYS_FORMAT = 1  # bump when what a cached key file holds changes
 VARIANTS = ("maxsim", "mass")
 QUERY_MODES = ("prefix", "faithful")
+QUERY_TOKENS = ("last", "question", "span")
+HEAD_SETS = ("all", "qr")
 SSMAX_LAYERS = ("readout", "all")
 STORAGE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 SLICE_TOKENS = 1 << 13  # keys scored at a time (whole chunks): one reused float32 copy and (H, slice) logits
@@ -111,10 +113,16 @@ class BlockSearchConfig:
     query_offset: int | None = None  # query block position - prefix length (None: longest block)
     batch_tokens: int = 4096  # block tokens per encoder batch
     group_tokens: int = 16384  # faithful mode: block tokens one query pass reads (~220 MB of KV for SmolLM2)
+    query_tokens: str = "last"  # the query rows read: last (the next-token state) | question (the
+    # question's own tokens) | span (the whole query span after the separator, as QRHead): averaged
+    calibrate: bool = False  # subtract the same score for the null query "N/A" (QRHead's calibration)
+    heads: str = "all"  # the heads summed: all | qr (QRRanker's detected heads at the routing layer)
+    skip_tokens: int = 0  # each block's first text tokens left out of the score (after the RoPE restart)
     prompt: PromptConfig = field(default_factory=default_prompt)
 
     def __post_init__(self) -> None:
         checks = [("variant", self.variant, VARIANTS), ("query_mode", self.query_mode, QUERY_MODES),
+                  ("query_tokens", self.query_tokens, QUERY_TOKENS), ("heads", self.heads, HEAD_SETS),
                   ("ssmax_layers", self.ssmax_layers, SSMAX_LAYERS), ("dtype", self.dtype, tuple(STORAGE_DTYPES))]
         for name, value, allowed in checks:
             if value not in allowed:
@@ -124,6 +132,8 @@ class BlockSearchConfig:
                              "use query_mode=faithful, or ssmax_layers=readout")
         if self.top_b < 1:
             raise ModelError("top_b must be at least 1")
+        if self.skip_tokens < 0:
+            raise ModelError("skip_tokens must be 0 or more")
 
     def resolved(self, n_layers: int) -> BlockSearchConfig:
         layer = default_layer(n_layers) if self.layer is None else int(self.layer)
@@ -205,6 +215,7 @@ class PackedKeys:
     counted: object
     offsets: np.ndarray
     _skipped: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    _skipping: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n(self) -> int:
@@ -221,6 +232,25 @@ class PackedKeys:
             counted = self.counted.numpy() if hasattr(self.counted, "numpy") else self.counted
             self._skipped = np.flatnonzero(~np.asarray(counted, dtype=bool))
         return self._skipped
+
+    def skipping(self, k: int) -> PackedKeys:
+        """The same keys with each chunk's first `k` counted tokens uncounted too (a chunk's last
+        token always stays counted, so every chunk keeps a score). Made once per k."""
+        import torch
+
+        if k in self._skipping:
+            return self._skipping[k]
+        counted = torch.as_tensor(self.counted).numpy().astype(bool)
+        owner = torch.as_tensor(self.owner).numpy()
+        running = np.cumsum(counted)
+        before = np.concatenate([[0], running])[self.offsets[:-1]]  # counted tokens before each chunk
+        nth = running - before[owner]  # 1-based rank of a counted token inside its chunk
+        last = np.zeros(len(counted), dtype=bool)
+        last[self.offsets[1:] - 1] = True
+        keep = counted & ((nth > k) | last)
+        out = PackedKeys(self.keys, self.owner, torch.from_numpy(keep), self.offsets)
+        self._skipping[k] = out
+        return out
 
     def subset(self, which: list[int]) -> PackedKeys:
         """The chunks `which` only, in that order (renumbered 0..len(which) - 1)."""
@@ -320,9 +350,10 @@ def maxsim(q, packed: PackedKeys, scaling: float, factor: float = 1.0, slice_tok
 
 
 def attention_mass(q, packed: PackedKeys, scaling: float, factor: float = 1.0, extra=None,
-                   slice_tokens: int = SLICE_TOKENS):
+                   slice_tokens: int = SLICE_TOKENS, extra_mask=None):
     """(N, H) the query's softmax attention onto each chunk's text tokens, the softmax taken over
-    `extra` keys (kv, E, d: the prefix and the query's own tokens) and every packed token, of the
+    `extra` keys (kv, E, d: the prefix and the query's own tokens; `extra_mask` (H, E) those each
+    row sees) and every packed token, of the
     logits factor * q . k * scaling. One pass over the keys: per slice its max m and the segment
     sums of exp(logit - m) over each chunk's text tokens, rescaled by exp(m - lse) at the end."""
     import torch
@@ -331,7 +362,10 @@ def attention_mass(q, packed: PackedKeys, scaling: float, factor: float = 1.0, e
     scale = scaling * factor
     parts = []  # the log-sum-exp terms: extra keys, then each slice's
     if extra is not None and extra.shape[1]:
-        parts.append(torch.logsumexp(head_logits(q, extra, scale), dim=1).double().numpy())
+        extra_logits = head_logits(q, extra, scale)
+        if extra_mask is not None:  # (H, E): the extra keys each query row sees (its own causally)
+            extra_logits = extra_logits.masked_fill(~extra_mask, float("-inf"))
+        parts.append(torch.logsumexp(extra_logits, dim=1).double().numpy())
     out = np.zeros((h, packed.n), dtype=np.float32)
     peaks = np.zeros((h, packed.n), dtype=np.float32)
     for i, j, a, logits, skip in _sliced_logits(q, packed, scale, slice_tokens, None):
@@ -535,18 +569,34 @@ class BlockSearch:
         return array
 
     # the query block
+    def query_rows(self, question: str) -> tuple[int, int]:
+        """The suffix rows [a, b) whose queries route (config.query_tokens): the last one (the
+        state that predicts the answer's first token), the question's own tokens, or the whole
+        query span after the separator (instruction, label, question, chat footer)."""
+        n = len(self.suffix(question))
+        mode = self.config.query_tokens
+        if mode == "last":
+            return n - 1, n
+        if mode == "span":
+            return len(self.separator), n
+        c = self.config.prompt
+        start = len(self.separator) + len(self.prompt.ids(f"{c.closing}{c.separator}{c.query_label}"))
+        length = len(self.prompt.ids(f" {question.strip()}")[: c.max_query_tokens])
+        return start, start + max(1, length)
+
     def _query_pass(self, question: str, context: Context, factor: float = 1.0):
-        """The query block over `context`: (q (H, d) float32 at its last position, its own keys
-        (kv, S, d) at layer L), both post-RoPE."""
+        """The query block over `context`: (q (H, S, d) float32 at its routing rows (`query_rows`),
+        its own keys (kv, n, d) at layer L, both post-RoPE, and the rows' [a, b))."""
         import torch
 
         suffix = self.suffix(question)
+        a, b = self.query_rows(question)
         layers = list(range(self.layer)) if factor != 1.0 else []
         with torch.inference_mode(), _scaled_attention(self.model, layers, factor):
-            [state] = suffix_states(self.model, context, [(suffix, len(suffix) - 1)], [self.layer],
-                                       check_rope=not self._rope_checked)
+            [state] = suffix_states(self.model, context, [(suffix, a)], [self.layer],
+                                    check_rope=not self._rope_checked)
         self._rope_checked = True
-        return state.queries[self.layer][:, -1].float().clone(), state.keys[self.layer].clone()
+        return state.queries[self.layer][:, : b - a].float().clone(), state.keys[self.layer].clone(), (a, b)
 
     def prefix_query(self, question: str):
         """Prefix mode: the query block reads the prefix only, so its vectors depend on the
@@ -556,6 +606,24 @@ class BlockSearch:
             hit = self._query_pass(question, Context(self.prefix_kv, [], self.query_position))
             self.prefix_queries.put(question, hit)
         return hit
+
+    @property
+    def head_mask(self) -> np.ndarray:
+        """(H,) True for the heads whose scores are summed (config.heads: all, or QRRanker's
+        detected heads that sit at the routing layer)."""
+        if self.config.heads == "all":
+            return np.ones(self.n_heads, dtype=bool)
+        from evsel.models import qrranker
+
+        heads, where = qrranker.resolve_heads(self.backbone, None, "block")
+        mask = np.zeros(self.n_heads, dtype=bool)
+        for layer, head in heads:
+            if layer == self.layer:
+                mask[head] = True
+        if not mask.any():
+            raise ModelError(f"none of the QR heads in {where} is at the routing layer {self.layer}",
+                             "route at a layer that holds QR heads, or use heads=all")
+        return mask
 
     def groups(self, scope: Scope) -> list[list[int]]:
         """Faithful mode: chunks in document order, in groups of at most `group_tokens` tokens."""
@@ -569,32 +637,51 @@ class BlockSearch:
 
     def route(self, question: str, scope: Scope) -> Routing:
         """Score every chunk of the scope for the question; top-B best first."""
-        import torch
-
         cfg = self.config
         n = scope.n
         if n == 0:
             return Routing(np.zeros(0), np.zeros((0, self.n_heads)), np.zeros(0, dtype=np.int64), 1.0, 0)
         ssmax = ssmax_factor(cfg.ssmax_s, n) if cfg.ssmax else 1.0
+        per_head, groups = self._per_head(question, scope, ssmax)
+        if cfg.calibrate:  # the same for the null query: what a chunk scores whatever is asked
+            per_head = per_head - self._per_head(self.config.prompt.null_query, scope, ssmax)[0]
+        per_head = per_head.double().numpy()
+        scores = per_head[:, self.head_mask].sum(axis=1)
+        top = np.argsort(-scores, kind="stable")[: cfg.top_b]
+        return Routing(scores, per_head, top, ssmax, groups)
+
+    def _per_head(self, question: str, scope: Scope, ssmax: float):
+        """(N, H) per-head scores of the scope, each averaged over the query rows, and the number
+        of query passes."""
+        import torch
+
+        cfg = self.config
+        n = scope.n
         inner = ssmax if cfg.ssmax and cfg.ssmax_layers == "all" else 1.0
         if cfg.query_mode == "prefix":
             passes = [(list(range(n)), *self.prefix_query(question))]
         else:
             passes = [(g, *self.faithful_query(question, scope, g, inner)) for g in self.groups(scope)]
         prefix_keys = self.prefix_kv[self.layer][0][0]  # (kv, P, d)
+        packed_all = scope.packed if cfg.skip_tokens == 0 else scope.packed.skipping(cfg.skip_tokens)
         per_head = torch.empty(n, self.n_heads)
-        for group, q, own in passes:
+        for group, q, own, (a, b) in passes:
+            rows_n = q.shape[1]
+            flat = q.reshape(self.n_heads * rows_n, self.head_dim)  # row h * S + s: GQA groups stay whole
             rows = slice(None) if len(passes) == 1 else group  # one pass: the whole scope, no gather
             if cfg.variant == "maxsim":
-                packed = scope.packed if len(passes) == 1 else scope.packed.subset(group)
-                per_head[rows] = maxsim(q, packed, self.scaling, ssmax)
+                packed = packed_all if len(passes) == 1 else packed_all.subset(group)
+                got = maxsim(flat, packed, self.scaling, ssmax)
             else:
                 extra = torch.cat([prefix_keys.float(), own.float()], dim=1)
-                per_head[rows] = attention_mass(q, scope.packed, self.scaling, ssmax, extra)[rows]
-        per_head = per_head.double().numpy()
-        scores = per_head.sum(axis=1)
-        top = np.argsort(-scores, kind="stable")[: cfg.top_b]
-        return Routing(scores, per_head, top, ssmax, len(passes))
+                p = prefix_keys.shape[1]
+                # query row s (suffix position a + s) sees the prefix and the suffix up to itself
+                seen = torch.arange(extra.shape[1])[None] <= (p + a + torch.arange(rows_n))[:, None]  # (S, E)
+                got = attention_mass(flat, packed_all, self.scaling, ssmax, extra,
+                                     extra_mask=seen.repeat(self.n_heads, 1))
+                got = got if len(passes) == 1 else got[group]
+            per_head[rows] = got.reshape(-1, self.n_heads, rows_n).mean(dim=2)
+        return per_head, len(passes)
 
     def scores(self, question: str, texts: list[str], hashes: list[str] | None = None) -> np.ndarray:
         return self.route(question, self.scope(texts, hashes)).scores

@@ -21,7 +21,12 @@ from .base import Selector
 
 
 TOP_B = {"top16": 16, "top32": 32, "top64": 64, "top128": 128, "top256": 256, "top512": 512}
-VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", *TOP_B)
+# routing options beyond the variant and the query mode (BlockSearchConfig fields); "heads" is
+# QRRanker's scoring at the routing layer: its heads there, the query span's attention, calibrated
+SCORING = {"question": {"query_tokens": "question"}, "span": {"query_tokens": "span"},
+           "calibrated": {"calibrate": True}, "qr": {"heads": "qr"}, "nosink": {"skip_tokens": 1},
+           "heads": {"variant": "mass", "query_tokens": "span", "calibrate": True, "heads": "qr"}}
+VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", *SCORING, *TOP_B)
 
 
 def parse_variants(text: str | None) -> list[str]:
@@ -44,8 +49,12 @@ class BlockSearchSelector(Selector):
         from evsel.models import blocksearch as bs
 
         super().__init__(context)
+        scoring: dict = {}
         for option in parse_variants(variants):  # the spec's blocksearch:mass+ssmax+faithful
-            if option == "ssmax":
+            if option in SCORING:
+                scoring.update(SCORING[option])
+                variant = scoring.pop("variant", variant)
+            elif option == "ssmax":
                 ssmax = True
             elif option == "trained":
                 trained = True
@@ -58,14 +67,16 @@ class BlockSearchSelector(Selector):
             else:
                 query_mode = option
         self.config = bs.BlockSearchConfig(layer=layer, top_b=top_b, variant=variant, query_mode=query_mode,
-                                           ssmax=bool(ssmax), ssmax_layers=ssmax_layers)
+                                           ssmax=bool(ssmax), ssmax_layers=ssmax_layers, **scoring)
         if trained and decode:
             from evsel.errors import EvselError
 
             raise EvselError("blocksearch:trained and :decode are two decoders", "choose one of them")
         self.trained = bool(trained)
         self.decode = bool(decode)
-        options = [v for v, on in ((variant, variant != "maxsim"), (query_mode, query_mode != "prefix"),
+        options = [v for v, on in ((variant, variant != "maxsim" and not self._chosen("heads")),
+                                   (query_mode, query_mode != "prefix"),
+                                   *((name, self._chosen(name)) for name in SCORING),
                                    ("ssmax", bool(ssmax)), ("trained", self.trained), ("decode", self.decode),
                                    (f"top{top_b}", top_b != 256)) if on]
         self.name = "blocksearch" + (":" + "+".join(options) if options else "")
@@ -73,6 +84,16 @@ class BlockSearchSelector(Selector):
         self._decoder = None
         self._scope: tuple[tuple, object] | None = None
         self.last_routing = None  # the last question's Routing (per-head scores, top-B)
+
+    def _chosen(self, option: str) -> bool:
+        """Whether the config holds every setting of a SCORING option (the name lists it once:
+        "heads" covers span, calibrated and qr)."""
+        settings = {**SCORING[option]}
+        if option != "heads" and self._chosen("heads"):
+            return False
+        if settings.pop("variant", self.config.variant) != self.config.variant:
+            return False
+        return all(getattr(self.config, k) == v for k, v in settings.items())
 
     @property
     def router(self):
