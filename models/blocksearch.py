@@ -104,7 +104,7 @@ def default_layer(n_layers: int) -> int:
 class BlockSearchConfig:
     layer: int | None = None  # routing layer L, 0-based (None: default_layer of the model)
     top_b: int = 256  # chunks routed on to the layers above L (the seed's B)
-    variant: str = "maxsim"  # maxsim: R^sum of QK-MaxSim | mass: softmax attention mass at L
+    variant: str = "mass"  # maxsim: R^sum of QK-MaxSim | mass: softmax attention mass at L
     query_mode: str = "prefix"  # prefix: the query reads the prefix only (fast) | faithful
     ssmax: bool = False  # multiply the query's pre-softmax scores by ssmax_s * log N
     ssmax_s: float = 0.43  # the seed's (and SSMax's) initial s
@@ -113,10 +113,10 @@ class BlockSearchConfig:
     query_offset: int | None = None  # query block position - prefix length (None: longest block)
     batch_tokens: int = 4096  # block tokens per encoder batch
     group_tokens: int = 16384  # faithful mode: block tokens one query pass reads (~220 MB of KV for SmolLM2)
-    query_tokens: str = "last"  # the query rows read: last (the next-token state) | question (the
-    # question's own tokens) | span (the whole query span after the separator, as QRHead): averaged
-    calibrate: bool = False  # subtract the same score for the null query "N/A" (QRHead's calibration)
-    heads: str = "all"  # the heads summed: all | qr (QRRanker's detected heads at the routing layer)
+    query_tokens: str = "span"  # the query rows read: last (the next-token state, the seed's) |
+    # question (the question's own tokens) | span (the query span after the separator, as QRHead): averaged
+    calibrate: bool = True  # subtract the same score for the null query "N/A" (QRHead's calibration)
+    heads: str = "qr"  # the heads summed: all | qr (QRRanker's detected heads at the routing layer)
     skip_tokens: int = 0  # each block's first text tokens left out of the score (after the RoPE restart)
     prompt: PromptConfig = field(default_factory=default_prompt)
 
@@ -477,6 +477,9 @@ class BlockSearch:
         self._prefix_kv = None
         self.prefix_queries = LRUCache(max_items=256)  # prefix mode: question -> (q, own keys)
         self._rope_checked = False
+        self._null_kept = None  # prefix mode: (packed keys, SSMax factor, the null query's scores)
+        self._head_mask = None
+        self.head_source = ""
 
     # pieces
     @property
@@ -609,21 +612,28 @@ class BlockSearch:
 
     @property
     def head_mask(self) -> np.ndarray:
-        """(H,) True for the heads whose scores are summed (config.heads: all, or QRRanker's
-        detected heads that sit at the routing layer)."""
-        if self.config.heads == "all":
-            return np.ones(self.n_heads, dtype=bool)
-        from evsel.models import qrranker
+        """(H,) True for the heads whose scores are summed: config.heads all, or qr: QRRanker's
+        detected heads that sit at the routing layer (all heads where none ships for this backbone
+        or none is at that layer; `head_source` says which)."""
+        if self._head_mask is None:
+            mask = np.ones(self.n_heads, dtype=bool)
+            self.head_source = "all heads"
+            if self.config.heads == "qr":
+                from evsel.models import qrranker
 
-        heads, where = qrranker.resolve_heads(self.backbone, None, "block")
-        mask = np.zeros(self.n_heads, dtype=bool)
-        for layer, head in heads:
-            if layer == self.layer:
-                mask[head] = True
-        if not mask.any():
-            raise ModelError(f"none of the QR heads in {where} is at the routing layer {self.layer}",
-                             "route at a layer that holds QR heads, or use heads=all")
-        return mask
+                try:
+                    heads, where = qrranker.resolve_heads(self.backbone, None, "block")
+                except ModelError:
+                    heads, where = [], None
+                chosen = sorted(h for layer, h in heads if layer == self.layer)
+                if chosen:
+                    mask = np.zeros(self.n_heads, dtype=bool)
+                    mask[chosen] = True
+                    self.head_source = f"QR heads {chosen} of layer {self.layer} ({where})"
+                else:
+                    self.head_source = f"all heads (no QR head of layer {self.layer} ships for this backbone)"
+            self._head_mask = mask
+        return self._head_mask
 
     def groups(self, scope: Scope) -> list[list[int]]:
         """Faithful mode: chunks in document order, in groups of at most `group_tokens` tokens."""
@@ -644,11 +654,22 @@ class BlockSearch:
         ssmax = ssmax_factor(cfg.ssmax_s, n) if cfg.ssmax else 1.0
         per_head, groups = self._per_head(question, scope, ssmax)
         if cfg.calibrate:  # the same for the null query: what a chunk scores whatever is asked
-            per_head = per_head - self._per_head(self.config.prompt.null_query, scope, ssmax)[0]
+            per_head = per_head - self._null_per_head(scope, ssmax)
         per_head = per_head.double().numpy()
         scores = per_head[:, self.head_mask].sum(axis=1)
         top = np.argsort(-scores, kind="stable")[: cfg.top_b]
         return Routing(scores, per_head, top, ssmax, groups)
+
+    def _null_per_head(self, scope: Scope, ssmax: float):
+        """The null query's (N, H) scores. In prefix mode they depend on the scope alone, so the
+        last scope's are kept: calibration costs one pass per scope, not per question."""
+        null = self.config.prompt.null_query
+        if self.config.query_mode != "prefix":
+            return self._per_head(null, scope, ssmax)[0]
+        kept = self._null_kept
+        if kept is None or kept[0] is not scope.packed or kept[1] != ssmax:
+            kept = self._null_kept = (scope.packed, ssmax, self._per_head(null, scope, ssmax)[0])
+        return kept[2]
 
     def _per_head(self, question: str, scope: Scope, ssmax: float):
         """(N, H) per-head scores of the scope, each averaged over the query rows, and the number
