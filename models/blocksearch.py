@@ -16,14 +16,20 @@ encoder for every method), truncated after the routing layer L (depth L + 1). A 
 only on the prefix and its own tokens, so what routing reads of it, its post-RoPE keys at layer L
 (kv_heads, L_i, head_dim), is cached per chunk content hash on disk (an `ArrayCache`).
 
-Routing score (the seed's Sec. 4.1 and 5.1): at the query block's LAST position, the post-RoPE
-query q_h of every head h at layer L; per head QK-MaxSim(d) = max over d's text tokens t of
-q_h . k_t * scaling (query head h reads KV head h // (H / kv_heads)); R^sum(d) = sum over heads.
+Routing score. The seed's (Sec. 4.1 and 5.1; `blocksearch:seed`): at the query block's LAST
+position, the post-RoPE query q_h of every head h at layer L; per head QK-MaxSim(d) = max over d's
+text tokens t of q_h . k_t * scaling (query head h reads KV head h // (H / kv_heads)); R^sum(d) = sum
+over heads. That last position is a next-token state: its scores hardly depend on the question
+(docs/BLOCKSEARCH.md, "Diagnosis"). The default reads the query as QRRanker does: the query
+span's rows (instruction, question, chat footer: `query_tokens`), each row's softmax attention
+onto each chunk's text tokens averaged over the rows (variant "mass"), minus the same for the null
+query "N/A" (`calibrate`; in prefix mode the null query's scores depend on the scope alone and are
+kept per scope), summed over the QR heads that QRRanker detected at layer L (`heads`).
 The top-B chunks go on to the code decoder (blocksearch:trained, :decode); otherwise the score
 itself ranks the scope.
 Variant "mass": the query's softmax attention at layer L onto each chunk's text tokens (softmax
-over the prefix, every chunk of the scope and the query's own tokens), summed over heads: the
-quantity that dilutes as N grows (the seed's Sec. 4.2), where SSMax changes the ranking.
+over the prefix, every chunk of the scope and the query's own tokens up to the row), summed over
+heads: the quantity that dilutes as N grows (the seed's Sec. 4.2), where SSMax changes the ranking.
 
 SSMax: the pre-softmax scores of the query's row multiplied by s * log N (s = 0.43, the seed's
 init; N = chunks in scope). For MaxSim this is one positive factor for every head and chunk: a

@@ -1,6 +1,7 @@
 """BlockSearch (seed 001): ranks the whole scope by the backbone's own routing score at a middle
-layer (QK-MaxSim of the query block's last position against each chunk's keys, summed over heads;
-models/blocksearch.py). Each chunk's keys at that layer are cached as files beside the store the
+layer (models/blocksearch.py): by default the query span's calibrated attention through the QR
+heads of that layer; `blocksearch:seed` is the seed's QK-MaxSim of the query block's last position,
+summed over heads. Each chunk's keys at that layer are cached as files beside the store the
 chunks come from (the user's store for ask, eval's cache for eval), or in memory when there is none.
 
 `blocksearch:trained`: the routing's top-B chunks (B = 256, or `topN`) go on to the trained code
