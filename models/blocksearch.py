@@ -239,6 +239,15 @@ class PackedKeys:
             self._skipped = np.flatnonzero(~np.asarray(counted, dtype=bool))
         return self._skipped
 
+    def kv_slice(self, kv: slice) -> PackedKeys:
+        """The same tokens with only the KV heads `kv` (a view; made once per slice)."""
+        key = ("kv", kv.start, kv.stop)
+        if key not in self._skipping:
+            view = PackedKeys(self.keys[kv], self.owner, self.counted, self.offsets)
+            view._skipped = self.skipped
+            self._skipping[key] = view
+        return self._skipping[key]
+
     def skipping(self, k: int) -> PackedKeys:
         """The same keys with each chunk's first `k` counted tokens uncounted too (a chunk's last
         token always stays counted, so every chunk keeps a score). Made once per k."""
@@ -691,23 +700,31 @@ class BlockSearch:
             passes = [(g, *self.faithful_query(question, scope, g, inner)) for g in self.groups(scope)]
         prefix_keys = self.prefix_kv[self.layer][0][0]  # (kv, P, d)
         packed_all = scope.packed if cfg.skip_tokens == 0 else scope.packed.skipping(cfg.skip_tokens)
-        per_head = torch.empty(n, self.n_heads)
+        per_head = torch.zeros(n, self.n_heads)
+        mask = self.head_mask
+        g = self.n_heads // self.kv_heads
+        if mask.all():  # every KV head with its whole GQA group: one call
+            parts = [(list(range(self.n_heads)), slice(None))]
+        else:  # only the heads summed, one KV head at a time (the QR heads: 4 of 9 for SmolLM2)
+            parts = [([h for h in range(k * g, (k + 1) * g) if mask[h]], slice(k, k + 1))
+                     for k in range(self.kv_heads) if mask[k * g:(k + 1) * g].any()]
         for group, q, own, (a, b) in passes:
             rows_n = q.shape[1]
-            flat = q.reshape(self.n_heads * rows_n, self.head_dim)  # row h * S + s: GQA groups stay whole
-            rows = slice(None) if len(passes) == 1 else group  # one pass: the whole scope, no gather
-            if cfg.variant == "maxsim":
-                packed = packed_all if len(passes) == 1 else packed_all.subset(group)
-                got = maxsim(flat, packed, self.scaling, ssmax)
-            else:
-                extra = torch.cat([prefix_keys.float(), own.float()], dim=1)
-                p = prefix_keys.shape[1]
-                # query row s (suffix position a + s) sees the prefix and the suffix up to itself
-                seen = torch.arange(extra.shape[1])[None] <= (p + a + torch.arange(rows_n))[:, None]  # (S, E)
-                got = attention_mass(flat, packed_all, self.scaling, ssmax, extra,
-                                     extra_mask=seen.repeat(self.n_heads, 1))
-                got = got if len(passes) == 1 else got[group]
-            per_head[rows] = got.reshape(-1, self.n_heads, rows_n).mean(dim=2)
+            p = prefix_keys.shape[1]
+            # query row s (suffix position a + s) sees the prefix and the suffix up to itself
+            seen = torch.arange(p + own.shape[1])[None] <= (p + a + torch.arange(rows_n))[:, None]  # (S, E)
+            for heads, kv in parts:
+                flat = q[heads].reshape(len(heads) * rows_n, self.head_dim)  # row h * S + s: GQA groups stay whole
+                keys = packed_all if kv == slice(None) else packed_all.kv_slice(kv)
+                if cfg.variant == "maxsim":
+                    got = maxsim(flat, keys if len(passes) == 1 else keys.subset(group), self.scaling, ssmax)
+                else:
+                    extra = torch.cat([prefix_keys[kv].float(), own[kv].float()], dim=1)
+                    got = attention_mass(flat, keys, self.scaling, ssmax, extra,
+                                         extra_mask=seen.repeat(len(heads), 1))
+                    got = got if len(passes) == 1 else got[group]
+                at = torch.arange(n) if len(passes) == 1 else torch.tensor(group)
+                per_head[at[:, None], torch.tensor(heads)[None]] = got.reshape(-1, len(heads), rows_n).mean(dim=2)
         return per_head, len(passes)
 
     def scores(self, question: str, texts: list[str], hashes: list[str] | None = None) -> np.ndarray:

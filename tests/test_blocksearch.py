@@ -173,6 +173,23 @@ def test_query_rows_and_calibration_equal_the_explicit_pass(backbone, rows):
     assert np.allclose(calibrated.route(QUESTION, calibrated.scope(TEXTS)).scores, want - null, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode, variant", [("prefix", "mass"), ("faithful", "mass"), ("prefix", "maxsim")])
+def test_a_head_subset_scores_its_heads_as_all_heads_do(backbone, mode, variant):
+    """Only the summed heads are computed (one KV head at a time); their scores are the all-heads
+    run's, and the routing score is their sum. A backbone with no shipped QR heads sums all heads."""
+    kwargs = dict(query_mode=mode, variant=variant, query_tokens="span", calibrate=True,
+                  group_tokens=14 if mode == "faithful" else 16384)
+    every = _router(backbone, **kwargs)
+    qr = _router(backbone, heads="qr", **kwargs)
+    assert qr.head_mask.all() and "all heads" in qr.head_source  # the tiny model has no QR head list
+    subset = _router(backbone, **kwargs)
+    subset._head_mask = np.array([True, False, False, False, True, True])  # KV head 0: one of 3, KV 1: two
+    want = every.route(QUESTION, every.scope(TEXTS)).per_head
+    got = subset.route(QUESTION, subset.scope(TEXTS))
+    assert np.allclose(got.per_head[:, subset._head_mask], want[:, subset._head_mask], atol=1e-6)
+    assert np.allclose(got.scores, want[:, subset._head_mask].sum(1), atol=1e-6)
+
+
 def test_skipping_leaves_each_chunks_first_text_tokens_out_but_never_its_last():
     keys, packed = _packed_random(lengths=(3, 1, 5, 2), start=1)
     two = packed.skipping(2)
