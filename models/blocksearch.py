@@ -418,6 +418,21 @@ def _scaled_attention(model, layers: list[int], factor: float):
             m.scaling = value
 
 
+def shipped_qr_heads(fingerprint: str) -> tuple[list[tuple[int, int]], str | None]:
+    """QRRanker's detected heads for a backbone, [(layer, head)] 0-based, for its block encoding, read
+    from the heads.json the package ships beside its adapters (data only: the methods share no code
+    but the shared modules); ([], None) when none ships or it cannot be read."""
+    path = Path(__file__).parent / "adapters" / fingerprint[:16] / "qrranker" / "heads.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [], None
+    if data.get("format") != "evsel-qrranker-heads/1":
+        return [], None
+    chosen = (data.get("by_encoding") or {}).get("block") or data.get("heads") or []
+    return [(int(h["layer"]), int(h["head"])) for h in chosen], str(path)
+
+
 # ---------------------------------------------------------------------------------------------
 # the router
 
@@ -634,12 +649,7 @@ class BlockSearch:
             mask = np.ones(self.n_heads, dtype=bool)
             self.head_source = "all heads"
             if self.config.heads == "qr":
-                from evsel.models import qrranker
-
-                try:
-                    heads, where = qrranker.resolve_heads(self.backbone, None, "block")
-                except ModelError:
-                    heads, where = [], None
+                heads, where = shipped_qr_heads(self.backbone.fingerprint)
                 chosen = sorted(h for layer, h in heads if layer == self.layer)
                 if chosen:
                     mask = np.zeros(self.n_heads, dtype=bool)

@@ -646,3 +646,16 @@ def test_the_spec_names_the_variants():
         assert get_selector(one.name, context).config == one.config, spec
     with pytest.raises(EvselError, match="unknown blocksearch variant"):
         get_selector("blocksearch:wide", context)
+
+
+def test_the_qr_heads_are_qrrankers_shipped_block_heads():
+    """The router reads QRRanker's shipped head list as data (the methods share no code): the same
+    list QRRanker's own reader gives for its block encoding; none for an unknown backbone."""
+    from evsel.models import qrranker
+
+    [folder] = [p for p in (Path(bs.__file__).parent / "adapters").iterdir() if (p / "qrranker" / "heads.json").is_file()]
+    fingerprint = folder.name + "0" * 48
+    heads, where = bs.shipped_qr_heads(fingerprint)
+    assert heads == qrranker.heads_of(qrranker.load_head_file(qrranker.shipped_heads_dir(fingerprint)), "block")
+    assert where and any(layer == 17 for layer, _ in heads)
+    assert bs.shipped_qr_heads("f" * 64) == ([], None)
