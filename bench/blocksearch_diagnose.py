@@ -14,6 +14,7 @@ the RoPE restart) and how often on punctuation.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -57,11 +58,12 @@ def main(argv=None) -> int:
     from evsel.models import blocksearch as bs
     from evsel.models import qrranker as qr
     from evsel.models.backbone import Backbone
-    import os
+    from evsel.models.blocksparse import Context, ReadStates, SuffixStates, head_attention, suffix_states
+    from evsel.store import ChunkRecord
 
     backbone = Backbone(threads=int(os.environ.get("EVSEL_THREADS") or 1))
     _ = backbone.model
-    router = bs.BlockSearch(backbone, bs.BlockSearchConfig())
+    router = bs.BlockSearch(backbone, bs.BlockSearchConfig())  # only its keys, prompt and states are read
     heads, _where = qr.resolve_heads(backbone, None, "block")
     qr_scorer = None if args.no_qrranker else qr.QRScorer(backbone, heads)
     data = load_dataset("fairytaleqa", data_dir(), "val")
@@ -82,9 +84,8 @@ def main(argv=None) -> int:
     rng = random.Random(0)
     for key, qs in by_doc.items():
         doc = data.loaders[key]()
-        from evsel.store import ChunkRecord
-
-        chunks = [ChunkRecord(id=i + 1, doc_id=1, **c.record()) for i, c in enumerate(chunker.chunk_document(doc, backbone))]
+        pieces = chunker.chunk_document(doc, backbone)
+        chunks = [ChunkRecord(id=i + 1, doc_id=1, **c.record()) for i, c in enumerate(pieces)]
         texts = [c.text for c in chunks]
         scope = router.scope(texts)
         lengths = np.diff(scope.packed.offsets) - len(router.separator)
@@ -94,8 +95,6 @@ def main(argv=None) -> int:
         ctx_keys = torch.cat([prefix_keys, scope.packed.keys.float()], dim=1)
         p = prefix_keys.shape[1]
         spans = [(p + int(a) + start, p + int(b)) for a, b in zip(scope.packed.offsets[:-1], scope.packed.offsets[1:])]
-        from evsel.models.blocksparse import Context, ReadStates, head_attention, suffix_states
-
         context = Context(router.prefix_kv, [], router.query_position)
         null_suffix = router.suffix("N/A")
         null_len = len(router.prompt.ids(" N/A"))
@@ -129,7 +128,8 @@ def main(argv=None) -> int:
             seg_max = np.maximum.reduceat(np.where(np.isfinite(masked), masked, -1e9),
                                           scope.packed.offsets[:-1], axis=1)
             rows["maxsim, first text token excluded"] = seg_max.sum(0)
-            rows["maxsim / (per-head z-score over chunks)"] = ((shipped - shipped.mean(0)) / (shipped.std(0) + 1e-9)).sum(1)
+            z = (shipped - shipped.mean(0)) / (shipped.std(0) + 1e-9)
+            rows["maxsim / (per-head z-score over chunks)"] = z.sum(1)
             null_ms = bs.maxsim(null.queries[layer].float()[:, -1], scope.packed, router.scaling).double().numpy()
             rows["maxsim - N/A maxsim (last token)"] = (shipped - null_ms).sum(1)
             qtok = qs_all[:, q_start:q_start + q_len]  # (H, S_q, d)
@@ -140,8 +140,6 @@ def main(argv=None) -> int:
             for span_name, (s0, s1) in {"question tokens": (q_start, q_start + q_len),
                                         "whole query span": (len(router.separator), len(suffix))}.items():
                 read = ReadStates({layer: ctx_keys}, None, None)
-                from evsel.models.blocksparse import SuffixStates
-
                 def states(st, a, b):
                     return SuffixStates({layer: st.queries[layer][:, a:b]}, {layer: st.keys[layer][:, :b]}, None,
                                         None, a)
