@@ -79,8 +79,10 @@ def main(argv=None) -> int:
 
         keys = [scope.packed.keys[:, int(a):int(b)] for a, b in zip(scope.packed.offsets[:-1], scope.packed.offsets[1:])]
         start = len(router.separator)
-        variants = {"maxsim": bs.BlockSearchConfig(), "mass": bs.BlockSearchConfig(variant="mass"),
-                    "mass+ssmax": bs.BlockSearchConfig(variant="mass", ssmax=True)}
+        seed = {"variant": "maxsim", "query_tokens": "last", "calibrate": False, "heads": "all"}
+        variants = {"maxsim": bs.BlockSearchConfig(**seed), "mass": bs.BlockSearchConfig(**{**seed, "variant": "mass"}),
+                    "mass+ssmax": bs.BlockSearchConfig(**{**seed, "variant": "mass"}, ssmax=True),
+                    "heads (default)": bs.BlockSearchConfig()}
         routers = {name: bs.BlockSearch(backbone, cfg) for name, cfg in variants.items()}
         for r in routers.values():  # query vectors computed ahead: a warm daemon has them per question
             for q in QUESTIONS:

@@ -16,14 +16,20 @@ encoder for every method), truncated after the routing layer L (depth L + 1). A 
 only on the prefix and its own tokens, so what routing reads of it, its post-RoPE keys at layer L
 (kv_heads, L_i, head_dim), is cached per chunk content hash on disk (an `ArrayCache`).
 
-Routing score (the seed's Sec. 4.1 and 5.1): at the query block's LAST position, the post-RoPE
-query q_h of every head h at layer L; per head QK-MaxSim(d) = max over d's text tokens t of
-q_h . k_t * scaling (query head h reads KV head h // (H / kv_heads)); R^sum(d) = sum over heads.
+Routing score. The seed's (Sec. 4.1 and 5.1; `blocksearch:seed`): at the query block's LAST
+position, the post-RoPE query q_h of every head h at layer L; per head QK-MaxSim(d) = max over d's
+text tokens t of q_h . k_t * scaling (query head h reads KV head h // (H / kv_heads)); R^sum(d) = sum
+over heads. That last position is a next-token state: its scores hardly depend on the question
+(docs/BLOCKSEARCH.md, "Diagnosis"). The default reads the query as QRRanker does: the query
+span's rows (instruction, question, chat footer: `query_tokens`), each row's softmax attention
+onto each chunk's text tokens averaged over the rows (variant "mass"), minus the same for the null
+query "N/A" (`calibrate`; in prefix mode the null query's scores depend on the scope alone and are
+kept per scope), summed over the QR heads that QRRanker detected at layer L (`heads`).
 The top-B chunks go on to the code decoder (blocksearch:trained, :decode); otherwise the score
 itself ranks the scope.
 Variant "mass": the query's softmax attention at layer L onto each chunk's text tokens (softmax
-over the prefix, every chunk of the scope and the query's own tokens), summed over heads: the
-quantity that dilutes as N grows (the seed's Sec. 4.2), where SSMax changes the ranking.
+over the prefix, every chunk of the scope and the query's own tokens up to the row), summed over
+heads: the quantity that dilutes as N grows (the seed's Sec. 4.2), where SSMax changes the ranking.
 
 SSMax: the pre-softmax scores of the query's row multiplied by s * log N (s = 0.43, the seed's
 init; N = chunks in scope). For MaxSim this is one positive factor for every head and chunk: a
@@ -76,6 +82,8 @@ METHOD = "blocksearch"
 KEYS_FORMAT = 1  # bump when what a cached key file holds changes
 VARIANTS = ("maxsim", "mass")
 QUERY_MODES = ("prefix", "faithful")
+QUERY_TOKENS = ("last", "question", "span")
+HEAD_SETS = ("all", "qr")
 SSMAX_LAYERS = ("readout", "all")
 STORAGE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 SLICE_TOKENS = 1 << 13  # keys scored at a time (whole chunks): one reused float32 copy and (H, slice) logits
@@ -102,7 +110,7 @@ def default_layer(n_layers: int) -> int:
 class BlockSearchConfig:
     layer: int | None = None  # routing layer L, 0-based (None: default_layer of the model)
     top_b: int = 256  # chunks routed on to the layers above L (the seed's B)
-    variant: str = "maxsim"  # maxsim: R^sum of QK-MaxSim | mass: softmax attention mass at L
+    variant: str = "mass"  # maxsim: R^sum of QK-MaxSim | mass: softmax attention mass at L
     query_mode: str = "prefix"  # prefix: the query reads the prefix only (fast) | faithful
     ssmax: bool = False  # multiply the query's pre-softmax scores by ssmax_s * log N
     ssmax_s: float = 0.43  # the seed's (and SSMax's) initial s
@@ -111,10 +119,16 @@ class BlockSearchConfig:
     query_offset: int | None = None  # query block position - prefix length (None: longest block)
     batch_tokens: int = 4096  # block tokens per encoder batch
     group_tokens: int = 16384  # faithful mode: block tokens one query pass reads (~220 MB of KV for SmolLM2)
+    query_tokens: str = "span"  # the query rows read: last (the next-token state, the seed's) |
+    # question (the question's own tokens) | span (the query span after the separator, as QRHead): averaged
+    calibrate: bool = True  # subtract the same score for the null query "N/A" (QRHead's calibration)
+    heads: str = "qr"  # the heads summed: all | qr (QRRanker's detected heads at the routing layer)
+    skip_tokens: int = 0  # each block's first text tokens left out of the score (after the RoPE restart)
     prompt: PromptConfig = field(default_factory=default_prompt)
 
     def __post_init__(self) -> None:
         checks = [("variant", self.variant, VARIANTS), ("query_mode", self.query_mode, QUERY_MODES),
+                  ("query_tokens", self.query_tokens, QUERY_TOKENS), ("heads", self.heads, HEAD_SETS),
                   ("ssmax_layers", self.ssmax_layers, SSMAX_LAYERS), ("dtype", self.dtype, tuple(STORAGE_DTYPES))]
         for name, value, allowed in checks:
             if value not in allowed:
@@ -124,6 +138,8 @@ class BlockSearchConfig:
                              "use query_mode=faithful, or ssmax_layers=readout")
         if self.top_b < 1:
             raise ModelError("top_b must be at least 1")
+        if self.skip_tokens < 0:
+            raise ModelError("skip_tokens must be 0 or more")
 
     def resolved(self, n_layers: int) -> BlockSearchConfig:
         layer = default_layer(n_layers) if self.layer is None else int(self.layer)
@@ -205,6 +221,7 @@ class PackedKeys:
     counted: object
     offsets: np.ndarray
     _skipped: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    _skipping: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n(self) -> int:
@@ -221,6 +238,34 @@ class PackedKeys:
             counted = self.counted.numpy() if hasattr(self.counted, "numpy") else self.counted
             self._skipped = np.flatnonzero(~np.asarray(counted, dtype=bool))
         return self._skipped
+
+    def kv_slice(self, kv: slice) -> PackedKeys:
+        """The same tokens with only the KV heads `kv` (a view; made once per slice)."""
+        key = ("kv", kv.start, kv.stop)
+        if key not in self._skipping:
+            view = PackedKeys(self.keys[kv], self.owner, self.counted, self.offsets)
+            view._skipped = self.skipped
+            self._skipping[key] = view
+        return self._skipping[key]
+
+    def skipping(self, k: int) -> PackedKeys:
+        """The same keys with each chunk's first `k` counted tokens uncounted too (a chunk's last
+        token always stays counted, so every chunk keeps a score). Made once per k."""
+        import torch
+
+        if k in self._skipping:
+            return self._skipping[k]
+        counted = torch.as_tensor(self.counted).numpy().astype(bool)
+        owner = torch.as_tensor(self.owner).numpy()
+        running = np.cumsum(counted)
+        before = np.concatenate([[0], running])[self.offsets[:-1]]  # counted tokens before each chunk
+        nth = running - before[owner]  # 1-based rank of a counted token inside its chunk
+        last = np.zeros(len(counted), dtype=bool)
+        last[self.offsets[1:] - 1] = True
+        keep = counted & ((nth > k) | last)
+        out = PackedKeys(self.keys, self.owner, torch.from_numpy(keep), self.offsets)
+        self._skipping[k] = out
+        return out
 
     def subset(self, which: list[int]) -> PackedKeys:
         """The chunks `which` only, in that order (renumbered 0..len(which) - 1)."""
@@ -320,9 +365,10 @@ def maxsim(q, packed: PackedKeys, scaling: float, factor: float = 1.0, slice_tok
 
 
 def attention_mass(q, packed: PackedKeys, scaling: float, factor: float = 1.0, extra=None,
-                   slice_tokens: int = SLICE_TOKENS):
+                   slice_tokens: int = SLICE_TOKENS, extra_mask=None):
     """(N, H) the query's softmax attention onto each chunk's text tokens, the softmax taken over
-    `extra` keys (kv, E, d: the prefix and the query's own tokens) and every packed token, of the
+    `extra` keys (kv, E, d: the prefix and the query's own tokens; `extra_mask` (H, E) those each
+    row sees) and every packed token, of the
     logits factor * q . k * scaling. One pass over the keys: per slice its max m and the segment
     sums of exp(logit - m) over each chunk's text tokens, rescaled by exp(m - lse) at the end."""
     import torch
@@ -331,7 +377,10 @@ def attention_mass(q, packed: PackedKeys, scaling: float, factor: float = 1.0, e
     scale = scaling * factor
     parts = []  # the log-sum-exp terms: extra keys, then each slice's
     if extra is not None and extra.shape[1]:
-        parts.append(torch.logsumexp(head_logits(q, extra, scale), dim=1).double().numpy())
+        extra_logits = head_logits(q, extra, scale)
+        if extra_mask is not None:  # (H, E): the extra keys each query row sees (its own causally)
+            extra_logits = extra_logits.masked_fill(~extra_mask, float("-inf"))
+        parts.append(torch.logsumexp(extra_logits, dim=1).double().numpy())
     out = np.zeros((h, packed.n), dtype=np.float32)
     peaks = np.zeros((h, packed.n), dtype=np.float32)
     for i, j, a, logits, skip in _sliced_logits(q, packed, scale, slice_tokens, None):
@@ -367,6 +416,21 @@ def _scaled_attention(model, layers: list[int], factor: float):
     finally:
         for m, value in zip(modules, before):
             m.scaling = value
+
+
+def shipped_qr_heads(fingerprint: str) -> tuple[list[tuple[int, int]], str | None]:
+    """QRRanker's detected heads for a backbone, [(layer, head)] 0-based, for its block encoding, read
+    from the heads.json the package ships beside its adapters (data only: the methods share no code
+    but the shared modules); ([], None) when none ships or it cannot be read."""
+    path = Path(__file__).parent / "adapters" / fingerprint[:16] / "qrranker" / "heads.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [], None
+    if data.get("format") != "evsel-qrranker-heads/1":
+        return [], None
+    chosen = (data.get("by_encoding") or {}).get("block") or data.get("heads") or []
+    return [(int(h["layer"]), int(h["head"])) for h in chosen], str(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,6 +507,9 @@ class BlockSearch:
         self._prefix_kv = None
         self.prefix_queries = LRUCache(max_items=256)  # prefix mode: question -> (q, own keys)
         self._rope_checked = False
+        self._null_kept = None  # prefix mode: (packed keys, SSMax factor, the null query's scores)
+        self._head_mask = None
+        self.head_source = ""
 
     # pieces
     @property
@@ -535,18 +602,34 @@ class BlockSearch:
         return array
 
     # the query block
+    def query_rows(self, question: str) -> tuple[int, int]:
+        """The suffix rows [a, b) whose queries route (config.query_tokens): the last one (the
+        state that predicts the answer's first token), the question's own tokens, or the whole
+        query span after the separator (instruction, label, question, chat footer)."""
+        n = len(self.suffix(question))
+        mode = self.config.query_tokens
+        if mode == "last":
+            return n - 1, n
+        if mode == "span":
+            return len(self.separator), n
+        c = self.config.prompt
+        start = len(self.separator) + len(self.prompt.ids(f"{c.closing}{c.separator}{c.query_label}"))
+        length = len(self.prompt.ids(f" {question.strip()}")[: c.max_query_tokens])
+        return start, start + max(1, length)
+
     def _query_pass(self, question: str, context: Context, factor: float = 1.0):
-        """The query block over `context`: (q (H, d) float32 at its last position, its own keys
-        (kv, S, d) at layer L), both post-RoPE."""
+        """The query block over `context`: (q (H, S, d) float32 at its routing rows (`query_rows`),
+        its own keys (kv, n, d) at layer L, both post-RoPE, and the rows' [a, b))."""
         import torch
 
         suffix = self.suffix(question)
+        a, b = self.query_rows(question)
         layers = list(range(self.layer)) if factor != 1.0 else []
         with torch.inference_mode(), _scaled_attention(self.model, layers, factor):
-            [state] = suffix_states(self.model, context, [(suffix, len(suffix) - 1)], [self.layer],
-                                       check_rope=not self._rope_checked)
+            [state] = suffix_states(self.model, context, [(suffix, a)], [self.layer],
+                                    check_rope=not self._rope_checked)
         self._rope_checked = True
-        return state.queries[self.layer][:, -1].float().clone(), state.keys[self.layer].clone()
+        return state.queries[self.layer][:, : b - a].float().clone(), state.keys[self.layer].clone(), (a, b)
 
     def prefix_query(self, question: str):
         """Prefix mode: the query block reads the prefix only, so its vectors depend on the
@@ -556,6 +639,26 @@ class BlockSearch:
             hit = self._query_pass(question, Context(self.prefix_kv, [], self.query_position))
             self.prefix_queries.put(question, hit)
         return hit
+
+    @property
+    def head_mask(self) -> np.ndarray:
+        """(H,) True for the heads whose scores are summed: config.heads all, or qr: QRRanker's
+        detected heads that sit at the routing layer (all heads where none ships for this backbone
+        or none is at that layer; `head_source` says which)."""
+        if self._head_mask is None:
+            mask = np.ones(self.n_heads, dtype=bool)
+            self.head_source = "all heads"
+            if self.config.heads == "qr":
+                heads, where = shipped_qr_heads(self.backbone.fingerprint)
+                chosen = sorted(h for layer, h in heads if layer == self.layer)
+                if chosen:
+                    mask = np.zeros(self.n_heads, dtype=bool)
+                    mask[chosen] = True
+                    self.head_source = f"QR heads {chosen} of layer {self.layer} ({where})"
+                else:
+                    self.head_source = f"all heads (no QR head of layer {self.layer} ships for this backbone)"
+            self._head_mask = mask
+        return self._head_mask
 
     def groups(self, scope: Scope) -> list[list[int]]:
         """Faithful mode: chunks in document order, in groups of at most `group_tokens` tokens."""
@@ -569,32 +672,70 @@ class BlockSearch:
 
     def route(self, question: str, scope: Scope) -> Routing:
         """Score every chunk of the scope for the question; top-B best first."""
-        import torch
-
         cfg = self.config
         n = scope.n
         if n == 0:
             return Routing(np.zeros(0), np.zeros((0, self.n_heads)), np.zeros(0, dtype=np.int64), 1.0, 0)
         ssmax = ssmax_factor(cfg.ssmax_s, n) if cfg.ssmax else 1.0
+        per_head, groups = self._per_head(question, scope, ssmax)
+        if cfg.calibrate:  # the same for the null query: what a chunk scores whatever is asked
+            per_head = per_head - self._null_per_head(scope, ssmax)
+        per_head = per_head.double().numpy()
+        scores = per_head[:, self.head_mask].sum(axis=1)
+        top = np.argsort(-scores, kind="stable")[: cfg.top_b]
+        return Routing(scores, per_head, top, ssmax, groups)
+
+    def _null_per_head(self, scope: Scope, ssmax: float):
+        """The null query's (N, H) scores. In prefix mode they depend on the scope alone, so the
+        last scope's are kept: calibration costs one pass per scope, not per question."""
+        null = self.config.prompt.null_query
+        if self.config.query_mode != "prefix":
+            return self._per_head(null, scope, ssmax)[0]
+        kept = self._null_kept
+        if kept is None or kept[0] is not scope.packed or kept[1] != ssmax:
+            kept = self._null_kept = (scope.packed, ssmax, self._per_head(null, scope, ssmax)[0])
+        return kept[2]
+
+    def _per_head(self, question: str, scope: Scope, ssmax: float):
+        """(N, H) per-head scores of the scope, each averaged over the query rows, and the number
+        of query passes."""
+        import torch
+
+        cfg = self.config
+        n = scope.n
         inner = ssmax if cfg.ssmax and cfg.ssmax_layers == "all" else 1.0
         if cfg.query_mode == "prefix":
             passes = [(list(range(n)), *self.prefix_query(question))]
         else:
             passes = [(g, *self.faithful_query(question, scope, g, inner)) for g in self.groups(scope)]
         prefix_keys = self.prefix_kv[self.layer][0][0]  # (kv, P, d)
-        per_head = torch.empty(n, self.n_heads)
-        for group, q, own in passes:
-            rows = slice(None) if len(passes) == 1 else group  # one pass: the whole scope, no gather
-            if cfg.variant == "maxsim":
-                packed = scope.packed if len(passes) == 1 else scope.packed.subset(group)
-                per_head[rows] = maxsim(q, packed, self.scaling, ssmax)
-            else:
-                extra = torch.cat([prefix_keys.float(), own.float()], dim=1)
-                per_head[rows] = attention_mass(q, scope.packed, self.scaling, ssmax, extra)[rows]
-        per_head = per_head.double().numpy()
-        scores = per_head.sum(axis=1)
-        top = np.argsort(-scores, kind="stable")[: cfg.top_b]
-        return Routing(scores, per_head, top, ssmax, len(passes))
+        packed_all = scope.packed if cfg.skip_tokens == 0 else scope.packed.skipping(cfg.skip_tokens)
+        per_head = torch.zeros(n, self.n_heads)
+        mask = self.head_mask
+        g = self.n_heads // self.kv_heads
+        if mask.all():  # every KV head with its whole GQA group: one call
+            parts = [(list(range(self.n_heads)), slice(None))]
+        else:  # only the heads summed, one KV head at a time (the QR heads: 4 of 9 for SmolLM2)
+            parts = [([h for h in range(k * g, (k + 1) * g) if mask[h]], slice(k, k + 1))
+                     for k in range(self.kv_heads) if mask[k * g:(k + 1) * g].any()]
+        for group, q, own, (a, b) in passes:
+            rows_n = q.shape[1]
+            p = prefix_keys.shape[1]
+            # query row s (suffix position a + s) sees the prefix and the suffix up to itself
+            seen = torch.arange(p + own.shape[1])[None] <= (p + a + torch.arange(rows_n))[:, None]  # (S, E)
+            for heads, kv in parts:
+                flat = q[heads].reshape(len(heads) * rows_n, self.head_dim)  # row h * S + s: GQA groups stay whole
+                keys = packed_all if kv == slice(None) else packed_all.kv_slice(kv)
+                if cfg.variant == "maxsim":
+                    got = maxsim(flat, keys if len(passes) == 1 else keys.subset(group), self.scaling, ssmax)
+                else:
+                    extra = torch.cat([prefix_keys[kv].float(), own[kv].float()], dim=1)
+                    got = attention_mass(flat, keys, self.scaling, ssmax, extra,
+                                         extra_mask=seen.repeat(len(heads), 1))
+                    got = got if len(passes) == 1 else got[group]
+                at = torch.arange(n) if len(passes) == 1 else torch.tensor(group)
+                per_head[at[:, None], torch.tensor(heads)[None]] = got.reshape(-1, len(heads), rows_n).mean(dim=2)
+        return per_head, len(passes)
 
     def scores(self, question: str, texts: list[str], hashes: list[str] | None = None) -> np.ndarray:
         return self.route(question, self.scope(texts, hashes)).scores

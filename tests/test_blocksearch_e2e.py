@@ -5,7 +5,7 @@
   <store dir>/blocksearch/, a second ask of another question that must reuse them, and the
   human output;
 - a LoCoMo conversation (conv-26) in-process (`--no-daemon`): the evidence's speakers, sessions,
-  dates and turns, and the variant spec `blocksearch:mass+ssmax` on the same cached keys.
+  dates and turns, and the variant spec `blocksearch:seed+mass+ssmax` on the same cached keys.
 
 The router is untrained (docs/BLOCKSEARCH.md: near random), so nothing here asserts that the
 evidence answers the question; only what must hold whatever it ranks: exit 0, the selector named
@@ -244,7 +244,7 @@ def test_book_trained_decoder_through_the_daemon_decodes_the_routed_chunks(book_
 @pytest.fixture(scope="module")
 def locomo_run(tmp_path_factory, model_cache):
     """LoCoMo's ten conversations ingested with --no-daemon, then conv-26 asked with blocksearch
-    and with the variant blocksearch:mass+ssmax."""
+    and with the variant blocksearch:seed+mass+ssmax."""
     path = shared_data(*LOCOMO)
     home = tmp_path_factory.mktemp("blocksearch-locomo") / "evsel-home"
     env = _env(home, model_cache, daemon=False)
@@ -255,7 +255,7 @@ def locomo_run(tmp_path_factory, model_cache):
     ask = ("ask", "--doc", str(run["doc"]["id"]), LOCOMO_QUESTION)
     run["first"], run["first_s"] = _timed_json(env, *ask, "--select", "blocksearch")
     run["keys_after_first"] = _key_files(home)
-    run["variant"], run["variant_s"] = _timed_json(env, *ask, "--select", "blocksearch:mass+ssmax")
+    run["variant"], run["variant_s"] = _timed_json(env, *ask, "--select", "blocksearch:seed+mass+ssmax")
     run["keys_after_variant"] = _key_files(home)
     assert pid_of(home) is None  # --no-daemon: no daemon was started
     print(f"\nBLOCKSEARCH-LOCOMO ingest {run['ingest_s']:.1f}s, ask {run['first_s']:.1f}s "
@@ -308,7 +308,7 @@ def test_locomo_ask_on_the_cli_gives_turns_with_speaker_session_and_date(locomo_
 
 def test_variant_mass_ssmax_on_the_cli_reads_the_same_keys(locomo_run):
     result = locomo_run["variant"]
-    assert result["method"]["select"] == "blocksearch:mass+ssmax"
+    assert result["method"]["select"] == "blocksearch:seed+mass+ssmax"
     _check_ranks_and_scores(result)
     _check_dialogue_evidence(locomo_run, result)
     # attention masses: positive, and the whole scope's at most 1 a head (9 heads)

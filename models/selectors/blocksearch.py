@@ -1,6 +1,7 @@
 """BlockSearch (seed 001): ranks the whole scope by the backbone's own routing score at a middle
-layer (QK-MaxSim of the query block's last position against each chunk's keys, summed over heads;
-models/blocksearch.py). Each chunk's keys at that layer are cached as files beside the store the
+layer (models/blocksearch.py): by default the query span's calibrated attention through the QR
+heads of that layer; `blocksearch:seed` is the seed's QK-MaxSim of the query block's last position,
+summed over heads. Each chunk's keys at that layer are cached as files beside the store the
 chunks come from (the user's store for ask, eval's cache for eval), or in memory when there is none.
 
 `blocksearch:trained`: the routing's top-B chunks (B = 256, or `topN`) go on to the trained code
@@ -24,7 +25,16 @@ from .base import Selector
 
 
 TOP_B = {"top16": 16, "top32": 32, "top64": 64, "top128": 128, "top256": 256, "top512": 512}
-VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", *TOP_B)
+# routing options (BlockSearchConfig fields), each a change from the default (the measured best:
+# QRRanker's scoring at the routing layer, its heads there, the query span's attention, calibrated
+# by the null query); "seed" is the score as the seed states it and as first shipped (QK-MaxSim of the
+# last query position, every head, uncalibrated)
+SCORING = {"question": {"query_tokens": "question"}, "span": {"query_tokens": "span"},
+           "last": {"query_tokens": "last"}, "calibrated": {"calibrate": True}, "raw": {"calibrate": False},
+           "qr": {"heads": "qr"}, "allheads": {"heads": "all"}, "nosink": {"skip_tokens": 1},
+           "seed": {"variant": "maxsim", "query_tokens": "last", "calibrate": False, "heads": "all"},
+           "heads": {"variant": "mass", "query_tokens": "span", "calibrate": True, "heads": "qr"}}
+VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", *SCORING, *TOP_B)
 
 
 def parse_variants(text: str | None) -> list[str]:
@@ -50,7 +60,7 @@ class BlockSearchSelector(Selector):
     variants = VARIANTS
     variant_example = "blocksearch:mass+ssmax"
 
-    def __init__(self, context, ssmax: bool = False, variant: str = "maxsim", query_mode: str = "prefix",
+    def __init__(self, context, ssmax: bool = False, variant: str | None = None, query_mode: str = "prefix",
                  layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
                  variants: str | None = None, trained: bool = False, decode: bool = False, **_):
         """`variant`: maxsim (R^sum of per-head QK-MaxSim) or mass (the query's softmax attention
@@ -61,8 +71,12 @@ class BlockSearchSelector(Selector):
         from evsel.models import blocksearch as bs
 
         super().__init__(context)
-        for option in parse_variants(variants):  # the spec's blocksearch:mass+ssmax+faithful
-            if option == "ssmax":
+        scoring: dict = {}
+        chosen = parse_variants(variants)  # the spec's blocksearch:seed+mass+faithful; seed first, the
+        for option in sorted(chosen, key=lambda o: o != "seed"):  # others change it (seed+mass)
+            if option in SCORING:
+                scoring.update(SCORING[option])
+            elif option == "ssmax":
                 ssmax = True
             elif option == "trained":
                 trained = True
@@ -71,25 +85,51 @@ class BlockSearchSelector(Selector):
             elif option in TOP_B:
                 top_b = TOP_B[option]
             elif option in ("mass", "maxsim"):
-                variant = option
+                scoring["variant"] = option
             else:
                 query_mode = option
-        self.config = bs.BlockSearchConfig(layer=layer, top_b=top_b, variant=variant, query_mode=query_mode,
-                                           ssmax=bool(ssmax), ssmax_layers=ssmax_layers)
+        if variant is not None:  # a keyword beats the spec
+            scoring["variant"] = variant
+        self.config = bs.BlockSearchConfig(layer=layer, top_b=top_b, query_mode=query_mode,
+                                           ssmax=bool(ssmax), ssmax_layers=ssmax_layers, **scoring)
         if trained and decode:
             from evsel.errors import EvselError
 
             raise EvselError("blocksearch:trained and :decode are two decoders", "choose one of them")
         self.trained = bool(trained)
         self.decode = bool(decode)
-        options = [v for v, on in ((variant, variant != "maxsim"), (query_mode, query_mode != "prefix"),
-                                   ("ssmax", bool(ssmax)), ("trained", self.trained), ("decode", self.decode),
-                                   (f"top{top_b}", top_b != 256)) if on]
+        options = [*self.scoring_options(self.config),
+                   *(v for v, on in ((query_mode, query_mode != "prefix"), ("ssmax", bool(ssmax)),
+                                     ("trained", self.trained), ("decode", self.decode),
+                                     (f"top{top_b}", top_b != 256)) if on)]
         self.name = "blocksearch" + (":" + "+".join(options) if options else "")
         self._router = None
         self._decoder = None
         self._scope: tuple[tuple, object] | None = None
         self.last_routing = None  # the last question's Routing (per-head scores, top-B)
+
+    @staticmethod
+    def scoring_options(config) -> list[str]:
+        """The spec's options that give `config`'s scoring: "seed" when it is the seed's, else each
+        setting that differs from the default."""
+        from evsel.models import blocksearch as bs
+
+        default = bs.BlockSearchConfig()
+        fields = ("variant", "query_tokens", "calibrate", "heads", "skip_tokens")
+        seed = SCORING["seed"]
+        out = ["seed"] if all(getattr(config, k) == v for k, v in seed.items() if k != "variant") else []
+        base_values = seed if out else {k: getattr(default, k) for k in fields}
+        for key in fields:
+            value = getattr(config, key)
+            if value == base_values.get(key, getattr(default, key)):
+                continue
+            if key == "variant":
+                out.append(value)
+            elif key == "skip_tokens":
+                out.append("nosink")
+            else:
+                out.append(next(name for name, setting in SCORING.items() if setting == {key: value}))
+        return out
 
     @property
     def router(self):
