@@ -41,8 +41,9 @@ HELP = ("bm25 (default; words), unreal (the backbone's own states with the train
         "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random, "
         "qrranker (a reranker: the backbone's QR attention heads, e.g. --rerank qrranker; "
         "qrranker:untrained, qrranker:memory, qrranker:causal for its variants), "
-        "blocksearch (in-context retrieval by the backbone's QK routing; blocksearch:mass, "
-        "blocksearch:mass+ssmax, blocksearch:faithful for its variants; blocksearch:trained decodes "
+        "blocksearch (in-context retrieval by the backbone's QK routing, scored by QRRanker's heads "
+        "over the question, calibrated; blocksearch:seed the seed's QK-MaxSim of the last position, "
+        "blocksearch:seed+mass+ssmax, blocksearch:faithful for other variants; blocksearch:trained decodes "
         "the top 256 chunks' codes with the trained decoder, blocksearch:trained+top64 the top 64, "
         "blocksearch:decode with the untouched backbone)")
 
