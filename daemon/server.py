@@ -16,7 +16,6 @@ does can stop the daemon: every failure is answered to its client and logged.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import logging.handlers
 import os
@@ -41,13 +40,15 @@ from evsel.store import DEFAULT_COLLECTION, PendingEncode, Store
 
 from . import runtime, watcher
 from .cache import CachedChunksStore, DaemonEngine, ScopeDataCache
+from .checks import bind_params, json_type, check_params
 from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
 
 log = logging.getLogger("evsel.daemon")
 
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before the daemon exits
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
-BACKGROUND_BATCH = 16  # chunks encoded between checks for waiting requests (a background encode yields)
+BACKGROUND_SLICE_S = 0.5  # seconds of background encoding between checks for waiting requests (it yields)
+BACKGROUND_BATCH = 16  # the most chunks in one such slice
 RECONCILE_S = 2.0  # how often the watch list is re-read from the store
 MAX_CLIENTS = 1024  # connections served at once (EVSEL_DAEMON_MAX_CLIENTS); one more is refused with an error
 CLIENT_IDLE_S = 600.0  # a connection silent this long between requests is closed (EVSEL_DAEMON_CLIENT_IDLE)
@@ -411,7 +412,7 @@ class Daemon:
                 self.counts["errors"] += 1
                 _send(conn, _error_message(request_id, {
                     "type": "ProtocolError", "message": f"bad request: {name} must be an object, "
-                    f"not {_json_type(message[name])}", "hint": "see daemon/PROTOCOL.md"}))
+                    f"not {json_type(message[name])}", "hint": "see daemon/PROTOCOL.md"}))
                 return
         if method in REQUESTS:
             error = check_params(method, params)
@@ -507,7 +508,7 @@ class Daemon:
             if method == "watch_list":
                 return self._watch_list()
             fn = getattr(self.fast_engine, method)
-            _bind(fn, params)
+            bind_params(fn, params)
             result = fn(**params)
             if method == "docs_rm":
                 self.scope_data.invalidate({d["id"] for d in result})
@@ -748,7 +749,7 @@ class Daemon:
         """A background job for each piece of work an ingest deferred (the store records it until done)."""
         for work in followups:
             def task(engine, emit, work=work):
-                outcome = engine.run_deferred(work, emit, batch=BACKGROUND_BATCH)
+                outcome = engine.run_deferred(work, emit, batch=BACKGROUND_BATCH, slice_s=BACKGROUND_SLICE_S)
                 log.info("states of documents %s: %d chunks encoded, %s summaries written", work.doc_ids,
                          outcome["encoded"], outcome.get("summaries", 0))
                 return outcome
@@ -844,120 +845,6 @@ class Daemon:
     def _internal_error(self, exc: BaseException) -> dict:
         return {"type": "EvselError", "message": user_message(exc).split("; rerun with")[0],
                 "hint": f"the daemon's log has the traceback: {self.files.log}"}
-
-
-# Request params: types from the engine methods' annotations, and the params that are paths (the
-# client makes them absolute where the user typed them; the daemon runs in / and never guesses).
-PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
-               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",),
-               "watch_add": ("path",),
-               "watch_remove": ("path",)}
-_HINTS: dict[str, dict] = {}
-
-
-def _hints(method: str) -> dict:
-    if method not in _HINTS:
-        import typing
-
-        _HINTS[method] = typing.get_type_hints(getattr(Engine, method))
-    return _HINTS[method]
-
-
-def _conforms(value, tp) -> bool:
-    import types
-    import typing
-
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is typing.Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
-    if tp is type(None):
-        return value is None
-    if origin is list or tp is list:
-        return isinstance(value, list) and (not args or all(_conforms(v, args[0]) for v in value))
-    if origin is dict or tp is dict:
-        return isinstance(value, dict)
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    return True  # nothing a client can send (callbacks are refused by name)
-
-
-def _describe(tp) -> str:
-    import types
-    import typing
-
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if tp is type(None):
-        return "null"
-    if origin is list:
-        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
-    return names.get(origin or tp, getattr(tp, "__name__", str(tp)))
-
-
-def _json_type(value) -> str:
-    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
-                       (list, "a list"), (dict, "an object"), (type(None), "null")):
-        if isinstance(value, kind):
-            return name
-    return type(value).__name__
-
-
-def check_params(method: str, params: dict) -> dict | None:
-    """The error reply for params an engine request cannot take (unknown or missing names, a value
-    of the wrong type, a relative path), or None. Checked before anything runs or is queued."""
-    fn = getattr(Engine, method, None)
-    if method not in REQUESTS or not inspect.isfunction(fn):
-        return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
-                "hint": "a client of another evsel version? run: evsel daemon stop"}
-    try:
-        _bind(fn, params, with_self=True)
-    except EvselError as exc:
-        return exc.to_dict()
-    hint = "a client of another evsel version? run: evsel daemon stop"
-    hints = _hints(method)
-    for name, value in params.items():
-        if name in hints and not _conforms(value, hints[name]):
-            shown = json.dumps(value, ensure_ascii=False, default=str)
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            return EvselError(f"bad request for {method}: {name} must be {_describe(hints[name])}, "
-                              f"not {_json_type(value)} ({shown})", hint).to_dict()
-    names = PATH_PARAMS.get(method, ())
-    dataset = params.get("dataset") if method == "eval" else None
-    if isinstance(dataset, str) and (dataset.endswith(".jsonl") or os.sep in dataset):
-        names = (*names, "dataset")
-    for name in names:
-        value = params.get(name)
-        for item in value if isinstance(value, list) else [value]:
-            if item is None:
-                continue
-            if not isinstance(item, str) or not os.path.isabs(item):
-                what = "must hold absolute paths only" if isinstance(value, list) else "must be an absolute path"
-                return InputError(f"bad request for {method}: {name} {what}, not {item!r}",
-                                  "the client resolves paths where they were typed; a client of another evsel "
-                                  "version? run: evsel daemon stop").to_dict()
-    return None
-
-
-def _bind(fn, params: dict, with_self: bool = False) -> None:
-    """Check a request's params against the method's signature before it runs."""
-    signature = inspect.signature(fn)
-    if "on_event" in params:
-        raise EvselError("on_event cannot be sent; the daemon streams events itself")
-    try:
-        signature.bind(*([None] if with_self else []), **params)
-    except TypeError as exc:
-        raise EvselError(f"bad request for {fn.__name__}: {exc}", "a client of another evsel version? "
-                         "run: evsel daemon stop") from None
 
 
 def _send(conn: socket.socket, message: dict) -> None:
