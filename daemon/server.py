@@ -49,6 +49,9 @@ DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
 BACKGROUND_SLICE_S = 0.5  # seconds of background encoding between checks for waiting requests (it yields)
 BACKGROUND_BATCH = 16  # the most chunks in one such slice
+# an ask that reads no model (evidence only, one of these first stages, no reranker) is answered
+# beside the model worker: it never waits behind background work
+LIGHT_SELECTORS = ("bm25", "random")
 RECONCILE_S = 2.0  # how often the watch list is re-read from the store
 MAX_CLIENTS = 1024  # connections served at once (EVSEL_DAEMON_MAX_CLIENTS); one more is refused with an error
 CLIENT_IDLE_S = 600.0  # a connection silent this long between requests is closed (EVSEL_DAEMON_CLIENT_IDLE)
@@ -91,6 +94,7 @@ class Job:
         self.started: float | None = None
         self.last_event: dict | None = None
         self.watch_root: str | None = None  # a watch folder's sync: cancelled when the watch is removed
+        self.work: PendingEncode | None = None  # a background job's deferred work (its documents)
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancel_reason = reason
@@ -119,6 +123,7 @@ class Daemon:
         self.engines: dict[tuple, DaemonEngine] = {}
         self.engines_lock = threading.Lock()
         self.fast_lock = threading.Lock()
+        self.light_lock = threading.Lock()  # one light request at a time, on light_store
         self.status_lock = threading.Lock()
         self.clients = 0
         self.clients_lock = threading.Lock()
@@ -134,6 +139,10 @@ class Daemon:
         if not preload:
             self.setup_done.set()
         self.resumed: list[str] = []
+        # the preload's one measurement of the backbone's load (tokenizer, fingerprint, weights),
+        # for the log and status alike
+        self.preload_engine: Engine | None = None
+        self.preload_s: float | None = None
         self.sock: socket.socket | None = None
         self.watcher: watcher.Watcher | None = None
         self.reconciled = time.monotonic()
@@ -168,6 +177,7 @@ class Daemon:
         self.fast_store = Store()  # docs requests and the watch list, under fast_lock
         self.status_store = Store()  # status only, so it never waits behind a slow docs request
         self.fast_engine = Engine(self.settings, store=self.fast_store)
+        self.light_store = CachedChunksStore(self.scope_data)  # light asks only, under light_lock
         self.sock = runtime.bind_unix(self.files.socket)
         self.socket_inode = os.stat(self.files.socket).st_ino
         runtime.write_pid_file(self.files, {
@@ -221,9 +231,10 @@ class Daemon:
             finally:
                 self.setup_done.set()
             _ = engine.backbone.model
+            self.preload_engine, self.preload_s = engine, time.perf_counter() - started
             self.preload_state = "done"
             log.info("backbone loaded: %s on %s in %.1fs", engine.backbone.name, engine.backbone.plan.device,
-                     time.perf_counter() - started)
+                     self.preload_s)
         except EvselError as exc:
             self.preload_state = f"failed: {exc.line()}"
             log.error("preloading the backbone failed: %s", exc.line())
@@ -450,7 +461,13 @@ class Daemon:
             return
         job = Job(method, params, settings, client_pid=(message.get("client") or {}).get("pid"))
         job.id = request_id
-        position = self._enqueue(job)
+        if self._light(job):
+            # nothing but background work ahead of it: run now, beside the model worker (a request
+            # that was waiting keeps its turn, so requests still run in order of arrival)
+            threading.Thread(target=self._run_light, args=(job,), name="evsel-light", daemon=True).start()
+            position = 0
+        else:
+            position = self._enqueue(job)
         _send(conn, {"v": PROTOCOL_VERSION, "id": request_id, "type": "accepted", "queue_position": position})
         self._stream(conn, reader, job)
 
@@ -512,6 +529,7 @@ class Daemon:
             result = fn(**params)
             if method == "docs_rm":
                 self.scope_data.invalidate({d["id"] for d in result})
+                self._drop_background_of({d["id"] for d in result})
             return result
 
     def _watch_add(self, path: str, collection: str) -> dict:
@@ -557,7 +575,7 @@ class Daemon:
                        for j in self.waiting if not j.background]
             background = [{"method": j.label, "running": j is self.running, "progress": j.last_event}
                           for j in ([self.running] if self.running is not None else []) + self.waiting
-                          if j.background]
+                          if j.background and not j.cancelled.is_set()]
             running = self.running
         with self.status_lock:
             docs = self.status_store.totals()
@@ -574,7 +592,8 @@ class Daemon:
             if backbone._plan is not None:
                 entry.update(device=backbone._plan.device, dtype=backbone._plan.dtype)
             if backbone.loaded:
-                entry["load_s"] = round(backbone.load_seconds, 2)
+                preloaded = engine is self.preload_engine and self.preload_s is not None
+                entry["load_s"] = round(self.preload_s if preloaded else backbone.load_seconds, 2)
             backbones.append(entry)
         with self.clients_lock:
             clients = self.clients
@@ -615,6 +634,36 @@ class Daemon:
         }
 
     # engine requests
+    def _light(self, job: Job) -> bool:
+        """Does the job need no model, with no request ahead of it (background work aside)?"""
+        params = job.params
+        if job.method != "ask" or params.get("evidence_only") is not True or params.get("rerank") \
+                or params.get("memory") or (params.get("select") or "bm25") not in LIGHT_SELECTORS:
+            return False
+        with self.waiting_lock:
+            return not any(not j.background for j in self.waiting) and (
+                self.running is None or self.running.background)
+
+    def _run_light(self, job: Job) -> None:
+        with self.light_lock:
+            job.started = time.perf_counter()
+            status = "ok"
+            try:
+                engine = DaemonEngine(job.settings, self.light_store, self.scope_data)
+                params = dict(job.params, on_event=lambda event: job.outbox.put({"type": "event", "event": event}))
+                job.outbox.put({"type": "result", "result": engine.ask(**params), "meta": self._meta(job)})
+            except EvselError as exc:
+                status = f"error: {exc.line()}"
+                self.counts["errors"] += 1
+                job.outbox.put({"type": "error", "error": exc.to_dict(), "meta": self._meta(job)})
+            except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down
+                status = f"error: {user_message(exc)}"
+                self.counts["errors"] += 1
+                log.error("%s %s failed:\n%s", job.label, job.id, traceback.format_exc())
+                job.outbox.put({"type": "error", "error": self._internal_error(exc), "meta": self._meta(job)})
+            self.last_activity = time.monotonic()
+            self._record(job, status)
+
     def _check_engine_method(self, method: str, params: dict) -> dict | None:
         return check_params(method, params)
 
@@ -756,7 +805,24 @@ class Daemon:
 
             label = f"{'encoding' if work.states else 'writing'} {work.what} of " \
                     f"document{'s' if len(work.doc_ids) > 1 else ''} {_id_list(work.doc_ids)}"
-            self._enqueue(Job("encode_states", {}, work.settings, task=task, label=label, background=True))
+            job = Job("encode_states", {}, work.settings, task=task, label=label, background=True)
+            job.work = work
+            self._enqueue(job)
+
+    def _drop_background_of(self, removed: set[int]) -> None:
+        """Cancel the background work whose documents were all removed (a running one stops after
+        its slice) and delete its record, so it leaves the status and the store at once."""
+        with self.waiting_lock:
+            jobs = [j for j in ([self.running] if self.running is not None else []) + self.waiting
+                    if j.work is not None and set(j.work.doc_ids) <= removed]
+            for job in jobs:
+                job.cancel("documents removed")
+                if job in self.waiting:
+                    self.waiting.remove(job)  # the worker skips it when it comes up
+        for job in jobs:
+            if job.work.id is not None:
+                self.fast_store.finish_pending_encode(job.work.id)
+            log.info("%s: dropped, its documents were removed", job.label)
 
     def _resume_encodes(self) -> None:
         for work in self.worker_store.pending_encodes():

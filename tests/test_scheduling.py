@@ -96,17 +96,49 @@ def test_a_bm25_ask_is_answered_while_a_background_encode_is_mid_document(daemon
         return progress if progress and progress.get("task") == "encode" and progress["done"] > 0 else None
 
     before = wait_for(encoding, timeout=600, what="the background encode to store its first slice")
+    # an ask that reads no model runs beside the encode: the encode neither finishes nor stops for it
     result = evsel_json("ask", "--evidence-only", "Who keeps the light?")
     assert len(result["evidence"]) == 5
     after = encoding()
-    # answered mid-document: the encode had not finished, and its count went on from where it was
     assert after is not None, "the encode finished before the ask was answered"
     assert after["total"] == before["total"] and before["done"] <= after["done"] < after["total"]
     recent = status(daemon_home)["recent"]
-    asked = next(r for r in recent if r["method"] == "ask")
-    assert asked["status"] == "ok"
-    # the encode stopped for the ask (it yielded) and resumed after it, its count never reset
+    assert [r["status"] for r in recent if r["method"] == "ask"] == ["ok"]
+    assert not any(r["status"] == "yielded" for r in recent), recent
+
+    # an ask that generates waits for the encode's current slice, which then yields to it
+    answered = evsel_json("ask", "Who keeps the light?", "--max-new-tokens", "8")
+    assert answered["answer"] is not None or answered["grounding"]["kind"] == "abstained"
+    recent = status(daemon_home)["recent"]
+    assert [r["status"] for r in recent if r["method"] == "ask"] == ["ok", "ok"]
     assert any(r["status"] == "yielded" and "encoding" in r["method"] for r in recent), recent
+    # and resumes after it, its count going on from where it was, never reset
     resumed = wait_for(lambda: (p := encoding()) and p["done"] > after["done"] and p, timeout=600,
                        what="the encode to resume")
     assert resumed["total"] == before["total"]
+
+
+@pytest.mark.model
+def test_removing_a_document_drops_its_background_work_at_once(daemon_home, monkeypatch, tmp_path):  # noqa: F811
+    import re
+    import sqlite3
+
+    monkeypatch.setenv("EVSEL_ENCODE", "1")
+    book = tmp_path / "book.md"
+    book.write_text(sample_story_path().read_text(encoding="utf-8").replace(" the ", " this "), encoding="utf-8")
+    ingested = evsel_json("ingest", str(book))
+    doc_id = ingested["files"][0]["doc_ids"][0]
+    wait_for(lambda: status(daemon_home)["queue"]["background"], timeout=60, what="the background encode")
+    evsel("docs", "rm", str(doc_id))
+    assert status(daemon_home)["queue"]["background"] == []  # at once, not after the running slice
+    conn = sqlite3.connect(daemon_home / "evsel.db")
+    try:
+        assert conn.execute("select count(*) from pending_encodes").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+    # the backbone's load time: one measurement, in status and in the log alike
+    info = wait_for(lambda: (s := status(daemon_home)) and s["preload"] == "done" and s, timeout=600,
+                    what="the preload")
+    logged = re.search(r"backbone loaded: .* in ([0-9.]+)s", (daemon_home / "daemon.log").read_text())
+    assert logged and abs(info["backbones"][0]["load_s"] - float(logged.group(1))) <= 0.06  # the log's rounding
