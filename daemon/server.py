@@ -40,7 +40,7 @@ from evsel.store import DEFAULT_COLLECTION, PendingEncode, Store
 
 from . import runtime, watcher
 from .cache import CachedChunksStore, DaemonEngine, ScopeDataCache
-from .checks import bind_params, json_type, check_params
+from .checks import bind_params, check_params, json_type
 from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
 
 log = logging.getLogger("evsel.daemon")
