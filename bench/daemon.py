@@ -62,13 +62,78 @@ def load_average() -> list[float] | None:
         return None
 
 
+STORY_QUESTIONS = ["Who keeps the light?", "What happened to the boat?", "Who came to the island?"]
+
+
+def ask_median(env: dict, questions: list[str], extra: list[str], during=None) -> tuple[float, list[dict]]:
+    """Median whole-process time of `evsel ask` over `questions`; `during()` (the background encode's
+    progress) is read before and after each, so a run says whether the encode was mid-way throughout."""
+    runs = []
+    for question in questions:
+        before = during() if during else None
+        _, seconds, result = evsel(["ask", question, "--json", *extra], env)
+        after = during() if during else None
+        timings = json.loads(result.stdout)["timings"]
+        runs.append({"question": question, "wall_s": round(seconds, 3), "queued_s": timings.get("queued_s"),
+                     "run_s": timings.get("run_s"), "encode_before": before, "encode_after": after})
+    return round(statistics.median(r["wall_s"] for r in runs), 3), runs
+
+
+def background_row(args, env: dict, record: dict) -> None:
+    """Ask latency on a warm daemon, idle and while it encodes a document's UNREAL chunk states in
+    the background (an `evsel ingest` with EVSEL_ENCODE=1), in the same run; the ratio of medians."""
+    from evsel.paths import sample_story_path
+
+    story = sample_story_path().read_text(encoding="utf-8")
+    evsel(["daemon", "start"], env)
+    deadline = time.monotonic() + 600
+    while daemon_status(env)["preload"] != "done":
+        if time.monotonic() > deadline:
+            raise SystemExit("the daemon did not load the model within 10 minutes")
+        time.sleep(0.5)
+    evsel(["ingest", str(sample_story_path())], dict(env, EVSEL_ENCODE="0"))
+    questions = STORY_QUESTIONS[: args.questions]
+    evsel(["ask", questions[0], "--max-new-tokens", str(args.max_new_tokens)], env)  # warm-up, not timed
+    # a long document whose chunk texts all differ from the story's: none of its states exist yet
+    book = Path(env["EVSEL_HOME"]) / "background-book.md"
+    swaps = [(" the ", " that "), (" a ", " one "), (" and ", " & ")]
+    book.write_text("\n\n".join(story.replace(old, new) for old, new in swaps), encoding="utf-8")
+
+    def encode_progress():
+        background = daemon_status(env)["queue"]["background"]
+        progress = (background[0].get("progress") or {}) if background else {}
+        return [progress.get("done"), progress.get("total")] if background else None
+
+    modes = {"answer": ["--max-new-tokens", str(args.max_new_tokens)], "evidence_only": ["--evidence-only"]}
+    idle = {mode: ask_median(env, questions, extra) for mode, extra in modes.items()}
+    evsel(["ingest", str(book)], dict(env, EVSEL_ENCODE="1"))
+    while (encode_progress() or [0])[0] in (0, None):  # the encode has stored its first slice
+        time.sleep(0.2)
+    busy = {mode: ask_median(env, questions, extra, encode_progress) for mode, extra in modes.items()}
+    row = {}
+    for mode in modes:
+        row[mode] = {"idle_median_s": idle[mode][0], "during_encode_median_s": busy[mode][0],
+                     "ratio": round(busy[mode][0] / idle[mode][0], 3),
+                     "encode_mid_way_throughout": all(r["encode_after"] for r in busy[mode][1]),
+                     "idle_runs": idle[mode][1], "during_encode_runs": busy[mode][1]}
+        print(f"{mode:13s} idle {idle[mode][0]:.2f}s  during a background encode {busy[mode][0]:.2f}s  "
+              f"ratio {row[mode]['ratio']:.2f}  (encode mid-way throughout: {row[mode]['encode_mid_way_throughout']})",
+              flush=True)
+    record["background"] = row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--book", type=Path, default=BOOK, help="the book to ask about")
     parser.add_argument("--questions", type=int, default=3, help="timed questions (each cold and warm)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="answer length limit (the CLI default)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "daemon.json")
+    parser.add_argument("--background", action="store_true",
+                        help="only ask latency idle vs during a background encode, on the sample story "
+                             "(default out: bench/results/daemon-background.json)")
     args = parser.parse_args()
+    if args.background:
+        return background_main(args)
     if not args.book.is_file():
         raise SystemExit(f"{args.book} is absent: the shared benchmark data is not checked out beside the project")
 
@@ -168,6 +233,34 @@ def main() -> int:
               f"(target <= 0.1; without generation {r['ratio_without_generate']}), identical: "
               f"{r['all_identical']}; warm breakdown {r['warm_breakdown_median']}")
     print(f"wrote {args.out}")
+    return 0
+
+
+def background_main(args) -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import write_result
+
+    from evsel.evaluation.report import run_info
+
+    out = args.out if args.out != ROOT / "bench" / "results" / "daemon.json" else \
+        ROOT / "bench" / "results" / "daemon-background.json"
+    home = Path(tempfile.mkdtemp(prefix="evsel-bench-daemon-"))
+    os.chmod(home, 0o700)
+    env = dict(os.environ, EVSEL_HOME=str(home))
+    env.pop("EVSEL_NO_DAEMON", None)
+    env.pop("EVSEL_DAEMON_BUILD", None)
+    record: dict = {"run": run_info(["python", "bench/daemon.py", *sys.argv[1:]]),
+                    "max_new_tokens": args.max_new_tokens, "omp_num_threads": env["OMP_NUM_THREADS"],
+                    "load_average_before": load_average()}
+    try:
+        background_row(args, env, record)
+    finally:
+        subprocess.run([sys.executable, "-m", "evsel", "daemon", "stop"], env=env, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+    record["load_average_after"] = load_average()
+    write_result(out, record)
+    print(f"wrote {out}")
     return 0
 
 

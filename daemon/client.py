@@ -327,10 +327,18 @@ class DaemonClient:
             self._connection = None
 
     def call(self, method: str, params: dict, on_event=_ignore):
-        connection = self.connect(on_event)
         self.last_meta = {}
         typed: dict[str, str] = {}
         params = resolve_paths(method, params, typed)
+        from evsel.engine import REQUESTS
+
+        if method in REQUESTS:  # the daemon's own checks, here: a bad option fails before any daemon is involved
+            from .checks import check_params
+
+            error = check_params(method, params)
+            if error is not None:
+                raise from_dict(error)
+        connection = self.connect(on_event)
 
         def relay(event: dict) -> None:
             on_event(_as_typed(event, typed) if event.get("type") == "file" else event)

@@ -16,7 +16,6 @@ does can stop the daemon: every failure is answered to its client and logged.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import logging.handlers
 import os
@@ -41,13 +40,18 @@ from evsel.store import DEFAULT_COLLECTION, PendingEncode, Store
 
 from . import runtime, watcher
 from .cache import CachedChunksStore, DaemonEngine, ScopeDataCache
+from .checks import bind_params, check_params, json_type
 from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
 
 log = logging.getLogger("evsel.daemon")
 
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before the daemon exits
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
-BACKGROUND_BATCH = 16  # chunks encoded between checks for waiting requests (a background encode yields)
+BACKGROUND_SLICE_S = 0.5  # seconds of background encoding between checks for waiting requests (it yields)
+BACKGROUND_BATCH = 16  # the most chunks in one such slice
+# an ask that reads no model (evidence only, one of these first stages, no reranker) is answered
+# beside the model worker: it never waits behind background work
+LIGHT_SELECTORS = ("bm25", "random")
 RECONCILE_S = 2.0  # how often the watch list is re-read from the store
 MAX_CLIENTS = 1024  # connections served at once (EVSEL_DAEMON_MAX_CLIENTS); one more is refused with an error
 CLIENT_IDLE_S = 600.0  # a connection silent this long between requests is closed (EVSEL_DAEMON_CLIENT_IDLE)
@@ -90,6 +94,7 @@ class Job:
         self.started: float | None = None
         self.last_event: dict | None = None
         self.watch_root: str | None = None  # a watch folder's sync: cancelled when the watch is removed
+        self.work: PendingEncode | None = None  # a background job's deferred work (its documents)
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancel_reason = reason
@@ -118,6 +123,7 @@ class Daemon:
         self.engines: dict[tuple, DaemonEngine] = {}
         self.engines_lock = threading.Lock()
         self.fast_lock = threading.Lock()
+        self.light_lock = threading.Lock()  # one light request at a time, on light_store
         self.status_lock = threading.Lock()
         self.clients = 0
         self.clients_lock = threading.Lock()
@@ -133,6 +139,10 @@ class Daemon:
         if not preload:
             self.setup_done.set()
         self.resumed: list[str] = []
+        # the preload's one measurement of the backbone's load (tokenizer, fingerprint, weights),
+        # for the log and status alike
+        self.preload_engine: Engine | None = None
+        self.preload_s: float | None = None
         self.sock: socket.socket | None = None
         self.watcher: watcher.Watcher | None = None
         self.reconciled = time.monotonic()
@@ -167,6 +177,7 @@ class Daemon:
         self.fast_store = Store()  # docs requests and the watch list, under fast_lock
         self.status_store = Store()  # status only, so it never waits behind a slow docs request
         self.fast_engine = Engine(self.settings, store=self.fast_store)
+        self.light_store = CachedChunksStore(self.scope_data)  # light asks only, under light_lock
         self.sock = runtime.bind_unix(self.files.socket)
         self.socket_inode = os.stat(self.files.socket).st_ino
         runtime.write_pid_file(self.files, {
@@ -220,9 +231,10 @@ class Daemon:
             finally:
                 self.setup_done.set()
             _ = engine.backbone.model
+            self.preload_engine, self.preload_s = engine, time.perf_counter() - started
             self.preload_state = "done"
             log.info("backbone loaded: %s on %s in %.1fs", engine.backbone.name, engine.backbone.plan.device,
-                     time.perf_counter() - started)
+                     self.preload_s)
         except EvselError as exc:
             self.preload_state = f"failed: {exc.line()}"
             log.error("preloading the backbone failed: %s", exc.line())
@@ -411,7 +423,7 @@ class Daemon:
                 self.counts["errors"] += 1
                 _send(conn, _error_message(request_id, {
                     "type": "ProtocolError", "message": f"bad request: {name} must be an object, "
-                    f"not {_json_type(message[name])}", "hint": "see daemon/PROTOCOL.md"}))
+                    f"not {json_type(message[name])}", "hint": "see daemon/PROTOCOL.md"}))
                 return
         if method in REQUESTS:
             error = check_params(method, params)
@@ -449,7 +461,13 @@ class Daemon:
             return
         job = Job(method, params, settings, client_pid=(message.get("client") or {}).get("pid"))
         job.id = request_id
-        position = self._enqueue(job)
+        if self._light(job):
+            # nothing but background work ahead of it: run now, beside the model worker (a request
+            # that was waiting keeps its turn, so requests still run in order of arrival)
+            threading.Thread(target=self._run_light, args=(job,), name="evsel-light", daemon=True).start()
+            position = 0
+        else:
+            position = self._enqueue(job)
         _send(conn, {"v": PROTOCOL_VERSION, "id": request_id, "type": "accepted", "queue_position": position})
         self._stream(conn, reader, job)
 
@@ -507,10 +525,11 @@ class Daemon:
             if method == "watch_list":
                 return self._watch_list()
             fn = getattr(self.fast_engine, method)
-            _bind(fn, params)
+            bind_params(fn, params)
             result = fn(**params)
             if method == "docs_rm":
                 self.scope_data.invalidate({d["id"] for d in result})
+                self._drop_background_of({d["id"] for d in result})
             return result
 
     def _watch_add(self, path: str, collection: str) -> dict:
@@ -556,7 +575,7 @@ class Daemon:
                        for j in self.waiting if not j.background]
             background = [{"method": j.label, "running": j is self.running, "progress": j.last_event}
                           for j in ([self.running] if self.running is not None else []) + self.waiting
-                          if j.background]
+                          if j.background and not j.cancelled.is_set()]
             running = self.running
         with self.status_lock:
             docs = self.status_store.totals()
@@ -573,7 +592,8 @@ class Daemon:
             if backbone._plan is not None:
                 entry.update(device=backbone._plan.device, dtype=backbone._plan.dtype)
             if backbone.loaded:
-                entry["load_s"] = round(backbone.load_seconds, 2)
+                preloaded = engine is self.preload_engine and self.preload_s is not None
+                entry["load_s"] = round(self.preload_s if preloaded else backbone.load_seconds, 2)
             backbones.append(entry)
         with self.clients_lock:
             clients = self.clients
@@ -614,6 +634,36 @@ class Daemon:
         }
 
     # engine requests
+    def _light(self, job: Job) -> bool:
+        """Does the job need no model, with no request ahead of it (background work aside)?"""
+        params = job.params
+        if job.method != "ask" or params.get("evidence_only") is not True or params.get("rerank") \
+                or params.get("memory") or (params.get("select") or "bm25") not in LIGHT_SELECTORS:
+            return False
+        with self.waiting_lock:
+            return not any(not j.background for j in self.waiting) and (
+                self.running is None or self.running.background)
+
+    def _run_light(self, job: Job) -> None:
+        with self.light_lock:
+            job.started = time.perf_counter()
+            status = "ok"
+            try:
+                engine = DaemonEngine(job.settings, self.light_store, self.scope_data)
+                params = dict(job.params, on_event=lambda event: job.outbox.put({"type": "event", "event": event}))
+                job.outbox.put({"type": "result", "result": engine.ask(**params), "meta": self._meta(job)})
+            except EvselError as exc:
+                status = f"error: {exc.line()}"
+                self.counts["errors"] += 1
+                job.outbox.put({"type": "error", "error": exc.to_dict(), "meta": self._meta(job)})
+            except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down
+                status = f"error: {user_message(exc)}"
+                self.counts["errors"] += 1
+                log.error("%s %s failed:\n%s", job.label, job.id, traceback.format_exc())
+                job.outbox.put({"type": "error", "error": self._internal_error(exc), "meta": self._meta(job)})
+            self.last_activity = time.monotonic()
+            self._record(job, status)
+
     def _check_engine_method(self, method: str, params: dict) -> dict | None:
         return check_params(method, params)
 
@@ -748,14 +798,31 @@ class Daemon:
         """A background job for each piece of work an ingest deferred (the store records it until done)."""
         for work in followups:
             def task(engine, emit, work=work):
-                outcome = engine.run_deferred(work, emit, batch=BACKGROUND_BATCH)
+                outcome = engine.run_deferred(work, emit, batch=BACKGROUND_BATCH, slice_s=BACKGROUND_SLICE_S)
                 log.info("states of documents %s: %d chunks encoded, %s summaries written", work.doc_ids,
                          outcome["encoded"], outcome.get("summaries", 0))
                 return outcome
 
             label = f"{'encoding' if work.states else 'writing'} {work.what} of " \
                     f"document{'s' if len(work.doc_ids) > 1 else ''} {_id_list(work.doc_ids)}"
-            self._enqueue(Job("encode_states", {}, work.settings, task=task, label=label, background=True))
+            job = Job("encode_states", {}, work.settings, task=task, label=label, background=True)
+            job.work = work
+            self._enqueue(job)
+
+    def _drop_background_of(self, removed: set[int]) -> None:
+        """Cancel the background work whose documents were all removed (a running one stops after
+        its slice) and delete its record, so it leaves the status and the store at once."""
+        with self.waiting_lock:
+            jobs = [j for j in ([self.running] if self.running is not None else []) + self.waiting
+                    if j.work is not None and set(j.work.doc_ids) <= removed]
+            for job in jobs:
+                job.cancel("documents removed")
+                if job in self.waiting:
+                    self.waiting.remove(job)  # the worker skips it when it comes up
+        for job in jobs:
+            if job.work.id is not None:
+                self.fast_store.finish_pending_encode(job.work.id)
+            log.info("%s: dropped, its documents were removed", job.label)
 
     def _resume_encodes(self) -> None:
         for work in self.worker_store.pending_encodes():
@@ -844,120 +911,6 @@ class Daemon:
     def _internal_error(self, exc: BaseException) -> dict:
         return {"type": "EvselError", "message": user_message(exc).split("; rerun with")[0],
                 "hint": f"the daemon's log has the traceback: {self.files.log}"}
-
-
-# Request params: types from the engine methods' annotations, and the params that are paths (the
-# client makes them absolute where the user typed them; the daemon runs in / and never guesses).
-PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
-               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",),
-               "watch_add": ("path",),
-               "watch_remove": ("path",)}
-_HINTS: dict[str, dict] = {}
-
-
-def _hints(method: str) -> dict:
-    if method not in _HINTS:
-        import typing
-
-        _HINTS[method] = typing.get_type_hints(getattr(Engine, method))
-    return _HINTS[method]
-
-
-def _conforms(value, tp) -> bool:
-    import types
-    import typing
-
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is typing.Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
-    if tp is type(None):
-        return value is None
-    if origin is list or tp is list:
-        return isinstance(value, list) and (not args or all(_conforms(v, args[0]) for v in value))
-    if origin is dict or tp is dict:
-        return isinstance(value, dict)
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    return True  # nothing a client can send (callbacks are refused by name)
-
-
-def _describe(tp) -> str:
-    import types
-    import typing
-
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if tp is type(None):
-        return "null"
-    if origin is list:
-        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
-    return names.get(origin or tp, getattr(tp, "__name__", str(tp)))
-
-
-def _json_type(value) -> str:
-    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
-                       (list, "a list"), (dict, "an object"), (type(None), "null")):
-        if isinstance(value, kind):
-            return name
-    return type(value).__name__
-
-
-def check_params(method: str, params: dict) -> dict | None:
-    """The error reply for params an engine request cannot take (unknown or missing names, a value
-    of the wrong type, a relative path), or None. Checked before anything runs or is queued."""
-    fn = getattr(Engine, method, None)
-    if method not in REQUESTS or not inspect.isfunction(fn):
-        return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
-                "hint": "a client of another evsel version? run: evsel daemon stop"}
-    try:
-        _bind(fn, params, with_self=True)
-    except EvselError as exc:
-        return exc.to_dict()
-    hint = "a client of another evsel version? run: evsel daemon stop"
-    hints = _hints(method)
-    for name, value in params.items():
-        if name in hints and not _conforms(value, hints[name]):
-            shown = json.dumps(value, ensure_ascii=False, default=str)
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            return EvselError(f"bad request for {method}: {name} must be {_describe(hints[name])}, "
-                              f"not {_json_type(value)} ({shown})", hint).to_dict()
-    names = PATH_PARAMS.get(method, ())
-    dataset = params.get("dataset") if method == "eval" else None
-    if isinstance(dataset, str) and (dataset.endswith(".jsonl") or os.sep in dataset):
-        names = (*names, "dataset")
-    for name in names:
-        value = params.get(name)
-        for item in value if isinstance(value, list) else [value]:
-            if item is None:
-                continue
-            if not isinstance(item, str) or not os.path.isabs(item):
-                what = "must hold absolute paths only" if isinstance(value, list) else "must be an absolute path"
-                return InputError(f"bad request for {method}: {name} {what}, not {item!r}",
-                                  "the client resolves paths where they were typed; a client of another evsel "
-                                  "version? run: evsel daemon stop").to_dict()
-    return None
-
-
-def _bind(fn, params: dict, with_self: bool = False) -> None:
-    """Check a request's params against the method's signature before it runs."""
-    signature = inspect.signature(fn)
-    if "on_event" in params:
-        raise EvselError("on_event cannot be sent; the daemon streams events itself")
-    try:
-        signature.bind(*([None] if with_self else []), **params)
-    except TypeError as exc:
-        raise EvselError(f"bad request for {fn.__name__}: {exc}", "a client of another evsel version? "
-                         "run: evsel daemon stop") from None
 
 
 def _send(conn: socket.socket, message: dict) -> None:

@@ -302,11 +302,17 @@ class Engine:
                     r.update({key: "background" for key, on in (("states", encode), ("summaries", summaries)) if on})
         return outcome
 
-    def run_deferred(self, work: PendingEncode, on_event: EventSink = _ignore, batch: int = 64) -> dict:
+    def run_deferred(self, work: PendingEncode, on_event: EventSink = _ignore, batch: int = 64,
+                     slice_s: float | None = None) -> dict:
         """Compute what an ingest deferred (`IngestOutcome.followups`, or the store's pending
-        encodes after a crash), then delete its record. Returns `encode_states`'s outcome."""
+        encodes after a crash), then delete its record. Returns `encode_states`'s outcome.
+
+        `slice_s`: encode in slices of about this many seconds (sized from the last slice's time
+        per chunk), with a progress event after each, so a caller that stops the work from
+        `on_event` (the daemon, for a waiting request) waits one short slice at most. Progress
+        then counts the documents' states, done/total of the whole job, across restarts."""
         outcome = self.encode_states(work.doc_ids, on_event, batch=batch, states=work.states,
-                                     summaries=work.summaries)
+                                     summaries=work.summaries, slice_s=slice_s)
         if work.id is not None:
             self.store.finish_pending_encode(work.id)
         return outcome
@@ -325,13 +331,14 @@ class Engine:
         result.seconds += time.perf_counter() - started
 
     def encode_states(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore,
-                      batch: int = 64, states: bool = True, summaries: bool = False) -> dict:
+                      batch: int = 64, states: bool = True, summaries: bool = False,
+                      slice_s: float | None = None) -> dict:
         """Compute the per-chunk states ingest keeps (UNREAL's, for the adapter in use) that are
         missing for these documents (None: every document), and with `summaries` the memory
         summaries of their blocks. Written per batch (per summary), so an interrupted run resumes
         where it stopped. Returns {"encoded": chunks computed, "missing_before": ..., "summaries": written}."""
-        outcome = self._encode_unreal_states(doc_ids, on_event, batch) if states else {"encoded": 0,
-                                                                                         "missing_before": 0}
+        outcome = self._encode_unreal_states(doc_ids, on_event, batch, slice_s) if states else {
+            "encoded": 0, "missing_before": 0}
         if summaries:
             outcome["summaries"] = self.write_summaries(doc_ids, on_event)
         return outcome
@@ -350,7 +357,8 @@ class Engine:
         writer.ensure(missing, on_event, "writing summaries")
         return len(missing)
 
-    def _encode_unreal_states(self, doc_ids: list[int] | None, on_event: EventSink, batch: int) -> dict:
+    def _encode_unreal_states(self, doc_ids: list[int] | None, on_event: EventSink, batch: int,
+                              slice_s: float | None = None) -> dict:
         from evsel.models import unreal
 
         key = unreal.ingest_state_key(self.backbone, self.settings.unreal_adapter)
@@ -362,7 +370,20 @@ class Engine:
         if doc_ids == []:
             return {"encoded": 0, "missing_before": 0}
         missing = self.store.chunks_missing_states(self.backbone.fingerprint, method, config, doc_ids)
-        if missing:
+        if missing and slice_s is not None:
+            total = len({c.content_hash for c in self.store.chunks(doc_ids)})
+            label = "UNREAL chunk states"
+
+            def encode(part: list[ChunkRecord]) -> None:
+                unreal.encode_at_ingest(self.backbone, self.states, part, self.settings.unreal_adapter, None,
+                                        batch=len(part))
+
+            def progress(done: int) -> None:
+                on_event({"type": "progress", "task": "encode", "label": label,
+                          "done": total - len(missing) + done, "total": total})
+
+            timed_slices(missing, encode, slice_s, progress, most=batch)
+        elif missing:
             unreal.encode_at_ingest(self.backbone, self.states, missing, self.settings.unreal_adapter, on_event,
                                     batch=batch)
         return {"encoded": len(missing), "missing_before": len(missing)}
@@ -679,6 +700,24 @@ class Engine:
         info = backbone.info()
         info["load_s"] = round(backbone.load_seconds if backbone.loaded else seconds, 3)
         return info
+
+
+def timed_slices(items: list, work: Callable[[list], None], slice_s: float, progress: Callable[[int], None],
+                 most: int = 64, clock: Callable[[], float] = time.perf_counter) -> None:
+    """Run `work` over `items` in consecutive slices of about `slice_s` seconds each: the first
+    slice holds one item, each next one as many as the last slice's time per item fits (at least
+    one, at most `most`). `progress(done)` is called before the first slice and after each one
+    (where a caller may stop the work by raising)."""
+    done, size = 0, 1
+    progress(0)
+    while done < len(items):
+        part = items[done:done + size]
+        started = clock()
+        work(part)
+        per_item = (clock() - started) / len(part)
+        done += len(part)
+        progress(done)
+        size = most if per_item <= 0 else max(1, min(most, int(slice_s / per_item)))
 
 
 def resume_arguments(pending: PendingIngest, with_options: bool = True) -> dict:

@@ -9,7 +9,7 @@ from evsel.engine import DEFAULT_SELECT, RERANK_TOP, STYLES, evidence_label
 from evsel.output import ProgressView, flat, print_json, stdout
 
 from .base import INT, choice
-from .common import CollectionOption, JsonOption, engine_from
+from .common import CollectionOption, JsonOption, engine_from, wall_timings
 
 # Every --select/--rerank method with its variants, for --list-methods (in step with the selector
 # registry's own help text: tests/test_first_hour.py). --help names only the methods.
@@ -95,6 +95,7 @@ def ask(
                             max_new_tokens=max_new_tokens, style=style, memory=memory, on_event=view)
     for number, item in enumerate(result["evidence"], 1):
         item["passage"] = number  # the number the human display shows and grounding.span.passage cites
+    result["timings"] = wall_timings(engine, result.get("timings") or {})
     if as_json:
         print_json(result)
         return

@@ -137,19 +137,29 @@ def _no_memory_reranker(hint: str) -> EvselError:
     return EvselError(f"--memory applies to the {' or '.join(_memory_rerankers())} reranker", hint)
 
 
-def build(stage: StageSpec, context: SelectorContext, **kwargs) -> Selector:
-    """The selector of a stage, built on `context` (cheap: it loads the model on first use)."""
+def check_stage(stage: StageSpec) -> str | None:
+    """Raise for a stage no selector takes (an unknown name, an argument to one that takes none);
+    returns the keyword its argument goes to. `build` and the request checks (daemon/checks.py,
+    run by the client before anything is queued) share it."""
     _load_builtins()
     base, arg, name = stage.selector, stage.argument, stage.text
+    takes = None
     if arg:
         takes = getattr(_REGISTRY.get(base), "argument", None)
         if takes is None:
             raise EvselError(f"selector {name!r}: only rrf, qrranker and blocksearch take an argument",
                              "use rrf:OTHER (e.g. rrf:unreal) or qrranker:untrained / qrranker:memory")
-        kwargs[takes] = arg
     if base not in _REGISTRY:
         raise EvselError(f"unknown selector {name!r}", f"choose one of: {', '.join(sorted(_REGISTRY))}, rrf:OTHER")
-    return _REGISTRY[base](context, **kwargs)
+    return takes
+
+
+def build(stage: StageSpec, context: SelectorContext, **kwargs) -> Selector:
+    """The selector of a stage, built on `context` (cheap: it loads the model on first use)."""
+    takes = check_stage(stage)
+    if takes is not None:
+        kwargs[takes] = stage.argument
+    return _REGISTRY[stage.selector](context, **kwargs)
 
 
 def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
@@ -170,5 +180,5 @@ def _load_builtins() -> None:
 # to import, so every process that can delete chunks (the engine imports this package) has them
 from . import blocksearch  # noqa: E402,F401
 
-__all__ = ["DEFAULT", "DEFAULT_METHODS", "HELP", "MethodSpec", "Ranking", "Scored", "Selector", "SelectorContext",
+__all__ = ["DEFAULT", "DEFAULT_METHODS", "HELP", "MethodSpec", "check_stage", "Ranking", "Scored", "Selector", "SelectorContext",
            "StageSpec", "available", "build", "get_selector", "methods_with_memory", "register"]

@@ -1,0 +1,146 @@
+"""The checks a request passes before anything is queued: the daemon runs them on every request
+and the client on its own before it contacts (or starts) a daemon, so a bad option fails at once."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+from evsel.engine import DEFAULT_SELECT, REQUESTS, Engine
+from evsel.errors import EvselError, InputError
+
+# Request params: types from the engine methods' annotations, and the params that are paths (the
+# client makes them absolute where the user typed them; the daemon runs in / and never guesses).
+PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
+               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",),
+               "watch_add": ("path",),
+               "watch_remove": ("path",)}
+_HINTS: dict[str, dict] = {}
+
+
+def _hints(method: str) -> dict:
+    if method not in _HINTS:
+        import typing
+
+        _HINTS[method] = typing.get_type_hints(getattr(Engine, method))
+    return _HINTS[method]
+
+
+def _conforms(value, tp) -> bool:
+    import types
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is typing.Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if origin is list or tp is list:
+        return isinstance(value, list) and (not args or all(_conforms(v, args[0]) for v in value))
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    return True  # nothing a client can send (callbacks are refused by name)
+
+
+def _describe(tp) -> str:
+    import types
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if tp is type(None):
+        return "null"
+    if origin is list:
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
+    return names.get(origin or tp, getattr(tp, "__name__", str(tp)))
+
+
+def json_type(value) -> str:
+    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+                       (list, "a list"), (dict, "an object"), (type(None), "null")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def check_params(method: str, params: dict) -> dict | None:
+    """The error reply for params an engine request cannot take (unknown or missing names, a value
+    of the wrong type, a relative path), or None. Checked before anything runs or is queued."""
+    fn = getattr(Engine, method, None)
+    if method not in REQUESTS or not inspect.isfunction(fn):
+        return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
+                "hint": "a client of another evsel version? run: evsel daemon stop"}
+    try:
+        bind_params(fn, params, with_self=True)
+    except EvselError as exc:
+        return exc.to_dict()
+    hint = "a client of another evsel version? run: evsel daemon stop"
+    hints = _hints(method)
+    for name, value in params.items():
+        if name in hints and not _conforms(value, hints[name]):
+            shown = json.dumps(value, ensure_ascii=False, default=str)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            return EvselError(f"bad request for {method}: {name} must be {_describe(hints[name])}, "
+                              f"not {json_type(value)} ({shown})", hint).to_dict()
+    try:
+        check_methods(method, params)
+    except EvselError as exc:
+        return exc.to_dict()
+    names = PATH_PARAMS.get(method, ())
+    dataset = params.get("dataset") if method == "eval" else None
+    if isinstance(dataset, str) and (dataset.endswith(".jsonl") or os.sep in dataset):
+        names = (*names, "dataset")
+    for name in names:
+        value = params.get(name)
+        for item in value if isinstance(value, list) else [value]:
+            if item is None:
+                continue
+            if not isinstance(item, str) or not os.path.isabs(item):
+                what = "must hold absolute paths only" if isinstance(value, list) else "must be an absolute path"
+                return InputError(f"bad request for {method}: {name} {what}, not {item!r}",
+                                  "the client resolves paths where they were typed; a client of another evsel "
+                                  "version? run: evsel daemon stop").to_dict()
+    return None
+
+
+def bind_params(fn, params: dict, with_self: bool = False) -> None:
+    """Check a request's params against the method's signature before it runs."""
+    signature = inspect.signature(fn)
+    if "on_event" in params:
+        raise EvselError("on_event cannot be sent; the daemon streams events itself")
+    try:
+        signature.bind(*([None] if with_self else []), **params)
+    except TypeError as exc:
+        raise EvselError(f"bad request for {fn.__name__}: {exc}", "a client of another evsel version? "
+                         "run: evsel daemon stop") from None
+
+
+def check_methods(method: str, params: dict) -> None:
+    """Raise for an ask whose --select/--rerank/--memory no selector takes (the checks the engine
+    runs when it builds the selectors, without building anything)."""
+    if method != "ask":
+        return
+    from evsel.models.selectors import MethodSpec, check_stage
+
+    select, rerank = params.get("select") or DEFAULT_SELECT, params.get("rerank")
+    if not isinstance(select, str) or not isinstance(rerank, (str, type(None))):
+        return  # the type checks report it
+    spec = MethodSpec.of(select, rerank)
+    for stage in (spec.first, spec.rerank):
+        if stage is not None:
+            check_stage(stage)
+    if params.get("memory"):
+        spec.with_memory()

@@ -1,0 +1,144 @@
+"""Requests before background work: a background encode runs in short slices and yields to a
+waiting request between them; the client checks a request before any daemon is involved and
+reports the wall time it saw. Real daemons over a Unix socket, real SQLite (and SmolLM2 where marked)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from daemon_helpers import alive, daemon_home, evsel, evsel_json, status, wait_for  # noqa: F401
+from evsel.paths import sample_story_path
+
+
+def test_timed_slices_grow_to_the_budget_and_stop_between_slices():
+    from evsel.engine import timed_slices
+
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def work(part: list) -> None:
+        now[0] += 0.125 * len(part)  # 1/8 s an item (exact in binary)
+        done.extend(part)
+
+    done: list = []
+    seen: list[int] = []
+    timed_slices(list(range(23)), work, 0.5, seen.append, most=16, clock=clock)
+    assert done == list(range(23))
+    assert seen == [0, 1, 5, 9, 13, 17, 21, 23]  # one item first, then as many as 0.5 s holds
+
+    class Stop(BaseException):
+        pass
+
+    def stop_after_first(count: int) -> None:
+        seen.append(count)
+        if count:
+            raise Stop
+
+    done.clear()
+    seen.clear()
+    with pytest.raises(Stop):
+        timed_slices(list(range(23)), work, 0.5, stop_after_first, clock=clock)
+    assert done == [0] and seen == [0, 1]  # a caller that stops waits one slice at most
+
+    done.clear()
+    seen.clear()
+    timed_slices(list(range(5)), work, 0.01, seen.append, clock=clock)
+    assert seen == [0, 1, 2, 3, 4, 5]  # an item over the budget: one at a time, never none
+
+
+def test_a_bad_select_fails_before_any_daemon_is_contacted(daemon_home):  # noqa: F811
+    result = evsel("ask", "who?", "--select", "foo", check=False)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown selector 'foo'" in lines[0], result.stderr
+    assert not (daemon_home / "daemon.sock").exists() and not (daemon_home / "daemon.pid").exists()
+    assert not alive(daemon_home)
+    # the same check, in the daemon, for a client that skips it
+    from evsel.daemon.checks import check_params
+
+    assert "unknown selector 'foo'" in check_params("ask", {"question": "who?", "select": "foo"})["message"]
+    assert "unknown selector 'bar'" in check_params("ask", {"question": "who?", "rerank": "bar"})["message"]
+    assert check_params("ask", {"question": "who?", "select": "bm25", "rerank": "qrranker"}) is None
+    bad_memory = evsel("ask", "who?", "--memory", check=False)
+    assert bad_memory.returncode == 1 and len(bad_memory.stderr.strip().splitlines()) == 1
+    assert not alive(daemon_home)
+
+
+def test_ask_json_reports_the_wall_time_the_client_saw(daemon_home):  # noqa: F811
+    evsel("daemon", "start", "--no-preload")
+    evsel_json("ingest", "--no-encode", str(sample_story_path()))
+    started = time.perf_counter()
+    result = evsel_json("ask", "--evidence-only", "Who keeps the light?")
+    waited = time.perf_counter() - started
+    timings = result["timings"]
+    assert {"queued_s", "run_s", "engine_s", "total_s", "select_s"} <= set(timings), timings
+    # the whole process's time: more than the daemon's part, within what this test waited
+    assert timings["queued_s"] + timings["run_s"] <= timings["total_s"] <= waited
+    assert timings["engine_s"] <= timings["run_s"]
+
+
+@pytest.mark.model
+def test_a_bm25_ask_is_answered_while_a_background_encode_is_mid_document(daemon_home, monkeypatch,  # noqa: F811
+                                                                          tmp_path):
+    monkeypatch.setenv("EVSEL_ENCODE", "1")
+    story = sample_story_path().read_text(encoding="utf-8")
+    book = tmp_path / "book.md"  # one long document: two differently worded copies of the story
+    book.write_text(story.replace(" the ", " that ") + "\n\n" + story.replace(" a ", " one "), encoding="utf-8")
+    assert evsel_json("ingest", str(book))["files"][0]["states"] == "background"
+
+    def encoding() -> dict | None:
+        background = status(daemon_home)["queue"]["background"]
+        progress = background[0]["progress"] if background else None
+        return progress if progress and progress.get("task") == "encode" and progress["done"] > 0 else None
+
+    before = wait_for(encoding, timeout=600, what="the background encode to store its first slice")
+    # an ask that reads no model runs beside the encode: the encode neither finishes nor stops for it
+    result = evsel_json("ask", "--evidence-only", "Who keeps the light?")
+    assert len(result["evidence"]) == 5
+    after = encoding()
+    assert after is not None, "the encode finished before the ask was answered"
+    assert after["total"] == before["total"] and before["done"] <= after["done"] < after["total"]
+    recent = status(daemon_home)["recent"]
+    assert [r["status"] for r in recent if r["method"] == "ask"] == ["ok"]
+    assert not any(r["status"] == "yielded" for r in recent), recent
+
+    # an ask that generates waits for the encode's current slice, which then yields to it
+    answered = evsel_json("ask", "Who keeps the light?", "--max-new-tokens", "8")
+    assert answered["answer"] is not None or answered["grounding"]["kind"] == "abstained"
+    recent = status(daemon_home)["recent"]
+    assert [r["status"] for r in recent if r["method"] == "ask"] == ["ok", "ok"]
+    assert any(r["status"] == "yielded" and "encoding" in r["method"] for r in recent), recent
+    # and resumes after it, its count going on from where it was, never reset
+    resumed = wait_for(lambda: (p := encoding()) and p["done"] > after["done"] and p, timeout=600,
+                       what="the encode to resume")
+    assert resumed["total"] == before["total"]
+
+
+@pytest.mark.model
+def test_removing_a_document_drops_its_background_work_at_once(daemon_home, monkeypatch, tmp_path):  # noqa: F811
+    import re
+    import sqlite3
+
+    monkeypatch.setenv("EVSEL_ENCODE", "1")
+    book = tmp_path / "book.md"
+    book.write_text(sample_story_path().read_text(encoding="utf-8").replace(" the ", " this "), encoding="utf-8")
+    ingested = evsel_json("ingest", str(book))
+    doc_id = ingested["files"][0]["doc_ids"][0]
+    wait_for(lambda: status(daemon_home)["queue"]["background"], timeout=60, what="the background encode")
+    evsel("docs", "rm", str(doc_id))
+    assert status(daemon_home)["queue"]["background"] == []  # at once, not after the running slice
+    conn = sqlite3.connect(daemon_home / "evsel.db")
+    try:
+        assert conn.execute("select count(*) from pending_encodes").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+    # the backbone's load time: one measurement, in status and in the log alike
+    info = wait_for(lambda: (s := status(daemon_home)) and s["preload"] == "done" and s, timeout=600,
+                    what="the preload")
+    logged = re.search(r"backbone loaded: .* in ([0-9.]+)s", (daemon_home / "daemon.log").read_text())
+    assert logged and abs(info["backbones"][0]["load_s"] - float(logged.group(1))) <= 0.06  # the log's rounding
