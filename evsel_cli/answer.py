@@ -146,7 +146,12 @@ def _context(found: list, sentence: grounding.Sentence) -> list[grounding.Senten
 
 
 def _read(sentences: list[grounding.Sentence]) -> str:
-    return " ".join((f"{s.speaker}: " if s.speaker else "") + s.text for s in sentences)
+    return " ".join((f"{s.speaker}: " if s.speaker else "") + _flat(s.text) for s in sentences)
+
+
+def _flat(text: str) -> str:
+    """Hard line wraps (a PDF's lines) as spaces: the LLM reads "Edwin\nMarsh" as two fragments."""
+    return " ".join(text.split())
 
 
 def _choose_sentence(scorer: "Scorer", question: str, found: list, pool: list) -> grounding.Sentence:
@@ -213,7 +218,7 @@ def _typed_answer(scorer: "Scorer", question: str, asked: str, found: list, rank
             context = _context(found, best)
             pick = 0
             if scorer.ready and len(hits) > 1:
-                scores = scorer.answer_likelihood(question, _read(context), [s.text[a:b] for s, a, b in hits])
+                scores = scorer.answer_likelihood(question, _read(context), [_flat(s.text[a:b]) for s, a, b in hits])
                 pick = max(range(len(hits)), key=lambda i: (scores[i], -i))
             sentence, a, b = hits[pick]
             return Grounded(sentence.text[a:b], "span", None, sentence.passage, sentence.start + a,
@@ -230,7 +235,7 @@ def _typed_answer(scorer: "Scorer", question: str, asked: str, found: list, rank
     candidates = _candidates(question, asked, context, names)
     pick = 0
     if scorer.ready and len(candidates) > 1:
-        scores = scorer.answer_likelihood(question, _read(context), [s.text[a:b] for s, a, b in candidates])
+        scores = scorer.answer_likelihood(question, _read(context), [_flat(s.text[a:b]) for s, a, b in candidates])
         pick = max(range(len(candidates)), key=lambda i: (scores[i], -i))
     sentence, a, b = candidates[pick]
     return Grounded(sentence.text[a:b], "span", None, sentence.passage, sentence.start + a, sentence.start + b,
