@@ -421,7 +421,11 @@ class Engine:
                         "chunks": [c.record() for c in chunks],
                     }
                 )
-            ids = self.store.replace_file(collection_id, str(path), sha, docs)
+            def storing(done: int, total: int) -> None:  # inside the file's transaction: a cancel here rolls it back
+                on_event({"type": "progress", "task": "store", "label": f"storing {path.name}", "done": done,
+                          "total": total})
+
+            ids = self.store.replace_file(collection_id, str(path), sha, docs, on_batch=storing)
             n_chunks = sum(len(d["chunks"]) for d in docs)
             return FileResult(str(path), "ingested", ids, n_chunks, time.perf_counter() - started, warnings=warnings)
         except EvselError as exc:
