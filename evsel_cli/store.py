@@ -553,8 +553,10 @@ class Store:
                         ],
                     )
                     written(len(batch))
-                bm25_index.index_document(conn, doc_id, [(c["seq"], c["text"], c["content_hash"]) for c in doc["chunks"]])
-                written(0)  # the BM25 rows of a long document take a while too
+                # the BM25 rows of a long document take seconds too: checked within and after them
+                bm25_index.index_document(conn, doc_id, [(c["seq"], c["text"], c["content_hash"]) for c in doc["chunks"]],
+                                          on_progress=lambda: written(0))
+                written(0)
                 ids.append(doc_id)
             for stale in old.values():  # parts that vanished from the new version of the file
                 dropped |= self._delete_document(stale["id"])
