@@ -423,3 +423,69 @@ def test_the_daemon_reports_a_cancel_in_the_store_write_as_cancelled_and_stores_
     if reason == "shutdown":  # "run the command again" is true: nothing of the file was stored
         assert replies[-1]["type"] == "error" and "stopped" in replies[-1]["error"]["message"]
     assert _stored(evsel_home) == [[], [], [], []]
+
+
+# issue 26, item 4: a stopped or cancelled ingest is not resumed at the next start
+def test_daemon_stop_during_an_ingest_leaves_nothing_to_resume(daemon_home, tmp_path):
+    folder = tmp_path / "books"
+    folder.mkdir()
+    _big_text(folder / "big.md")
+    evsel("daemon", "start", "--no-preload")
+    client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder), "--no-encode",
+                               "--chunk-tokens", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def pending():
+            with _db(daemon_home) as db:
+                return db.execute("select path from pending_ingests").fetchall()
+
+        wait_for(pending, 120, "the ingest to be recorded", interval=0.01)
+        evsel("daemon", "stop")
+        _out, err = client.communicate(timeout=60)
+    finally:
+        kill_process(client)
+    wait_for(lambda: not alive(daemon_home), 30, "the stopped daemon to be gone")
+    assert client.returncode != 0 and "stopped" in err
+    assert pending() == []  # the user stopped it: the next start resumes nothing
+    with _db(daemon_home) as db:
+        assert db.execute("select count(*) from documents").fetchone()[0] == 0
+
+
+def test_a_stopping_daemon_drops_the_pending_rows_of_an_ingest_it_abandons(evsel_home, tmp_path, monkeypatch,
+                                                                              backbone_tokenizer):
+    import threading
+
+    from evsel import engine as engine_module
+    from evsel.daemon import server
+    from evsel.daemon.server import Daemon, Job
+    from evsel.store import Store
+
+    path = tmp_path / "a.md"
+    path.write_text("# A\n\nThe keeper lit the lamp.\n")
+    reading, release = threading.Event(), threading.Event()
+    real_read = engine_module.read_file
+
+    def read_that_does_not_stop(*args, **kwargs):  # a phase that never looks at the cancel
+        reading.set()
+        release.wait(60)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "read_file", read_that_does_not_stop)
+    monkeypatch.setattr(server, "SHUTDOWN_WAIT_S", 0.2)
+    daemon = Daemon(preload=False)
+    daemon.worker_store = Store()
+    daemon.sock = socket.socket(socket.AF_UNIX)
+    daemon.socket_inode = None
+    worker = threading.Thread(target=daemon._worker, daemon=True)
+    worker.start()
+    job = Job("ingest", {"targets": [str(path)], "encode": False}, daemon.settings)
+    daemon._enqueue(job)
+    try:
+        assert reading.wait(60)
+        assert [p.path for p in Store().pending_ingests()] == [str(path)]
+        daemon._shutdown()
+        assert daemon.running is job  # abandoned, still inside the read
+        assert Store().pending_ingests() == []
+    finally:
+        release.set()
+        worker.join(60)
+    assert daemon.recent[-1]["status"] == "cancelled" and Store().documents() == []
