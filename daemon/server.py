@@ -689,12 +689,14 @@ class Daemon:
                 self._enqueue(job)  # after the requests that were waiting
                 self._record(job, status)
                 continue
-            except RequestCancelled:
+            except RequestCancelled as exc:
                 status = "cancelled"
                 self.counts["cancelled"] += 1
                 if job.cancel_reason == "shutdown":
                     job.outbox.put({"type": "error", "error": _stopped_error()})
-                log.info("%s %s: cancelled", job.label, job.id)
+                stored = getattr(exc, "stored_files", None)  # an ingest's files finished before the cancel
+                log.info("%s %s: cancelled%s", job.label, job.id, "" if stored is None else
+                         f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored")
             except EvselError as exc:
                 status = f"error: {exc.line()}"
                 self.counts["errors"] += 1

@@ -290,6 +290,10 @@ class Engine:
                     self.store.finish_pending_ingest(open_records.pop(str(path)))
                 on_event({"type": "file", **result.to_dict()})
             on_event({"type": "progress", "task": "files", "label": "", "done": len(paths), "total": len(paths)})
+        except BaseException as exc:
+            # cancelled after some files were stored (each all or nothing): the caller can say which
+            exc.stored_files = [r.path for r in results if r.status == "ingested"]
+            raise
         finally:
             # finished, failed or cancelled: nothing to resume. Only a crash skips this.
             while open_records:

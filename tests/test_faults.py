@@ -390,7 +390,8 @@ def test_a_cancel_during_the_store_write_leaves_the_old_version(evsel_home, tmp_
 
 @pytest.mark.parametrize("reason", ["cancelled", "shutdown"])
 def test_the_daemon_reports_a_cancel_in_the_store_write_as_cancelled_and_stores_nothing(
-        evsel_home, tmp_path, monkeypatch, backbone_tokenizer, reason):
+        evsel_home, tmp_path, monkeypatch, backbone_tokenizer, reason, caplog):
+    import logging
     import queue
 
     from evsel import store as store_module
@@ -416,8 +417,10 @@ def test_the_daemon_reports_a_cancel_in_the_store_write_as_cancelled_and_stores_
     job.outbox = CancelInTheWrite()
     daemon.queue.put(job)
     daemon.queue.put(None)
-    daemon._worker()
+    with caplog.at_level(logging.INFO, logger="evsel.daemon"):
+        daemon._worker()
     assert daemon.recent[-1]["status"] == "cancelled" and daemon.counts["cancelled"] == 1
+    assert "cancelled; nothing stored" in caplog.text  # the log and the store agree
     replies = [job.outbox.get_nowait() for _ in range(job.outbox.qsize())]
     assert not [r for r in replies if r["type"] == "result"]
     if reason == "shutdown":  # "run the command again" is true: nothing of the file was stored

@@ -536,10 +536,11 @@ def test_a_cancelled_journaled_ingest_leaves_nothing_to_resume(tmp_path):
         if event["type"] == "file":
             raise Cancelled()
 
-    with pytest.raises(Cancelled):
+    with pytest.raises(Cancelled) as cancelled:
         engine.ingest_files([str(tmp_path)], IngestOptions(), cancel_at_the_second_file, journal=True)
     assert engine.store.pending_ingests() == []
     assert len(engine.store.documents()) == 1
+    assert cancelled.value.stored_files == [str(tmp_path / "a.md")]  # what the cancel kept, for the log
 
 
 def test_replace_file_checks_between_batches_and_a_cancel_rolls_the_file_back(monkeypatch):
