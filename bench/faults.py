@@ -1,6 +1,6 @@
 """A bounded fault and soak run of the daemon, on loopback only (its own EVSEL_HOME in a temp folder).
 
-    python bench/faults.py [--clients 4] [--kills 2] [--seconds 20]
+    python bench/faults.py [--clients 4] [--kills 2] [--seconds 20] [--bomb-mb 20] [--connections 1100]
 
 - load: N concurrent clients ask (BM25, --evidence-only: the daemon's queue, not generation)
   while a large ingest runs; the daemon is killed with SIGKILL K times mid-ingest, and the next
@@ -12,6 +12,11 @@
   and leave the daemon up;
 - rows lost: `PRAGMA integrity_check`, and every stored document's n_chunks equals its chunk rows,
   and every document stored before a kill is still there after it.
+
+- hostile inputs and loads, on the restarted daemon: terminal escapes in a file's name and text,
+  a file rewritten during its ingest, an EPUB bomb (one 20 MB chapter), 2 MB of unpunctuated
+  text, 1,100 idle connections, and a store on a 2 MB tmpfs that fills up (skipped, saying why,
+  where `mount` is not allowed);
 
 Prints load held (requests, p50/p95 latency, errors), faults survived, bad inputs tried, rows
 lost; writes bench/results/faults.json.
@@ -118,12 +123,182 @@ def send_raw(home: Path, data: bytes) -> str:
         sock.close()
 
 
+def _flip(path: Path, versions: list[bytes], stop: threading.Event) -> None:
+    """Rewrite `path` with each version in turn, each written whole (an atomic rename), until stopped."""
+    i = 0
+    while not stop.is_set():
+        i += 1
+        copy = path.with_name(path.name + f".next{i % 2}")
+        copy.write_bytes(versions[i % 2])
+        os.replace(copy, path)
+        time.sleep(0.001)
+
+
+def _queue_idle(env: dict) -> bool:
+    result = cli(["daemon", "status", "--json"], env, timeout=60)
+    return result.returncode == 0 and json.loads(result.stdout)["queue"]["running"] is None
+
+
+def hostile_inputs(tmp: Path, home: Path, env: dict, bomb_mb: float, connections: int) -> list[dict]:
+    """Inputs and loads meant to hurt, on the running daemon: each case says what happened and
+    whether that is what a user should see (`ok`)."""
+    import hashlib
+
+    from evsel.chunker import DEFAULT_CHUNK_TOKENS
+    from parse_limits import make_epub
+
+    folder = tmp / "hostile"
+    folder.mkdir()
+    cases = []
+
+    # terminal escape sequences in a file's name and text: never printed raw
+    esc = folder / "esc\x1b[2Jname.txt"
+    esc.write_text("Title \x1b]0;pwned\x07 and \x1b[31mred\x1b[0m. The keeper of Gull Point was Ann.\n")
+    outputs = [cli(["ingest", str(esc)], env), cli(["docs", "list"], env)]
+    raw = sum("\x1b" in r.stdout + r.stderr for r in outputs)
+    cases.append({"input": "escape sequences in a file's name and text", "ok": outputs[0].returncode == 0 and not raw,
+                  "detail": f"ingest exit {outputs[0].returncode}, outputs with a raw ESC: {raw}"})
+
+    # a file rewritten while it is ingested: the hash stored is always the text stored's
+    versions = [f"Version {name}. The keeper of Gull Point was {name}.\n".encode() * 200 for name in ("Ann", "Bo")]
+    texts = {hashlib.sha256(v).hexdigest(): v.decode() for v in versions}
+    flipping = folder / "flip.txt"
+    flipping.write_bytes(versions[0])
+    stop = threading.Event()
+    flipper = threading.Thread(target=_flip, args=(flipping, versions, stop), daemon=True)
+    flipper.start()
+    mismatched = runs = 0
+    try:
+        for _ in range(8):
+            runs += cli(["ingest", str(flipping)], env).returncode == 0
+            with sqlite3.connect(home / "evsel.db") as db:
+                doc_id, sha = db.execute("select id, sha256 from documents where path = ?",
+                                         [str(flipping)]).fetchone()
+                text = "".join(t for (t,) in db.execute("select text from chunks where doc_id = ? order by seq",
+                                                        [doc_id]))
+            mismatched += texts.get(sha) != text
+    finally:
+        stop.set()
+        flipper.join()
+    cases.append({"input": "a file rewritten during its ingest (8 ingests)", "ok": runs == 8 and mismatched == 0,
+                  "detail": f"{runs} ingests ran, {mismatched} stored one version's hash with another's text"})
+
+    # an EPUB bomb: one huge chapter in a small file. Read, chunked and stored, or cancelled at once
+    bomb = make_epub(folder / "bomb.epub", bomb_mb)
+    started = time.perf_counter()
+    client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(bomb)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        _out, err = client.communicate(timeout=150)
+        detail = f"{bomb.stat().st_size / 1e3:.0f} KB file, exit {client.returncode} in " \
+                 f"{time.perf_counter() - started:.1f} s"
+        ok = client.returncode == 0 or len(err.strip().splitlines()) == 1
+    except subprocess.TimeoutExpired:  # too slow here: Ctrl-C, and the daemon must drop it at once
+        client.send_signal(signal.SIGINT)
+        client.communicate(timeout=30)
+        cancelled_at = time.perf_counter()
+        while not _queue_idle(env) and time.perf_counter() - cancelled_at < 60:
+            time.sleep(0.2)
+        stopped_in = time.perf_counter() - cancelled_at
+        detail = f"{bomb.stat().st_size / 1e3:.0f} KB file, still running after 150 s: Ctrl-C, job gone in " \
+                 f"{stopped_in:.1f} s"
+        ok = stopped_in < 5
+    cases.append({"input": f"EPUB bomb: one {bomb_mb:g} MB chapter", "ok": ok, "detail": detail})
+
+    # 2 MB of words without punctuation or line breaks: chunks stay within the token budget
+    flat = folder / "unpunctuated.txt"
+    words = ("keeper light point gull ferry lamp dusk noon harbour tide " * 40).split()
+    flat.write_text(" ".join(words[i % len(words)] for i in range(2_000_000 // 6)), encoding="utf-8")
+    result = cli(["ingest", str(flat)], env)
+    with sqlite3.connect(home / "evsel.db") as db:
+        longest = db.execute("select max(c.n_tokens), count(*) from chunks c join documents d on d.id = c.doc_id "
+                             "where d.path = ?", [str(flat)]).fetchone()
+    cases.append({"input": "2 MB of text without punctuation or line breaks",
+                  "ok": result.returncode == 0 and (longest[0] or 0) <= 2 * DEFAULT_CHUNK_TOKENS,
+                  "detail": f"exit {result.returncode}, {longest[1]} chunks, longest {longest[0]} tokens"})
+
+    # idle connections past the cap: the extra ones are refused with an error, the daemon stays up
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, connections + 256)), hard))
+    held: list[socket.socket] = []
+    failed_to_connect = 0
+    for _ in range(connections):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(home / "daemon.sock"))
+            held.append(sock)
+        except OSError:
+            failed_to_connect += 1
+            sock.close()
+    time.sleep(2)
+    refused = 0
+    for sock in held:
+        sock.setblocking(False)
+        try:
+            data = sock.recv(1 << 16)
+            refused += bool(data) and b'"error"' in data
+        except BlockingIOError:
+            pass
+        except OSError:
+            refused += 1
+    while_held = cli(["daemon", "status", "--json"], env, timeout=60)
+    for sock in held:
+        sock.close()
+    time.sleep(1)
+    after = cli(["daemon", "status", "--json"], env, timeout=60)
+    cases.append({"input": f"{connections} idle connections",
+                  "ok": after.returncode == 0 and (while_held.returncode == 0
+                                                   or len(while_held.stderr.strip().splitlines()) == 1),
+                  "detail": f"{len(held) - refused} held open, {refused} refused with an error, "
+                            f"{failed_to_connect} not accepted; status while held: exit {while_held.returncode}"
+                            f"{' (' + while_held.stderr.strip()[:120] + ')' if while_held.returncode else ''}; "
+                            f"after: exit {after.returncode}"})
+    return cases
+
+
+def disk_full(tmp: Path, env: dict) -> dict:
+    """A store on a 2 MB tmpfs: an ingest that does not fit fails with one line, and what was
+    stored before stays. Skipped (and says why) where mounting is not allowed."""
+    mount = tmp / "full"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        return {"input": "disk full (2 MB tmpfs)", "skipped": (made.stderr.strip() or "mount failed")[:200]}
+    try:
+        from evsel.paths import sample_story_path
+
+        home = mount / "home"
+        # the model's files stay off the small disk: it is the store that fills it
+        local = {**env, "EVSEL_HOME": str(home), "EVSEL_NO_DAEMON": "1",
+                 "EVSEL_MODEL_CACHE": env.get("EVSEL_MODEL_CACHE") or str(tmp / "models")}
+        first = cli(["ingest", str(sample_story_path())], local)
+        big = tmp / "too-big.md"
+        big.write_text(sample_story_path().read_text(encoding="utf-8") * 20, encoding="utf-8")
+        full = cli(["ingest", str(big)], local)
+        lines = full.stderr.strip().splitlines()
+        docs = documents(home)
+        check = integrity(home)
+        lost = int(first.returncode == 0 and len(docs) < 1) + sum(d[2] != d[3] for d in docs)
+        return {"input": "disk full (2 MB tmpfs)", "rows_lost": lost,
+                "ok": first.returncode == 0 and full.returncode != 0 and len(lines) == 1 and check == "ok",
+                "detail": f"first ingest exit {first.returncode}; the one that does not fit: exit {full.returncode}, "
+                          f"{len(lines)} line(s) ({(lines or [''])[-1][:120]}); integrity_check {check}, "
+                          f"{len(docs)} document(s) kept"}
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--kills", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=20.0, help="load phase length after the last kill")
     parser.add_argument("--copies", type=int, default=30, help="copies of the sample story in the big ingest")
+    parser.add_argument("--bomb-mb", type=float, default=20.0, help="the EPUB bomb's one chapter, in MB")
+    parser.add_argument("--connections", type=int, default=1100, help="idle connections opened at once")
     args = parser.parse_args()
 
     from evsel.evaluation.report import run_info
@@ -199,6 +374,7 @@ def main() -> int:
     unexpected_bad = [r for r in failed if "unexpected" in json.dumps(r.get("error"))]
     protocol = [send_raw(home, data) for data in MALFORMED]
     protocol_ok = sum(p in ("error", "closed") for p in protocol)
+    hostile = hostile_inputs(tmp, home, env, args.bomb_mb, args.connections)
     alive = cli(["daemon", "status", "--json"], env)
     status = json.loads(alive.stdout) if alive.returncode == 0 else {}
     # wait for the resumed ingests, then count rows
@@ -211,6 +387,9 @@ def main() -> int:
     final = documents(home)
     rows_lost = sum(f["documents_lost"] + f["half_stored"] for f in faults) + sum(d[2] != d[3] for d in final)
     cli(["daemon", "stop"], env)
+    full = disk_full(tmp, env)
+    hostile.append(full)
+    rows_lost += full.get("rows_lost", 0)
 
     lat = sorted(latencies)
     record.update({
@@ -222,6 +401,8 @@ def main() -> int:
                        "unexpected": len(unexpected_bad)},
         "protocol": {"tried": len(MALFORMED), "answered_or_closed": protocol_ok, "replies": protocol,
                      "daemon_up_after": bool(status.get("running"))},
+        "hostile": hostile, "hostile_ok": sum(bool(c.get("ok")) for c in hostile),
+        "hostile_tried": sum("skipped" not in c for c in hostile),
         "integrity": integrity(home), "documents": len(final), "rows_lost": rows_lost,
     })
     write_result(ROOT / "bench" / "results" / "faults.json", record)
@@ -232,8 +413,13 @@ def main() -> int:
     print(f"bad inputs tried: {len(corpus)} ({len(failed)} failed alone, {len(good)} good file ingested, "
           f"{len(unexpected_bad)} unexpected); malformed messages: {protocol_ok} of {len(MALFORMED)} refused, "
           f"daemon up after: {record['protocol']['daemon_up_after']}")
+    print(f"hostile inputs and loads: {record['hostile_ok']} of {record['hostile_tried']} handled")
+    for case in hostile:
+        verdict = "skipped: " + case["skipped"] if "skipped" in case else ("ok" if case["ok"] else "NOT OK")
+        print(f"  - {case['input']}: {verdict}{'; ' + case['detail'] if 'detail' in case else ''}")
     print(f"rows lost: {rows_lost} (integrity_check: {record['integrity']}, {len(final)} documents)")
-    return 0 if rows_lost == 0 and not errors and not unexpected_bad else 1
+    hostile_failed = record["hostile_tried"] - record["hostile_ok"]
+    return 0 if rows_lost == 0 and not errors and not unexpected_bad and not hostile_failed else 1
 
 
 if __name__ == "__main__":

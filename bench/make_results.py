@@ -477,6 +477,13 @@ def faults_section(result: dict) -> list[str]:
             f"after: {'yes' if proto['daemon_up_after'] else 'NO'}",
             f"- rows lost: **{result['rows_lost']}** (integrity_check: {result['integrity']}, "
             f"{result['documents']} documents at the end)", ""]
+    if result.get("hostile"):  # runs from before the hostile cases have none
+        out += [f"Hostile inputs and loads: {result['hostile_ok']} of {result['hostile_tried']} handled as a user "
+                "should see them.", "", "| input or load | handled | what happened |", "|---|---|---|"]
+        for case in result["hostile"]:
+            handled = "skipped: " + case["skipped"] if "skipped" in case else ("yes" if case["ok"] else "**no**")
+            out.append(f"| {case['input']} | {handled} | {case.get('detail', '')} |")
+        out.append("")
     return out
 
 

@@ -45,6 +45,7 @@ from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError,
 
 log = logging.getLogger("evsel.daemon")
 
+SHUTDOWN_WAIT_S = 30.0  # how long a stopping daemon waits for the running job to stop
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before the daemon exits
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
 BACKGROUND_SLICE_S = 0.5  # seconds of background encoding between checks for waiting requests (it yields)
@@ -95,6 +96,7 @@ class Job:
         self.last_event: dict | None = None
         self.watch_root: str | None = None  # a watch folder's sync: cancelled when the watch is removed
         self.work: PendingEncode | None = None  # a background job's deferred work (its documents)
+        self.journaled: dict[str, int] = {}  # an ingest's open pending_ingests rows (path -> id)
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancel_reason = reason
@@ -332,9 +334,12 @@ class Daemon:
         if running is not None:
             running.cancel("shutdown")
         self.queue.put(None)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
         while self.running is not None and time.monotonic() < deadline:
             time.sleep(0.05)
+        abandoned = self.running
+        if abandoned is not None and abandoned.journaled:
+            self._drop_journal(abandoned)
         if self.watcher is not None:
             self.watcher.stop()
         deadline = time.monotonic() + 2  # let connection threads deliver their last messages
@@ -343,6 +348,20 @@ class Daemon:
         if (runtime.read_pid_file(self.files) or {}).get("pid") == os.getpid():
             self.files.pid.unlink(missing_ok=True)
         log.info("stopped")
+
+    def _drop_journal(self, job: Job) -> None:
+        """The pending_ingests rows of an ingest the daemon abandons as it stops: the user stopped
+        it, so nothing resumes it (its unfinished file is rolled back when the process exits)."""
+        records = list(dict(job.journaled).items())  # the worker may still be removing some
+        log.info("%s %s did not stop in %.0fs; dropping its %d pending file(s)", job.label, job.id,
+                 SHUTDOWN_WAIT_S, len(records))
+        try:
+            store = Store()
+            store.db.conn.execute("pragma busy_timeout = 5000")  # the job may hold the write lock
+            for _path, record_id in records:
+                store.finish_pending_ingest(record_id)
+        except Exception as exc:  # noqa: BLE001  stopping goes on: the rows are resumed at the next start
+            log.warning("could not drop the pending files of %s %s: %s", job.label, job.id, exc)
 
     # connections
     def _refuse(self, conn: socket.socket) -> None:
@@ -720,12 +739,14 @@ class Daemon:
                 self._enqueue(job)  # after the requests that were waiting
                 self._record(job, status)
                 continue
-            except RequestCancelled:
+            except RequestCancelled as exc:
                 status = "cancelled"
                 self.counts["cancelled"] += 1
                 if job.cancel_reason == "shutdown":
                     job.outbox.put({"type": "error", "error": _stopped_error()})
-                log.info("%s %s: cancelled", job.label, job.id)
+                stored = getattr(exc, "stored_files", None)  # an ingest's files finished before the cancel
+                log.info("%s %s: cancelled%s", job.label, job.id, "" if stored is None else
+                         f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored")
             except EvselError as exc:
                 status = f"error: {exc.line()}"
                 self.counts["errors"] += 1
@@ -784,7 +805,7 @@ class Daemon:
             # stored now (each file recorded until done), states and summaries in the background:
             # the client gets its answer in seconds
             outcome = engine.ingest_files(params["targets"], IngestOptions.from_params(params), emit, defer=True,
-                                          journal=True)
+                                          journal=True, journaled=job.journaled)
             self._queue_deferred(outcome.followups)
             result = outcome.files
         else:

@@ -31,7 +31,7 @@ import re
 from operator import attrgetter
 import sqlite3
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -101,13 +101,17 @@ def _term_ids(conn: sqlite3.Connection, terms: Sequence[str]) -> list[int]:
     return [ids[t] for t in terms]
 
 
-def index_document(conn: sqlite3.Connection, doc_id: int, chunks: Sequence[tuple[int, str, str]]) -> None:
+def index_document(conn: sqlite3.Connection, doc_id: int, chunks: Sequence[tuple[int, str, str]],
+                   on_progress: Callable[[], None] | None = None) -> None:
     """Write the BM25 rows of one document from its chunks' (seq, text, content_hash); the caller
-    holds the write transaction and has dropped the document's previous rows."""
+    holds the write transaction and has dropped the document's previous rows. `on_progress` is
+    called every 10,000 chunks (about half a second): a cancel it raises stops a long document."""
     chunks = sorted(chunks, key=lambda c: c[0])
     lengths = []
     postings: dict[str, list[int]] = {}  # term -> [ordinal, tf, ordinal, tf, ...]; first-occurrence order
     for ordinal, (_seq, text, _hash) in enumerate(chunks):
+        if on_progress is not None and ordinal and ordinal % 10_000 == 0:
+            on_progress()
         tokens = chunk_tokens(text)
         lengths.append(len(tokens))
         frequencies: dict[str, int] = {}

@@ -229,7 +229,7 @@ class Engine:
 
     def ingest_files(self, targets: list[str], options: IngestOptions = IngestOptions(),
                      on_event: EventSink = _ignore, *, defer: bool = False, journal: bool = False,
-                     resume: PendingIngest | None = None) -> IngestOutcome:
+                     resume: PendingIngest | None = None, journaled: dict[str, int] | None = None) -> IngestOutcome:
         """`ingest`, with what it leaves to do.
 
         `defer`: the chunk states and summaries are not computed here; they are recorded in the
@@ -238,7 +238,9 @@ class Engine:
         run inline, right after each file is stored. `journal`: each file is recorded in the
         store (`PendingIngest`, with this request's options and settings) before it is read and
         the record deleted once the file is done or the ingest ends, so only a crash leaves
-        records behind; `resume`: the record of the one file this call finishes after a crash."""
+        records behind; `resume`: the record of the one file this call finishes after a crash.
+        `journaled`: kept up to date with the records still open (path -> row id), so a caller that
+        abandons a call that does not stop (a daemon exiting) can delete them itself."""
         collection, kind, chunk_tokens = options.collection, options.kind, options.chunk_tokens
         encode, summaries = self.settings.encode_at_ingest(options.encode), options.summaries
         if chunk_tokens < 16:
@@ -261,16 +263,15 @@ class Engine:
             found.setdefault(where(f), f)
         paths = list(found)
         misnamed = {path: failure for path in paths if (failure := _name_failure(path)) is not None}
+        open_records = journaled if journaled is not None else {}
         if resume is not None:
-            open_records = {resume.path: resume.id}
+            open_records[resume.path] = resume.id
         elif journal:
             recorded = self.store.add_pending_ingests([
                 PendingIngest(str(path), collection, kind, chunk_tokens, options.stored(), encode=encode,
                               summaries=summaries, settings=self.settings)
                 for path in paths if path not in misnamed])
-            open_records = {item.path: item.id for item in recorded}
-        else:
-            open_records = {}
+            open_records.update((item.path, item.id) for item in recorded)
         deferred: list[int] = []
         try:
             for index, path in enumerate(paths):
@@ -289,10 +290,14 @@ class Engine:
                     self.store.finish_pending_ingest(open_records.pop(str(path)))
                 on_event({"type": "file", **result.to_dict()})
             on_event({"type": "progress", "task": "files", "label": "", "done": len(paths), "total": len(paths)})
+        except BaseException as exc:
+            # cancelled after some files were stored (each all or nothing): the caller can say which
+            exc.stored_files = [r.path for r in results if r.status == "ingested"]
+            raise
         finally:
             # finished, failed or cancelled: nothing to resume. Only a crash skips this.
-            for record_id in open_records.values():
-                self.store.finish_pending_ingest(record_id)
+            while open_records:
+                self.store.finish_pending_ingest(open_records.popitem()[1])
         outcome = IngestOutcome([r.to_dict() for r in results])
         if deferred and (encode or summaries):
             work = PendingEncode(deferred, self.settings, states=encode, summaries=summaries)
@@ -442,7 +447,11 @@ class Engine:
                         "chunks": [c.record() for c in chunks],
                     }
                 )
-            ids = self.store.replace_file(collection_id, str(path), sha, docs)
+            def storing(done: int, total: int) -> None:  # inside the file's transaction: a cancel here rolls it back
+                on_event({"type": "progress", "task": "store", "label": f"storing {path.name}", "done": done,
+                          "total": total})
+
+            ids = self.store.replace_file(collection_id, str(path), sha, docs, on_batch=storing)
             n_chunks = sum(len(d["chunks"]) for d in docs)
             return FileResult(str(path), "ingested", ids, n_chunks, time.perf_counter() - started, warnings=warnings)
         except EvselError as exc:

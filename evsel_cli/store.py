@@ -427,6 +427,11 @@ class PendingEncode:
         return " and ".join(w for w, on in (("chunk states", self.states), ("summaries", self.summaries)) if on)
 
 
+# chunks written between two `on_batch` calls of `Store.replace_file`: a cancel waits for at most one
+# batch (about 0.1 s), and the calls cost nothing next to the inserts
+WRITE_BATCH = 2000
+
+
 class Store:
     """The engine's view of the database. Every write of one source file is one transaction."""
 
@@ -475,18 +480,32 @@ class Store:
             )
         )
 
-    def replace_file(self, collection_id: int, path: str, sha256: str, docs: list[dict]) -> list[int]:
+    def replace_file(self, collection_id: int, path: str, sha256: str, docs: list[dict],
+                     on_batch: Callable[[int, int], None] | None = None) -> list[int]:
         """Store every document parsed from one file, replacing that file's previous version atomically.
 
         `docs` items: {part, kind, title, metadata, n_chars, chunks: [chunk dicts]}. Document ids stay
         stable across versions of the same (collection, path, part). Returns the document ids.
+        `on_batch(stored, total)` is called (chunks written so far, of all) before the write and
+        after each batch of `WRITE_BATCH` chunks, inside the transaction: whatever it raises (a
+        cancel) rolls the whole file back, so the store stays as it was.
         """
         from . import bm25_index
 
         now = time.time()
         ids = []
         dropped: set[str] = set()  # content hashes of the chunks this replaces
+        total = sum(len(doc["chunks"]) for doc in docs)
+        stored = 0
+
+        def written(count: int) -> None:
+            nonlocal stored
+            stored += count
+            if on_batch is not None:
+                on_batch(stored, total)
+
         with self._transaction() as conn:
+            written(0)
             old = {row["part"]: row for row in self.documents_for_path(collection_id, path)}
             for doc in docs:
                 values = {
@@ -517,21 +536,27 @@ class Store:
                     doc_id = conn.execute(
                         f"insert into documents ({cols}) values ({marks})", list(values.values())
                     ).lastrowid
-                conn.executemany(
-                    "insert into chunks (doc_id, seq, text, content_hash, n_tokens, char_start, char_end, "
-                    "page_start, page_end, speakers, session, turn_ids, time_start, time_end) "
-                    "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            doc_id, c["seq"], c["text"], c["content_hash"], c["n_tokens"], c["char_start"],
-                            c["char_end"], c.get("page_start"), c.get("page_end"),
-                            json.dumps(c.get("speakers", [])), c.get("session"),
-                            json.dumps(c.get("turn_ids", [])), c.get("time_start"), c.get("time_end"),
-                        )
-                        for c in doc["chunks"]
-                    ],
-                )
-                bm25_index.index_document(conn, doc_id, [(c["seq"], c["text"], c["content_hash"]) for c in doc["chunks"]])
+                for at in range(0, len(doc["chunks"]), WRITE_BATCH):
+                    batch = doc["chunks"][at:at + WRITE_BATCH]
+                    conn.executemany(
+                        "insert into chunks (doc_id, seq, text, content_hash, n_tokens, char_start, char_end, "
+                        "page_start, page_end, speakers, session, turn_ids, time_start, time_end) "
+                        "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (
+                                doc_id, c["seq"], c["text"], c["content_hash"], c["n_tokens"], c["char_start"],
+                                c["char_end"], c.get("page_start"), c.get("page_end"),
+                                json.dumps(c.get("speakers", [])), c.get("session"),
+                                json.dumps(c.get("turn_ids", [])), c.get("time_start"), c.get("time_end"),
+                            )
+                            for c in batch
+                        ],
+                    )
+                    written(len(batch))
+                # the BM25 rows of a long document take seconds too: checked within and after them
+                bm25_index.index_document(conn, doc_id, [(c["seq"], c["text"], c["content_hash"]) for c in doc["chunks"]],
+                                          on_progress=lambda: written(0))
+                written(0)
                 ids.append(doc_id)
             for stale in old.values():  # parts that vanished from the new version of the file
                 dropped |= self._delete_document(stale["id"])

@@ -342,3 +342,153 @@ def test_a_file_rewritten_during_ingest_is_stored_with_the_hash_of_the_text_stor
     finally:
         kill_process(flipper)
     assert not mismatched, f"{len(mismatched)} of 40 ingests stored one version's hash with another's text"
+
+
+# issue 26, item 6: a cancel during the store write rolls the file back, and says so
+def _two_versions(tmp_path):
+    """A file ingested in a short version, then rewritten long enough to be written in many batches."""
+    path = tmp_path / "book.txt"
+    path.write_text("The keeper of Gull Point was Ann.\n", encoding="utf-8")
+    _big_text(tmp_path / "long.md", copies=4)
+    return path, (tmp_path / "long.md").read_text(encoding="utf-8")
+
+
+def _stored(home):
+    with _db(home) as db:
+        return [db.execute(f"select * from {table} order by 1").fetchall()
+                for table in ("documents", "chunks", "bm25_docs", "pending_ingests")]
+
+
+def test_a_cancel_during_the_store_write_leaves_the_old_version(evsel_home, tmp_path, monkeypatch, backbone_tokenizer):
+    from evsel import store as store_module
+    from evsel.engine import Engine, IngestOptions
+
+    monkeypatch.setattr(store_module, "WRITE_BATCH", 20)
+    path, long_text = _two_versions(tmp_path)
+    engine = Engine()
+    options = IngestOptions(chunk_tokens=16, encode=False)
+    engine.ingest_files([str(path)], options)
+    before = _stored(evsel_home)
+    path.write_text(long_text, encoding="utf-8")
+
+    class Cancelled(BaseException):
+        pass
+
+    writes = []
+
+    def cancel_in_the_write(event):
+        if event["type"] == "progress" and event["task"] == "store":
+            writes.append((event["done"], event["total"]))
+            if 0 < event["done"] < event["total"]:
+                raise Cancelled()
+
+    with pytest.raises(Cancelled):
+        engine.ingest_files([str(path)], options, cancel_in_the_write, journal=True)
+    assert writes[-1][0] == 20 and writes[-1][1] > 100  # stopped after one batch of many
+    assert _stored(evsel_home) == before  # the old version, and nothing left to resume
+
+
+@pytest.mark.parametrize("reason", ["cancelled", "shutdown"])
+def test_the_daemon_reports_a_cancel_in_the_store_write_as_cancelled_and_stores_nothing(
+        evsel_home, tmp_path, monkeypatch, backbone_tokenizer, reason, caplog):
+    import logging
+    import queue
+
+    from evsel import store as store_module
+    from evsel.daemon.server import Daemon, Job
+    from evsel.store import Store
+
+    monkeypatch.setattr(store_module, "WRITE_BATCH", 20)
+    path, long_text = _two_versions(tmp_path)
+    path.write_text(long_text, encoding="utf-8")
+    daemon = Daemon(preload=False)
+    daemon.worker_store = Store()
+    job = Job("ingest", {"targets": [str(path)], "chunk_tokens": 16, "encode": False}, daemon.settings)
+
+    class CancelInTheWrite(queue.Queue):
+        """What the client receives; it cancels (or the daemon stops) once a batch is written."""
+
+        def put(self, message, *args, **kwargs):
+            event = message.get("event") or {}
+            if event.get("task") == "store" and 0 < event["done"] < event["total"]:
+                job.cancel(reason)
+            super().put(message, *args, **kwargs)
+
+    job.outbox = CancelInTheWrite()
+    daemon.queue.put(job)
+    daemon.queue.put(None)
+    with caplog.at_level(logging.INFO, logger="evsel.daemon"):
+        daemon._worker()
+    assert daemon.recent[-1]["status"] == "cancelled" and daemon.counts["cancelled"] == 1
+    assert "cancelled; nothing stored" in caplog.text  # the log and the store agree
+    replies = [job.outbox.get_nowait() for _ in range(job.outbox.qsize())]
+    assert not [r for r in replies if r["type"] == "result"]
+    if reason == "shutdown":  # "run the command again" is true: nothing of the file was stored
+        assert replies[-1]["type"] == "error" and "stopped" in replies[-1]["error"]["message"]
+    assert _stored(evsel_home) == [[], [], [], []]
+
+
+# issue 26, item 4: a stopped or cancelled ingest is not resumed at the next start
+def test_daemon_stop_during_an_ingest_leaves_nothing_to_resume(daemon_home, tmp_path):
+    folder = tmp_path / "books"
+    folder.mkdir()
+    _big_text(folder / "big.md")
+    evsel("daemon", "start", "--no-preload")
+    client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder), "--no-encode",
+                               "--chunk-tokens", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def pending():
+            with _db(daemon_home) as db:
+                return db.execute("select path from pending_ingests").fetchall()
+
+        wait_for(pending, 120, "the ingest to be recorded", interval=0.01)
+        evsel("daemon", "stop")
+        _out, err = client.communicate(timeout=60)
+    finally:
+        kill_process(client)
+    wait_for(lambda: not alive(daemon_home), 30, "the stopped daemon to be gone")
+    assert client.returncode != 0 and "stopped" in err
+    assert pending() == []  # the user stopped it: the next start resumes nothing
+    with _db(daemon_home) as db:
+        assert db.execute("select count(*) from documents").fetchone()[0] == 0
+
+
+def test_a_stopping_daemon_drops_the_pending_rows_of_an_ingest_it_abandons(evsel_home, tmp_path, monkeypatch,
+                                                                              backbone_tokenizer):
+    import threading
+
+    from evsel import engine as engine_module
+    from evsel.daemon import server
+    from evsel.daemon.server import Daemon, Job
+    from evsel.store import Store
+
+    path = tmp_path / "a.md"
+    path.write_text("# A\n\nThe keeper lit the lamp.\n")
+    reading, release = threading.Event(), threading.Event()
+    real_read = engine_module.read_file
+
+    def read_that_does_not_stop(*args, **kwargs):  # a phase that never looks at the cancel
+        reading.set()
+        release.wait(60)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "read_file", read_that_does_not_stop)
+    monkeypatch.setattr(server, "SHUTDOWN_WAIT_S", 0.2)
+    daemon = Daemon(preload=False)
+    daemon.worker_store = Store()
+    daemon.sock = socket.socket(socket.AF_UNIX)
+    daemon.socket_inode = None
+    worker = threading.Thread(target=daemon._worker, daemon=True)
+    worker.start()
+    job = Job("ingest", {"targets": [str(path)], "encode": False}, daemon.settings)
+    daemon._enqueue(job)
+    try:
+        assert reading.wait(60)
+        assert [p.path for p in Store().pending_ingests()] == [str(path)]
+        daemon._shutdown()
+        assert daemon.running is job  # abandoned, still inside the read
+        assert Store().pending_ingests() == []
+    finally:
+        release.set()
+        worker.join(60)
+    assert daemon.recent[-1]["status"] == "cancelled" and Store().documents() == []

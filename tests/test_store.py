@@ -536,7 +536,42 @@ def test_a_cancelled_journaled_ingest_leaves_nothing_to_resume(tmp_path):
         if event["type"] == "file":
             raise Cancelled()
 
-    with pytest.raises(Cancelled):
+    with pytest.raises(Cancelled) as cancelled:
         engine.ingest_files([str(tmp_path)], IngestOptions(), cancel_at_the_second_file, journal=True)
     assert engine.store.pending_ingests() == []
     assert len(engine.store.documents()) == 1
+    assert cancelled.value.stored_files == [str(tmp_path / "a.md")]  # what the cancel kept, for the log
+
+
+def test_replace_file_checks_between_batches_and_a_cancel_rolls_the_file_back(monkeypatch):
+    monkeypatch.setattr(store_module, "WRITE_BATCH", 10)
+    store = Store()
+    collection = store.collection_id("default", create=True)
+    [doc_id] = store.replace_file(collection, "/x", "sha1", [_doc("a", ["old one", "old two"])])
+
+    def stored():
+        return [store.db.execute(f"select * from {t} order by 1").fetchall() for t in ("documents", "chunks", "bm25_docs")]
+
+    before = stored()
+
+    class Cancelled(BaseException):
+        pass
+
+    calls = []
+
+    def cancel_after_two_batches(stored: int, total: int) -> None:
+        calls.append((stored, total))
+        if stored >= 20:
+            raise Cancelled()
+
+    new = _doc("a", [f"new chunk {i}" for i in range(45)])
+    with pytest.raises(Cancelled):
+        store.replace_file(collection, "/x", "sha2", [new], on_batch=cancel_after_two_batches)
+    assert calls == [(0, 45), (10, 45), (20, 45)]  # checked before the write and after each batch
+    assert stored() == before
+    assert not store.db.conn.in_transaction
+    # uncancelled, every batch (and the BM25 rows after them) is reported
+    calls.clear()
+    assert store.replace_file(collection, "/x", "sha2", [new], on_batch=lambda s, t: calls.append((s, t))) == [doc_id]
+    assert calls == [(0, 45), (10, 45), (20, 45), (30, 45), (40, 45), (45, 45), (45, 45)]
+    assert len(store.chunks([doc_id])) == 45
