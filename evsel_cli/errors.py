@@ -113,7 +113,18 @@ def _known_table():
             "out of memory", "ask about fewer documents (--doc) or use a smaller --top-n")),
         (RecursionError, lambda exc: EvselError(
             "the input is nested too deeply to read", "flatten it or give a simpler file")),
+        (Exception, _wrapped_disk_full),
     )
+
+
+# how libraries that wrap the OS error in their own say ENOSPC (safetensors: "IoError(Os { code: 28,
+# kind: StorageFull ... })", shutil in a thread: "[Errno 28] No space left on device")
+_DISK_FULL_WORDS = ("No space left on device", "StorageFull", "os error 28", "[Errno 28]")
+
+
+def _wrapped_disk_full(exc: Exception) -> EvselError | None:
+    text = str(exc)
+    return disk_full("") if any(word in text for word in _DISK_FULL_WORDS) else None
 
 
 def known_error(exc: BaseException) -> EvselError | None:

@@ -569,6 +569,10 @@ def test_the_error_table_names_each_known_failure_and_leaves_bugs_alone():
     locked = known_error(sqlite3.OperationalError("database is locked"))
     assert isinstance(locked, StoreError) and "locked" in locked.line()
     assert "disk is full" in known_error(OSError(errno.ENOSPC, "No space left on device", "/x/daemon.log")).line()
+    # the dense model copy written by safetensors, which wraps the OS error in its own
+    wrapped = Exception("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space "
+                        "left on device\" })")
+    assert "disk is full" in known_error(wrapped).line()
     folder = known_error(IsADirectoryError(errno.EISDIR, "Is a directory", "/x/daemon.sock"))
     assert folder.line() == ("/x/daemon.sock is a directory where evsel expects a file; "
                              "move the directory away, then run the command again")
