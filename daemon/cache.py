@@ -78,16 +78,8 @@ class CachedChunksStore(Store):
         super().__init__(db)
         self.scope_data = scope_data
 
-    def signature(self) -> str:
-        """Changes whenever any document is added, replaced, moved or removed."""
-        row = self.db.execute(
-            "select group_concat(id || ':' || updated_at || ':' || n_chunks || ':' || collection_id, ',') "
-            "from (select * from documents order by id)"
-        ).fetchone()
-        return hashlib.sha1((row[0] or "").encode()).hexdigest()
-
     def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
-        scope = (tuple(sorted(set(doc_ids))) if doc_ids else None, collection, self.signature())
+        scope = (tuple(sorted(set(doc_ids))) if doc_ids else None, collection, self.documents_signature())
         found = self.scope_data.get_or_build(
             "chunks", scope, lambda chunks: {c.doc_id for c in chunks},
             lambda: Store.chunks(self, doc_ids, collection),

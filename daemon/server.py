@@ -357,7 +357,7 @@ class Daemon:
                  SHUTDOWN_WAIT_S, len(records))
         try:
             store = Store()
-            store.db.conn.execute("pragma busy_timeout = 5000")  # the job may hold the write lock
+            store.wait_for_writers(5.0)  # the job may hold the write lock
             for _path, record_id in records:
                 store.finish_pending_ingest(record_id)
         except Exception as exc:  # noqa: BLE001  stopping goes on: the rows are resumed at the next start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 import shlex
@@ -795,8 +796,20 @@ class Store:
             ))
         return out
 
+    def documents_signature(self) -> str:
+        """Changes whenever any document is added, replaced, moved or removed."""
+        row = self.db.execute(
+            "select group_concat(id || ':' || updated_at || ':' || n_chunks || ':' || collection_id, ',') "
+            "from (select * from documents order by id)"
+        ).fetchone()
+        return hashlib.sha1((row[0] or "").encode()).hexdigest()
+
     def finish_pending_ingest(self, row_id: int) -> None:
         self.db.execute("delete from pending_ingests where id = ?", [row_id])
+
+    def wait_for_writers(self, seconds: float) -> None:
+        """How long a write waits for another connection's transaction before "database is locked"."""
+        self.db.conn.execute(f"pragma busy_timeout = {int(seconds * 1000)}")
 
     def add_pending_encode(self, work: PendingEncode) -> PendingEncode:
         """Record deferred work; returns it with its row id."""
