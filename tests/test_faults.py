@@ -1,4 +1,4 @@
-"""Faults and hostile input (issue 12, items 5-9 and the weaker spots): a crash keeps an ingest's
+"""Faults and hostile input: a crash keeps an ingest's
 options, removing a watch cancels its syncs, the protocol refuses params of the wrong type or
 relative paths, watched symlinks are tracked by their own path, document ids are never reused,
 a BM25 ask that matches nothing says so, parse errors read well."""
@@ -344,7 +344,7 @@ def test_a_file_rewritten_during_ingest_is_stored_with_the_hash_of_the_text_stor
     assert not mismatched, f"{len(mismatched)} of 40 ingests stored one version's hash with another's text"
 
 
-# issue 26, item 6: a cancel during the store write rolls the file back, and says so
+# a cancel during the store write rolls the file back, and says so
 def _two_versions(tmp_path):
     """A file ingested in a short version, then rewritten long enough to be written in many batches."""
     path = tmp_path / "book.txt"
@@ -428,7 +428,7 @@ def test_the_daemon_reports_a_cancel_in_the_store_write_as_cancelled_and_stores_
     assert _stored(evsel_home) == [[], [], [], []]
 
 
-# issue 26, item 4: a stopped or cancelled ingest is not resumed at the next start
+# a stopped or cancelled ingest is not resumed at the next start
 def test_daemon_stop_during_an_ingest_leaves_nothing_to_resume(daemon_home, tmp_path):
     folder = tmp_path / "books"
     folder.mkdir()

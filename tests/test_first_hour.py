@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 23): one passage numbering in every output, PDFs shown on one
+"""A new user's first hour: one passage numbering in every output, PDFs shown on one
 line, `docs show` without internal fields, compact --select help, and a README that shows the
 next steps (with lines that work)."""
 
