@@ -209,7 +209,7 @@ def test_a_store_from_before_the_migration_is_backfilled():
     # (a patch context of its own: undoing the test's monkeypatch would also undo EVSEL_HOME)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store_module, "MIGRATIONS", [m for m in MIGRATIONS if m[0] < "m004"])
-        patch.setattr(bm25_index, "index_document", lambda *_: None)
+        patch.setattr(bm25_index, "index_document", lambda *_, **__: None)
         patch.setattr(bm25_index, "drop_document", lambda *_: None)
         old = Store()
         collection = old.collection_id("default", create=True)
