@@ -12,10 +12,14 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
+import time
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, Progress, ProgressColumn, SpinnerColumn, TaskID, TextColumn,
+                           TimeElapsedColumn)
+from rich.text import Text
 
 # C0 controls but tab and newline, DEL, C1 controls, and surrogates (a byte of a name that is not UTF-8)
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -81,29 +85,147 @@ def _one_line(message: str) -> str:
     return " ".join(message.splitlines())
 
 
-class ProgressView:
-    """Renders engine progress events as rich bars on stderr (a live display only on a terminal)."""
+# stages that enclose others (a file holds its reading, chunking and storing): they stay shown until
+# they finish; any other stage ends when the next one starts
+_ENCLOSING = frozenset({"files", "questions", "docs", "train"})
+PLAIN_INTERVAL_S = 5.0  # a non-terminal stderr gets a line this often ...
+PLAIN_AFTER_S = 5.0  # ... once the work has run this long
 
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled and stderr.is_terminal
+
+def duration(seconds: float) -> str:
+    """A short duration: `42s`, `5m 59s`, `1h 02m`."""
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def _rate(per_s: float) -> str:
+    return f"{per_s:.0f}" if per_s >= 10 else f"{per_s:.1f}" if per_s >= 1 else f"{per_s:.2f}"
+
+
+class Stage:
+    """One running stage: its label, count and total (None: no count, a spinner), and the rate and
+    time remaining measured from when it was first seen."""
+
+    def __init__(self, name: str, label: str, done: int, total: int | None, now: float):
+        self.name = name
+        self.label = label
+        self.done = done
+        self.total = total
+        self.started = now
+        self.first_done = done  # a resumed stage starts part done: the rate counts only this run
+        self.now = now
+
+    def update(self, label: str, done: int, total: int | None, now: float) -> None:
+        self.label, self.total, self.now = label, total, now
+        if done < self.first_done:  # the count went back (a new pass): measure from here
+            self.first_done, self.started = done, now
+        self.done = done
+
+    @property
+    def finished(self) -> bool:
+        return self.total is not None and self.done >= self.total
+
+    def per_second(self) -> float | None:
+        elapsed = self.now - self.started
+        gained = self.done - self.first_done
+        return gained / elapsed if elapsed > 0 and gained > 0 else None
+
+    def count_text(self) -> str:
+        return f"{self.done}/{self.total}" if self.total is not None else ""
+
+    def rate_text(self) -> str:
+        per_s = self.per_second()
+        return f"{_rate(per_s)}/s" if self.total is not None and per_s else ""
+
+    def eta_text(self) -> str:
+        per_s = self.per_second()
+        if self.total is None or not per_s:
+            return ""
+        return f"ETA {duration((self.total - self.done) / per_s)}"
+
+    def line(self, now: float) -> str:
+        """The stage as one plain line for a log: `<label> <done>/<total> (<rate>/s, ETA <t>)`."""
+        if self.total is None:
+            return f"{self.label} ({duration(now - self.started)})"
+        rate, eta = self.rate_text(), self.eta_text()
+        detail = f"{rate}, {eta}" if rate else f"{duration(now - self.started)}, no rate yet"
+        return f"{self.label} {self.count_text()} ({detail})"
+
+
+class _StageColumn(ProgressColumn):
+    """A bar for a stage with a total, a spinner for one without."""
+
+    def __init__(self):
+        super().__init__()
+        self.bar = BarColumn()
+        self.spinner = SpinnerColumn()
+
+    def render(self, task):
+        return self.bar.render(task) if task.total is not None else self.spinner.render(task)
+
+
+class _FieldColumn(ProgressColumn):
+    def __init__(self, field: str):
+        super().__init__()
+        self.field = field
+
+    def render(self, task):
+        return Text(task.fields.get(self.field, ""))
+
+
+class ProgressView:
+    """Renders engine progress events on stderr: on a terminal, one live row per running stage (a
+    bar with count, rate and ETA when the stage has a total, a spinner when not); elsewhere, once
+    the work has run `PLAIN_AFTER_S`, one plain line every `PLAIN_INTERVAL_S`. A stage that is no
+    longer running (finished, or followed by another) is removed."""
+
+    def __init__(self, enabled: bool = True, *, console: Console | None = None, clock=time.monotonic,
+                 interval_s: float = PLAIN_INTERVAL_S, after_s: float = PLAIN_AFTER_S,
+                 heartbeat_s: float | None = 1.0):
+        self.console = console if console is not None else stderr
+        self.enabled = enabled
+        self.live = enabled and self.console.is_terminal
+        self.plain = enabled and not self.console.is_terminal
+        self.clock = clock
+        self.interval_s = interval_s
+        self.after_s = after_s
+        self.heartbeat_s = heartbeat_s  # a plain line also comes while no event does (a model load)
         self.progress = Progress(
-            SpinnerColumn(),
+            _StageColumn(),
             TextColumn("{task.description}", markup=False),
-            BarColumn(),
-            MofNCompleteColumn(),
+            _FieldColumn("count"),
+            _FieldColumn("rate"),
+            _FieldColumn("eta"),
             TimeElapsedColumn(),
-            console=stderr,
+            console=self.console,
             transient=True,
+            get_time=clock,
         )
-        self.tasks: dict[str, int] = {}
+        self.stages: dict[str, Stage] = {}  # running stages, oldest first
+        self.tasks: dict[str, TaskID] = {}
+        self.work_started: float | None = None
+        self.last_line: float | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def __enter__(self) -> "ProgressView":
-        if self.enabled:
+        if self.live:
             self.progress.start()
+        elif self.plain and self.heartbeat_s:
+            self._ticker = threading.Thread(target=self._beat, name="evsel-progress", daemon=True)
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.enabled:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        if self.live:
             self.progress.stop()
 
     def __call__(self, event: dict) -> None:
@@ -111,21 +233,86 @@ class ProgressView:
         if kind == "warning":
             self._print(lambda: warning(event["message"]))
         elif kind == "log":  # a line of a long job's log (training), shown as it comes
-            self._print(lambda: stderr.print(event["message"], markup=False, highlight=False))
+            self._print(lambda: self.console.print(event["message"], markup=False, highlight=False))
         elif kind == "file" and event.get("status") == "failed" and event.get("error"):
             from .errors import from_dict
 
             self._print(lambda: error(from_dict(event["error"]).line()))
-        elif kind == "progress" and self.enabled:
-            name = event["task"]
-            total = max(int(event.get("total") or 1), 1)
-            description = visible(event.get("label") or name)  # a file name; the bar's text is no str
+        elif kind == "progress" and self.enabled and event.get("task"):
+            with self._lock:
+                self._progress(event)
+                self.tick()
+
+    def _progress(self, event: dict) -> None:
+        now = self.clock()
+        name = str(event["task"])
+        raw_total = event.get("total")
+        # a 0/1 or 1/1 count says only "started" or "done": a spinner, not a bar
+        total = int(raw_total) if raw_total is not None and int(raw_total) > 1 else None
+        done = int(event.get("done") or 0)
+        label = visible(str(event.get("label") or name))  # a file name; the row's text is no str
+        if self.work_started is None:
+            self.work_started = now
+        stage = self.stages.get(name)
+        if stage is None:
+            self._end_inner()
+            stage = self.stages[name] = Stage(name, label, done, total, now)
+        else:
+            if name in _ENCLOSING:  # the next file (question, step): its inner stages are over
+                self._end_inner()
+            stage.update(label, done, total, now)
+        for other in self.stages.values():
+            other.now = now
+        finished = stage.finished or (total is None and raw_total is not None and done >= int(raw_total) > 0)
+        if finished:
+            self._remove(name)
+        self._show()
+
+    def _end_inner(self) -> None:
+        """A new stage starts (or an enclosing one moves on): the inner stages before it are over."""
+        for other in list(self.stages):
+            if other not in _ENCLOSING:
+                self._remove(other)
+
+    def _remove(self, name: str) -> None:
+        self.stages.pop(name, None)
+        task = self.tasks.pop(name, None)
+        if task is not None:
+            self.progress.remove_task(task)
+
+    def _show(self) -> None:
+        if not self.live:
+            return
+        for name, stage in self.stages.items():
+            fields = {"count": stage.count_text(), "rate": stage.rate_text(), "eta": stage.eta_text()}
             if name not in self.tasks:
-                self.tasks[name] = self.progress.add_task(description, total=total)
-            self.progress.update(self.tasks[name], description=description, completed=event.get("done", 0), total=total)
+                self.tasks[name] = self.progress.add_task(stage.label, total=stage.total, completed=stage.done,
+                                                          **fields)
+            else:
+                self.progress.update(self.tasks[name], description=stage.label, total=stage.total,
+                                     completed=stage.done, **fields)
+
+    def tick(self) -> None:
+        """On a non-terminal stderr: a line for the running stages when one is due."""
+        if not self.plain:
+            return
+        with self._lock:
+            now = self.clock()
+            if not self.stages or self.work_started is None or now - self.work_started < self.after_s:
+                return
+            if self.last_line is not None and now - self.last_line < self.interval_s:
+                return
+            self.last_line = now
+            text = "; ".join(stage.line(now) for stage in self.stages.values())
+            self.console.print(f"evsel: {text}", markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            self.tick()
 
     def _print(self, fn) -> None:
-        fn()  # rich keeps bars below printed lines while live
+        with self._lock:
+            fn()  # rich keeps bars below printed lines while live
 
 
 def flat(text: str) -> str:
