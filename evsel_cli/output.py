@@ -304,7 +304,7 @@ class ProgressView:
                 return
             self.last_line = now
             text = "; ".join(stage.line(now) for stage in self.stages.values())
-            self.console.print(f"evsel: {text}", markup=False, highlight=False, emoji=False, soft_wrap=True)
+            self.console.print(f"evsel: progress: {text}", markup=False, highlight=False, emoji=False, soft_wrap=True)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):

@@ -120,8 +120,8 @@ def test_a_non_terminal_stream_gets_one_line_per_interval():
     lines = stream.getvalue().splitlines()
     assert len(lines) == 4, lines
     for line in lines:
-        assert re.fullmatch(rf"evsel: {re.escape(UNREAL)} \d+/495 \(10/s, ETA \d+m? ?\d+s\)", line), line
-    assert lines[0] == f"evsel: {UNREAL} 50/495 (10/s, ETA 44s)"
+        assert re.fullmatch(rf"evsel: progress: {re.escape(UNREAL)} \d+/495 \(10/s, ETA \d+m? ?\d+s\)", line), line
+    assert lines[0] == f"evsel: progress: {UNREAL} 50/495 (10/s, ETA 44s)"
 
 
 def test_a_non_terminal_stream_gets_nothing_for_work_under_the_threshold():
@@ -146,7 +146,7 @@ def test_a_long_stage_without_events_still_gets_its_line():
     clock.now += 2
     view.tick()
     view.tick()  # within the interval: no second line
-    assert stream.getvalue().splitlines() == ["evsel: loading the model (6s)"]
+    assert stream.getvalue().splitlines() == ["evsel: progress: loading the model (6s)"]
 
 
 def test_labels_are_shown_with_control_characters_escaped():

@@ -242,12 +242,13 @@ def test_a_name_that_is_not_utf8_does_not_fail_the_ingest(daemon_home, tmp_path)
     names = {d["path"] for d in evsel_json("docs", "list")}
     assert os.fsdecode(os.path.join(folder, b"plain.txt")) in names
     if odd not in names:  # or it fails alone, with one line naming it
-        failed = [line for line in result.stderr.splitlines() if "caf" in line]
+        failed = [line for line in result.stderr.splitlines() if "caf" in line and not line.startswith("evsel: progress:")]
         assert len(failed) == 1 and failed[0].startswith("evsel: error: ") and result.returncode == 1
         assert "not valid UTF-8" in failed[0] and "rename the file" in failed[0]
     # the same file as the only target: one line, nothing left to "resume"
     alone = evsel("ingest", odd, check=False)
-    assert alone.returncode in (0, 1) and len(alone.stderr.strip().splitlines()) <= 1
+    said = [line for line in alone.stderr.strip().splitlines() if not line.startswith("evsel: progress:")]
+    assert alone.returncode in (0, 1) and len(said) <= 1
     with sqlite3.connect(daemon_home / "evsel.db") as db:
         assert db.execute("select count(*) from pending_ingests").fetchone()[0] == 0
     info = evsel_json("daemon", "status")
