@@ -128,19 +128,30 @@ def bind_params(fn, params: dict, with_self: bool = False) -> None:
                          "run: evsel daemon stop") from None
 
 
+# eval's own rows, which build no selector (evaluation/runner.py's EVAL_ROWS)
+EVAL_ONLY_ROWS = ("full", "oracle")
+
+
 def check_methods(method: str, params: dict) -> None:
-    """Raise for an ask whose --select/--rerank/--memory no selector takes (the checks the engine
-    runs when it builds the selectors, without building anything)."""
-    if method != "ask":
-        return
+    """Raise for an ask whose --select/--rerank/--memory, or an eval whose --methods, no selector
+    takes (the checks the engine runs when it builds the selectors, without building anything)."""
     from evsel.models.selectors import MethodSpec, check_stage
 
-    select, rerank = params.get("select") or DEFAULT_SELECT, params.get("rerank")
-    if not isinstance(select, str) or not isinstance(rerank, (str, type(None))):
-        return  # the type checks report it
-    spec = MethodSpec.of(select, rerank)
-    for stage in (spec.first, spec.rerank):
-        if stage is not None:
-            check_stage(stage)
-    if params.get("memory"):
-        spec.with_memory()
+    if method == "ask":
+        select, rerank = params.get("select") or DEFAULT_SELECT, params.get("rerank")
+        if not isinstance(select, str) or not isinstance(rerank, (str, type(None))):
+            return  # the type checks report it
+        specs = [MethodSpec.of(select, rerank)]
+    elif method == "eval":
+        methods = params.get("methods")
+        if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
+            return
+        specs = [MethodSpec.parse(m) for m in methods if m not in EVAL_ONLY_ROWS]
+    else:
+        return
+    for spec in specs:
+        for stage in (spec.first, spec.rerank):
+            if stage is not None:
+                check_stage(stage)
+    if method == "ask" and params.get("memory"):
+        specs[0].with_memory()

@@ -66,6 +66,13 @@ def test_a_bad_select_fails_before_any_daemon_is_contacted(daemon_home):  # noqa
     bad_memory = evsel("ask", "who?", "--memory", check=False)
     assert bad_memory.returncode == 1 and len(bad_memory.stderr.strip().splitlines()) == 1
     assert not alive(daemon_home)
+    # eval's methods too, before any data is read or a daemon started
+    bad_eval = evsel("eval", "locomo", "--methods", "bm25,bm25>nosuch", check=False)
+    assert bad_eval.returncode == 1 and "unknown selector 'nosuch'" in bad_eval.stderr, bad_eval.stderr
+    assert not alive(daemon_home)
+    assert "unknown selector 'nosuch'" in check_params("eval", {"dataset": "locomo",
+                                                                "methods": ["bm25", "nosuch"]})["message"]
+    assert check_params("eval", {"dataset": "locomo", "methods": ["bm25", "oracle", "bm25>qrranker"]}) is None
 
 
 def test_ask_json_reports_the_wall_time_the_client_saw(daemon_home):  # noqa: F811
