@@ -671,17 +671,21 @@ class Daemon:
                 engine = DaemonEngine(job.settings, self.light_store, self.scope_data)
                 params = dict(job.params, on_event=lambda event: job.outbox.put({"type": "event", "event": event}))
                 job.outbox.put({"type": "result", "result": engine.ask(**params), "meta": self._meta(job)})
-            except EvselError as exc:
-                status = f"error: {exc.line()}"
-                self.counts["errors"] += 1
-                job.outbox.put({"type": "error", "error": exc.to_dict(), "meta": self._meta(job)})
             except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down
-                status = f"error: {user_message(exc)}"
-                self.counts["errors"] += 1
-                log.error("%s %s failed:\n%s", job.label, job.id, traceback.format_exc())
-                job.outbox.put({"type": "error", "error": self._internal_error(exc), "meta": self._meta(job)})
+                status = self._reply_failure(job, exc)
             self.last_activity = time.monotonic()
             self._record(job, status)
+
+    def _reply_failure(self, job: Job, exc: Exception) -> str:
+        """Send the job's client the error `exc` stands for (an EvselError as it is, a bug with its
+        traceback logged); returns the status to record."""
+        self.counts["errors"] += 1
+        if isinstance(exc, EvselError):
+            job.outbox.put({"type": "error", "error": exc.to_dict(), "meta": self._meta(job)})
+            return f"error: {exc.line()}"
+        log.error("%s %s failed:\n%s", job.label, job.id, traceback.format_exc())
+        job.outbox.put({"type": "error", "error": self._internal_error(exc), "meta": self._meta(job)})
+        return f"error: {user_message(exc)}"
 
     def _check_engine_method(self, method: str, params: dict) -> dict | None:
         return check_params(method, params)
@@ -747,15 +751,8 @@ class Daemon:
                 stored = getattr(exc, "stored_files", None)  # an ingest's files finished before the cancel
                 log.info("%s %s: cancelled%s", job.label, job.id, "" if stored is None else
                          f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored")
-            except EvselError as exc:
-                status = f"error: {exc.line()}"
-                self.counts["errors"] += 1
-                job.outbox.put({"type": "error", "error": exc.to_dict(), "meta": self._meta(job)})
             except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down
-                status = f"error: {user_message(exc)}"
-                self.counts["errors"] += 1
-                log.error("%s %s failed:\n%s", job.label, job.id, traceback.format_exc())
-                job.outbox.put({"type": "error", "error": self._internal_error(exc), "meta": self._meta(job)})
+                status = self._reply_failure(job, exc)
             finally:
                 with self.waiting_lock:
                     self.running = None

@@ -13,23 +13,12 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from evsel.cli import main
 from evsel.paths import sample_story_path
+from test_cli_ingest import one_json, run
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
-
-
-def one_json(out: str):
-    value, end = json.JSONDecoder().raw_decode(out)
-    assert out[end:].strip() == ""
-    return value
 
 
 def passages(out: str) -> list[tuple[int, int, str]]:
