@@ -599,6 +599,7 @@ class Engine:
         limit: int | None = None,
         split: str | None = None,
         concat: int = 0,
+        fold: int | None = None,
         data_dir: str | None = None,
         top_n: int = 5,
         chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
@@ -623,7 +624,7 @@ class Engine:
                             per_question=per_question, rerank_top=rerank_top, answer_style=answer_style,
                             memory=memory)
         folder = data_dir or self.settings.data_dir
-        data = load_dataset(dataset, _Path(folder) if folder else None, split=split, concat=concat)
+        data = load_dataset(dataset, _Path(folder) if folder else None, split=split, concat=concat, fold=fold)
         return run(data, config, self, on_event=on_event)
 
     def train_convert(self, out: str, options: dict, data_dir: str | None = None,

@@ -46,6 +46,10 @@ def eval_command(
     concat: Annotated[int, typer.Option(
         "--concat", metavar="N", parser=INT,
         help="FairytaleQA: join every N stories into one long document (0: each story alone).")] = 0,
+    fold: Annotated[Optional[int], typer.Option(
+        "--fold", metavar="N", parser=INT,
+        help="LoCoMo, MuSiQue, HotpotQA: only fold 1 or 2 of the fixed cross-fold split (train on one, "
+             "evaluate on the other).")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(
         "--data-dir", envvar="EVSEL_DATA", show_envvar=False, parser=path(file_okay=False, path_type=Path),
         help="Folder with the benchmark data (env EVSEL_DATA; default ../shared/data beside the checkout).")
@@ -94,10 +98,14 @@ def eval_command(
     if not (dataset.endswith(".jsonl") or Path(dataset).is_file() or dataset in DATASET_NAMES):
         raise InputError(f"unknown dataset {dataset!r}",
                          f"choose one of: {', '.join(DATASET_NAMES)}, or give a path to a .jsonl file")
+    if fold is not None:
+        from evsel.evaluation.folds import check_fold
+
+        check_fold(dataset, fold)
     engine = engine_from(ctx)  # eval runs where the model is resident: in the daemon when one runs
     with ProgressView(enabled=not as_json) as view:
         result = engine.eval(dataset, method_list, ks=k_list, generate=generate, limit=limit, split=split,
-                             concat=concat, data_dir=str(data_dir) if data_dir else None, top_n=top_n,
+                             concat=concat, fold=fold, data_dir=str(data_dir) if data_dir else None, top_n=top_n,
                              chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens, per_question=per_question,
                              rerank_top=rerank_top, answer_style=answer_style, memory=memory, on_event=view)
     result["run"] = run_info(["evsel", *sys.argv[1:]] if sys.argv and "evsel" in Path(sys.argv[0]).name else None)

@@ -442,12 +442,18 @@ ADAPTERS = {
 }
 
 
-def load_dataset(name: str, data_dir: Path | None = None, split: str | None = None, concat: int = 0) -> EvalDataset:
-    """A dataset by name, or a generic JSONL file by path."""
+def load_dataset(name: str, data_dir: Path | None = None, split: str | None = None, concat: int = 0,
+                 fold: int | None = None) -> EvalDataset:
+    """A dataset by name, or a generic JSONL file by path; `fold` keeps one of the fixed folds
+    (evaluation/folds.py) of LoCoMo, MuSiQue or HotpotQA."""
     if name.endswith(".jsonl") or Path(name).is_file():
         return load_jsonl(Path(name).expanduser())
     if name not in ADAPTERS:
         raise InputError(f"unknown dataset {name!r}",
                          f"choose one of: {', '.join(ADAPTERS)}, or give a path to a .jsonl file")
+    from .folds import check_fold, select_fold
+
+    check_fold(name, fold)
     data_dir = data_dir or default_data_dir()
-    return ADAPTERS[name](data_dir, split=split, concat=concat)
+    data = ADAPTERS[name](data_dir, split=split, concat=concat)
+    return data if fold is None else select_fold(data, fold)
