@@ -344,6 +344,8 @@ class Engine:
         where it stopped. Returns {"encoded": chunks computed, "missing_before": ..., "summaries": written}."""
         outcome = self._encode_unreal_states(doc_ids, on_event, batch, slice_s) if states else {
             "encoded": 0, "missing_before": 0}
+        if states and self.settings.qrranker_kv:
+            outcome["qrranker_kv"] = self._encode_qrranker_kv(doc_ids, on_event, batch, slice_s)
         if summaries:
             outcome["summaries"] = self.write_summaries(doc_ids, on_event)
         return outcome
@@ -392,6 +394,42 @@ class Engine:
             unreal.encode_at_ingest(self.backbone, self.states, missing, self.settings.unreal_adapter, on_event,
                                     batch=batch)
         return {"encoded": len(missing), "missing_before": len(missing)}
+
+    def _encode_qrranker_kv(self, doc_ids: list[int] | None, on_event: EventSink, batch: int,
+                            slice_s: float | None = None) -> int:
+        """QRRanker's block KV files (EVSEL_QRRANKER_KV) that these documents' chunks lack, for the
+        reranker as `--rerank qrranker` builds it; written per slice, so a stopped run resumes.
+        Returns the chunks encoded (0 where the backbone has no QR heads: the first ask says why)."""
+        from evsel.models.selectors import get_selector
+
+        known = {d["id"] for d in self.store.documents()}
+        doc_ids = [d for d in doc_ids if d in known] if doc_ids is not None else None
+        if doc_ids == []:
+            return 0
+        selector = get_selector("qrranker", self.selector_context(on_event))
+        try:
+            files = selector.scorer.kv_files
+        except EvselError as exc:  # no QR heads for this backbone: nothing to compute
+            on_event({"type": "warning", "message": f"QRRanker block KV not computed ({exc.message})"})
+            return 0
+        if files is None:
+            return 0
+        chunks = list({c.content_hash: c for c in self.store.chunks(doc_ids)}.values())
+        missing = [c for c in chunks if not files.has(c.content_hash)]
+        label = "QRRanker block KV"
+
+        def progress(done: int) -> None:
+            on_event({"type": "progress", "task": "encode", "label": label,
+                      "done": len(chunks) - len(missing) + done, "total": len(chunks)})
+
+        if slice_s is not None:
+            timed_slices(missing, selector.encode_store_kv, slice_s, progress, most=batch)
+        else:
+            for start in range(0, len(missing), batch):
+                progress(start)
+                selector.encode_store_kv(missing[start:start + batch])
+            progress(len(missing))
+        return len(missing)
 
     def _chunker_config(self, chunk_tokens: int) -> dict:
         return {"tokens": chunk_tokens, "tokenizer": self.backbone.fingerprint[:16]}

@@ -71,6 +71,9 @@ class Settings:
     # EVSEL_QRRANKER_HEADS: a head list (14-3,17-0) or a heads.json / its folder; a trained adapter
     # (adapter.safetensors from `evsel train qrranker`) beside that heads.json is used with it
     qrranker_heads: str | None = None
+    # EVSEL_QRRANKER_KV: QRRanker's per-chunk block KV kept in files beside the store, computed in
+    # the background after an ingest (with EVSEL_ENCODE), so a document's first rerank encodes nothing
+    qrranker_kv: bool = False
     # EVSEL_BLOCKSEARCH_DECODER: a folder from `evsel train blocksearch` instead of the shipped decoder
     blocksearch_decoder: str | None = None
     data_dir: str | None = None  # EVSEL_DATA: benchmark data for eval and train
@@ -101,6 +104,7 @@ class Settings:
             threads=_threads(env),
             unreal_adapter=_absolute(env.get("EVSEL_UNREAL_ADAPTER"), cwd),
             qrranker_heads=_heads_or_path(env.get("EVSEL_QRRANKER_HEADS"), cwd),
+            qrranker_kv=_flag(env, "EVSEL_QRRANKER_KV", False),
             blocksearch_decoder=_absolute(env.get("EVSEL_BLOCKSEARCH_DECODER"), cwd),
             data_dir=_absolute(env.get("EVSEL_DATA"), cwd),
             debug=_flag(env, "EVSEL_DEBUG", False),

@@ -315,10 +315,12 @@ class BlockStateCache(LRUCache):
 
 def encode_blocks_cached(model, prefix_ids: list[int], blocks: list[list[int]], depth: int,
                          cache: BlockStateCache | None, batch_tokens: int = 4096, pad_id: int = 0,
-                         model_key: str = "", capture=()) -> BlockStates:
+                         model_key: str = "", capture=(), backing=None) -> BlockStates:
     """`encode_prefix` + `encode_blocks`, taking the prefix's and every block's KV (and, for the
     `capture` layers, k_proj inputs) from `cache` when there, encoding only the rest (one batch
-    over the prefix) and caching them."""
+    over the prefix) and caching them. `backing`: a slower store behind `cache` (QRRanker's files):
+    `load(i)` -> (kv, {layer: inputs}) or None for block i, `store({i: (kv, {layer: inputs})})`
+    given the blocks it lacked once they are encoded."""
     capture = tuple(capture)
     if cache is None:
         prefix_kv, prefix_inputs = _encode(model, prefix_ids, depth, capture)
@@ -340,6 +342,15 @@ def encode_blocks_cached(model, prefix_ids: list[int], blocks: list[list[int]], 
     found = [cache.get(k) for k in keys]
     found_inputs = [cache.get(k) for k in ikeys] if capture else [[]] * len(blocks)
     missing = [i for i, (kv, x) in enumerate(zip(found, found_inputs)) if kv is None or x is None]
+    if backing is not None:
+        for i in missing:
+            got = backing.load(i)
+            if got is not None:
+                found[i], found_inputs[i] = got[0], [(got[1][layer],) for layer in capture]
+                cache.put(keys[i], found[i])
+                if capture:
+                    cache.put(ikeys[i], found_inputs[i])
+        missing = [i for i in missing if found[i] is None]
     if missing:
         fresh = encode_blocks(model, prefix_kv, [blocks[i] for i in missing], batch_tokens, pad_id, capture)
         for j, i in enumerate(missing):
@@ -348,6 +359,9 @@ def encode_blocks_cached(model, prefix_ids: list[int], blocks: list[list[int]], 
             if capture:
                 found_inputs[i] = [(fresh.block_inputs[j][layer],) for layer in capture]
                 cache.put(ikeys[i], found_inputs[i])
+        if backing is not None:
+            backing.store({i: (found[i], {layer: x for layer, (x,) in zip(capture, found_inputs[i])})
+                           for i in missing})
     if not capture:
         return BlockStates(prefix_kv, found)
     return BlockStates(prefix_kv, found, {layer: x for layer, (x,) in zip(capture, prefix_inputs)},

@@ -51,6 +51,7 @@ from evsel.models.blocksparse import (
     PromptConfig,
     SuffixStates,
     check_heads,
+    encode_blocks,
     encode_blocks_cached,
     encode_causal,
     query_attentions,
@@ -285,6 +286,28 @@ class QRScorer:
         # what cached block KV depends on besides the tokens: the weights and their dtype (a
         # scorer over changed q/k weights must extend it)
         self.model_key = f"{backbone.fingerprint}:{next(self.model.parameters()).dtype}"
+        self.kv_files = None  # BlockKVFiles (`use_kv_files`): the candidates' block KV on disk
+
+    def use_kv_files(self, store_dir: str | Path | None) -> None:
+        """Keep the candidates' block KV in files beside the store in `store_dir` (models/qrranker_kv.py),
+        read before encoding and written after (block encoding with "same" labels only: there a
+        block's KV depends on its text alone). None: memory only."""
+        from evsel.models import qrranker_kv
+
+        if store_dir is None or self.config.encoding != "block" or self.config.block_labels != "same":
+            self.kv_files = None
+            return
+        cfg = self.model.config
+        param = next(self.model.parameters())
+        prompt = self.prompt
+        digest = qrranker_kv.kv_digest(str(param.dtype).replace("torch.", ""), self.depth, prompt.prefix(None),
+                                       prompt.ids(prompt.config.separator), prompt.config.max_chunk_tokens,
+                                       self.config.block_labels, self.captured)
+        root = qrranker_kv.kv_root(store_dir)
+        self.kv_files = qrranker_kv.BlockKVFiles(
+            root / self.backbone.fingerprint / digest, root, self.depth, cfg.num_key_value_heads,
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads, cfg.hidden_size,
+            self.captured, param.dtype, param.device)
 
     @property
     def layers(self) -> list[int]:
@@ -330,7 +353,7 @@ class QRScorer:
         else:
             # the memory block (if any) is encoded like a candidate, read by the query in every
             # group, and is no candidate's span
-            states = self._block_states(prefix, blocks + ([memory_ids] if memory_ids else []))
+            states = self._block_states(prefix, blocks + ([memory_ids] if memory_ids else []), texts)
             longest = max(states.lengths(), default=0)
             lead = [len(blocks)] if memory_ids else []
             for group in groups:  # one query position for every group: after the longest block
@@ -340,9 +363,35 @@ class QRScorer:
         self.encoded_contexts.put(key, made)
         return made
 
-    def _block_states(self, prefix: list[int], blocks: list[list[int]]) -> BlockStates:
+    def _block_states(self, prefix: list[int], blocks: list[list[int]], texts: list[str] | None = None) -> BlockStates:
+        """`texts`: the candidates of the first blocks; with `kv_files`, their KV is read from and
+        written to files by content hash (a block past them, the memory's, stays in memory)."""
+        backing = None
+        if self.kv_files is not None and texts:
+            backing = _FileBacking(self.kv_files, texts, [len(b) for b in blocks])
         return encode_blocks_cached(self.model, prefix, blocks, self.depth, self.kv_cache, self.config.batch_tokens,
-                                    self.backbone.tokenizer.pad_token_id or 0, self.model_key, self.captured)
+                                    self.backbone.tokenizer.pad_token_id or 0, self.model_key, self.captured,
+                                    backing)
+
+    def store_kv(self, texts: list[str], hashes: list[str] | None = None) -> int:
+        """Encode and write the block KV files of `texts` that are missing (ingest's background work);
+        the in-memory cache is left as it is, so a large ingest does not evict what asks read.
+        Returns the blocks written."""
+        from evsel.models import qrranker_kv
+
+        if self.kv_files is None:
+            raise ModelError("this QRRanker scorer keeps no block KV files", "give it a store folder (use_kv_files)")
+        hashes = list(hashes) if hashes is not None else [qrranker_kv.content_hash(t) for t in texts]
+        todo = {h: t for h, t in zip(hashes, texts) if not self.kv_files.has(h)}
+        if not todo:
+            return 0
+        prefix, blocks, _ = self._pieces(list(todo.values()), None)
+        prefix_kv = self._block_states(prefix, []).prefix
+        states = encode_blocks(self.model, prefix_kv, blocks, self.config.batch_tokens,
+                               self.backbone.tokenizer.pad_token_id or 0, self.captured)
+        self.kv_files.store({h: (states.blocks[j], states.block_inputs[j] if self.captured else {})
+                             for j, h in enumerate(todo)})
+        return len(todo)
 
     def block_states(self, texts: list[str], memory: str | None = None) -> tuple[BlockStates, list[int]]:
         """Block encoding of `texts` (from the KV cache where it can) and where each block's span
@@ -395,6 +444,26 @@ class QRScorer:
             cal = self.calibrated(question, context, list(range(self.n_layers)))
             out[group] = head_scores(cal, context.spans)
         return out
+
+
+class _FileBacking:
+    """`encode_blocks_cached`'s backing for a candidate list: block i <-> the KV file of texts[i]."""
+
+    def __init__(self, files, texts: list[str], lengths: list[int]):
+        from evsel.models.qrranker_kv import content_hash
+
+        self.files = files
+        self.hashes = [content_hash(t) for t in texts]
+        self.lengths = lengths
+
+    def load(self, i: int):
+        return self.files.load(self.hashes[i], self.lengths[i]) if i < len(self.hashes) else None
+
+    def store(self, items: dict) -> None:
+        try:
+            self.files.store({self.hashes[i]: value for i, value in items.items() if i < len(self.hashes)})
+        except OSError:  # a cache: a full or read-only disk costs the next ask an encode, never a wrong score
+            pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ def _load_builtins() -> None:
 
 # selectors that keep files beside a store register their cleanup when imported; these are light
 # to import, so every process that can delete chunks (the engine imports this package) has them
-from . import blocksearch  # noqa: E402,F401
+from . import blocksearch, qrranker  # noqa: E402,F401
 
 __all__ = ["DEFAULT", "DEFAULT_METHODS", "HELP", "MethodSpec", "check_stage", "Ranking", "Scored", "Selector", "SelectorContext",
            "StageSpec", "available", "build", "get_selector", "methods_with_memory", "register"]

@@ -2,18 +2,33 @@
 stage's top `--rerank-top`, 50) by the attention of the backbone's QR heads from the question onto
 each candidate (models/qrranker.py). Heads: EVSEL_QRRANKER_HEADS, else the list shipped for the
 backbone; a trained adapter (adapter.safetensors) beside that heads.json is applied inside scoring. Block-sparse encoding by default; each candidate's KV is kept in memory between
-requests (the engine's resources, so a resident daemon re-encodes only new candidates)."""
+requests (the engine's resources, so a resident daemon re-encodes only new candidates), and with
+EVSEL_QRRANKER_KV in files beside the user's store (models/qrranker_kv.py), which the daemon fills
+in the background after an ingest (`encode_store_kv`), so a book's first rerank encodes nothing.
+Those files are deleted with the last chunk that holds their text (registered on import)."""
 
 from __future__ import annotations
 
 from evsel.errors import EvselError
-from evsel.store import ChunkRecord
+from evsel.store import ChunkRecord, Store
 
 from . import base, register
 from .base import Ranking, Selector
 
 MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
 VARIANTS = ("untrained", "memory", "causal")
+
+
+@Store.on_chunks_deleted
+def delete_kv_files(store: Store, hashes: list[str]) -> None:
+    """The block KV files beside a store of content hashes no chunk holds any more, under every
+    backbone and config (an in-memory store has none)."""
+    from evsel.models import qrranker_kv
+    from evsel.models.blocksearch import store_dir_of
+
+    folder = store_dir_of(store)
+    if folder is not None:
+        qrranker_kv.delete_kv_files(folder, hashes)
 
 
 def parse_variants(text: str | None) -> set[str]:
@@ -95,7 +110,19 @@ class QRRankerSelector(Selector):
                     kv_cache = context.resources["qrranker.kv"] = BlockStateCache()
             self._scorer = qr.QRScorer(context.backbone, self.heads, self.config, kv_cache=kv_cache,
                                       adapter=self.adapter)
+            if getattr(context.settings, "qrranker_kv", False) and context.store is not None:
+                from evsel.models.blocksearch import store_dir_of
+
+                self._scorer.use_kv_files(store_dir_of(context.store))  # eval (no store) stays in memory
         return self._scorer
+
+    def encode_store_kv(self, chunks: list[ChunkRecord]) -> int:
+        """Write the block KV files these chunks lack (ingest's background work). Returns the
+        chunks encoded (0 where the scorer keeps no files)."""
+        scorer = self.scorer
+        if scorer.kv_files is None:
+            return 0
+        return scorer.store_kv([c.text for c in chunks], [c.content_hash for c in chunks])
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         """Eval hands the whole scope first: the memory's blocks come from it (ask reads the

@@ -1,0 +1,288 @@
+"""QRRanker's block KV files (models/qrranker_kv.py): scores read from them equal scores computed
+fresh (bit for bit where the blocks were encoded in the same batches, within a stated tolerance
+where ingest's slices batched them otherwise); the files are private, keyed so that another
+backbone, encoding or head set never reads them, and deleted with the last chunk holding their
+text; ingest computes them (inline, and through a real daemon in the background). A tiny
+random-weight Llama with SmolLM2's head grouping; one check with the real model."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from evsel.models import qrranker as qr
+from evsel.models import qrranker_kv
+
+from daemon_helpers import daemon_home  # noqa: F401  (a fixture)
+
+WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
+         "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil",
+         "who", "killed", "what", "where", "Query", "N", "A", "User", "Assistant", "[", "]", ":", "?", "/", "."]
+HEADS = [(0, 4), (1, 0), (1, 5), (2, 2)]
+HEAD_SETTING = "0-4,1-0,1-5,2-2"
+QUESTION = "who killed the keeper ?"
+# scores from KV that ingest encoded in other batches than the rerank would (padding and batch
+# shape change the matmuls' rounding): this close to the fresh ones, relative to the scores' spread
+TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}
+
+
+def _text(seed: int, n: int) -> str:
+    rng = np.random.default_rng(seed)
+    return " ".join(rng.choice(WORDS[:24], size=n))
+
+
+TEXTS = [_text(1, 9), _text(2, 4), _text(3, 13), _text(4, 6), _text(5, 1), _text(6, 21), _text(7, 3)]
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    from conftest import write_tiny_llama
+
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
+    for word in WORDS + [str(i) for i in range(60)]:
+        vocab.setdefault(word, len(vocab))
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-gqa-llama"), vocab, vocab_size=len(vocab), hidden_size=48,
+                            intermediate_size=96, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                            max_position_embeddings=2048)
+
+
+def _backbone(tiny_dir, dtype: str):
+    from evsel.models.backbone import Backbone
+
+    backbone = Backbone(str(tiny_dir), "cpu")
+    backbone.model.to(getattr(torch, dtype))
+    return backbone
+
+
+def _adapter(backbone):
+    from evsel.models.lora import LoRAAdapter
+
+    adapter = qr.new_adapter(backbone.model, HEADS, rank=4, alpha=8.0, seed=0)
+    with torch.no_grad():
+        for name, p in adapter.params.items():
+            if name.endswith("B"):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
+    assert isinstance(adapter, LoRAAdapter)
+    return adapter
+
+
+def _scorer(backbone, store_dir=None, heads=HEADS, adapter=None, **config):
+    scorer = qr.QRScorer(backbone, heads, qr.ScorerConfig(**config), adapter=adapter)
+    scorer.use_kv_files(store_dir)
+    return scorer
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("adapted", [False, True], ids=["heads", "adapter"])
+def test_scores_from_files_equal_scores_computed_fresh(tiny_dir, tmp_path, dtype, adapted):
+    backbone = _backbone(tiny_dir, dtype)
+    adapter = _adapter(backbone) if adapted else None
+    fresh = _scorer(backbone, None, adapter=adapter).scores(QUESTION, TEXTS)  # memory only, as before
+
+    writer = _scorer(backbone, tmp_path, adapter=adapter)
+    assert np.array_equal(writer.scores(QUESTION, TEXTS), fresh)  # encoded now, and written
+    assert writer.kv_files.writes == len(TEXTS) and writer.kv_files.reads == 0
+
+    reader = _scorer(backbone, tmp_path, adapter=adapter)  # a new process: nothing in memory
+    got = reader.scores(QUESTION, TEXTS)
+    assert reader.kv_files.reads == len(TEXTS) and reader.kv_files.writes == 0
+    assert np.array_equal(got, fresh)  # bit for bit: the same tensors the memory cache holds
+    # a candidate list mixing stored and new texts reads the one and writes the other (the stored
+    # ones were encoded in another batch than a fresh encode of this list: within the tolerance)
+    mixed = TEXTS[:3] + [_text(99, 7)]
+    again = _scorer(backbone, tmp_path, adapter=adapter)
+    _assert_close(again.scores(QUESTION, mixed), _scorer(backbone, None, adapter=adapter).scores(QUESTION, mixed),
+                  dtype)
+    assert (again.kv_files.reads, again.kv_files.writes) == (3, 1)
+
+
+def _assert_close(got, fresh, dtype: str) -> None:
+    assert np.abs(got - fresh).max() <= TOLERANCE[dtype] * (fresh.max() - fresh.min()), (got, fresh)
+    assert list(np.argsort(-got, kind="stable")) == list(np.argsort(-fresh, kind="stable"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kv_written_at_ingest_in_other_batches_scores_within_tolerance(tiny_dir, tmp_path, dtype):
+    backbone = _backbone(tiny_dir, dtype)
+    adapter = _adapter(backbone)
+    background = _scorer(backbone, tmp_path, adapter=adapter)
+    for part in (TEXTS[:2], TEXTS[2:3], TEXTS[3:]):  # ingest's slices
+        assert background.store_kv(part) == len(part)
+    assert background.store_kv(TEXTS) == 0  # nothing left to do
+    got = _scorer(backbone, tmp_path, adapter=adapter)
+    scores = got.scores(QUESTION, TEXTS)
+    assert got.kv_files.reads == len(TEXTS) and got.kv_files.writes == 0
+    _assert_close(scores, _scorer(backbone, None, adapter=adapter).scores(QUESTION, TEXTS), dtype)
+
+
+def test_files_are_private_atomic_and_damaged_ones_are_recomputed(tiny_dir, tmp_path):
+    backbone = _backbone(tiny_dir, "float32")
+    scorer = _scorer(backbone, tmp_path)
+    want = scorer.scores(QUESTION, TEXTS)
+    folder = scorer.kv_files.folder
+    files = sorted(folder.glob("*.npy"))
+    assert {f.stem for f in files} == {qrranker_kv.content_hash(t) for t in TEXTS}
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    at = folder
+    while at != tmp_path:  # every folder made, 0700
+        assert stat.S_IMODE(at.stat().st_mode) == 0o700, at
+        at = at.parent
+    assert not list(folder.glob(".*.tmp"))  # written to a temp sibling, renamed
+    # bytes per token as documented: K and V of every layer run, in the model's dtype
+    n_tokens = sum(len(b) for b in scorer._pieces(TEXTS, None)[1])
+    data = sum(f.stat().st_size - 128 for f in files)  # less each file's .npy header
+    assert data == n_tokens * scorer.kv_files.bytes_per_token == n_tokens * 2 * 3 * 2 * 8 * 4
+    damaged = files[0]
+    whole = damaged.read_bytes()
+    damaged.write_bytes(whole[:-10])  # a torn file: rejected, deleted, encoded and written again
+    reader = _scorer(backbone, tmp_path)
+    _assert_close(reader.scores(QUESTION, TEXTS), want, "float32")  # that one block encoded alone
+    assert (reader.kv_files.reads, reader.kv_files.writes) == (len(TEXTS) - 1, 1)
+    assert damaged.stat().st_size == len(whole)
+
+
+def test_another_backbone_encoding_or_head_set_never_reads_the_files(tiny_dir, tmp_path):
+    backbone = _backbone(tiny_dir, "float32")
+    first = _scorer(backbone, tmp_path)
+    first.scores(QUESTION, TEXTS)
+    folders = {first.kv_files.folder}
+    for other in (_scorer(backbone, tmp_path, heads=[(0, 4), (1, 0)]),  # shallower: fewer layers run
+                  _scorer(backbone, tmp_path, adapter=_adapter(backbone)),  # k_proj inputs kept too
+                  _scorer(_backbone(tiny_dir, "bfloat16"), tmp_path)):  # another compute dtype
+        other.scores(QUESTION, TEXTS)
+        assert other.kv_files.reads == 0 and other.kv_files.folder not in folders
+        folders.add(other.kv_files.folder)
+    # untrained (no adapter) with the same heads and depth shares the trained one's KV? No: the
+    # trained one also keeps inputs; the untrained reads the first folder again
+    again = _scorer(backbone, tmp_path)
+    again.scores(QUESTION, TEXTS)
+    assert again.kv_files.reads == len(TEXTS)
+    # another backbone (fingerprint): another folder
+    fingerprint = backbone.fingerprint
+    backbone._fingerprint = "0" * 64
+    try:
+        assert _scorer(backbone, tmp_path).kv_files.folder.parent.name == "0" * 64
+    finally:
+        backbone._fingerprint = fingerprint
+    # slot labels and causal encoding keep no files (a block's KV depends on its slot there)
+    assert _scorer(backbone, tmp_path, block_labels="slot").kv_files is None
+    assert _scorer(backbone, tmp_path, encoding="causal").kv_files is None
+
+
+def _engine(tiny_dir, **settings):
+    from evsel.engine import Engine
+    from evsel.settings import Settings
+
+    return Engine(Settings.resolve().with_(**{"model": str(tiny_dir), "device": "cpu", "qrranker_heads": HEAD_SETTING,
+                                              "qrranker_kv": True, "encode": True, **settings}))
+
+
+def _story(folder: Path, name: str, seed: int) -> Path:
+    path = folder / name
+    path.write_text("\n\n".join(_text(seed + i, 40) + " ." for i in range(12)), encoding="utf-8")
+    return path
+
+
+def _kv_files(home: Path) -> set[str]:
+    return {p.stem for p in (home / qrranker_kv.FOLDER).rglob("*.npy")} if (home / qrranker_kv.FOLDER).is_dir() else set()
+
+
+def test_ingest_writes_the_files_the_reranker_reads_and_removal_deletes_them(tiny_dir, tmp_path, evsel_home):
+    engine = _engine(tiny_dir)
+    first, second = _story(tmp_path, "a.md", 10), _story(tmp_path, "b.md", 200)
+    engine.ingest([str(first), str(second)])
+    chunks = engine.store.chunks()
+    assert _kv_files(evsel_home) == {c.content_hash for c in chunks}
+    # an ask reranking with the reranker reads them and encodes nothing
+    from evsel.models.selectors import get_selector
+
+    selector = get_selector("qrranker", engine.selector_context())
+    candidates = chunks[:6]
+    scores = selector.scores(QUESTION, candidates)
+    assert selector.scorer.kv_files.reads == 6 and selector.scorer.kv_files.writes == 0
+    fresh = qr.QRScorer(engine.backbone, HEADS).scores(QUESTION, [c.text for c in candidates])
+    assert np.abs(np.array(scores) - fresh).max() <= TOLERANCE["bfloat16"] * (fresh.max() - fresh.min())
+    # the files of a removed document go with it (not those of the other)
+    doc_a = next(d["id"] for d in engine.docs_list() if d["path"].endswith("a.md"))
+    engine.docs_rm([doc_a])
+    assert _kv_files(evsel_home) == {c.content_hash for c in engine.store.chunks()}
+    assert _kv_files(evsel_home) and not any(c.doc_id == doc_a for c in engine.store.chunks())
+
+
+def test_off_keeps_no_files(tiny_dir, tmp_path, evsel_home):
+    engine = _engine(tiny_dir, qrranker_kv=False)
+    engine.ingest([str(_story(tmp_path, "a.md", 10))])
+    from evsel.models.selectors import get_selector
+
+    selector = get_selector("qrranker", engine.selector_context())
+    selector.scores(QUESTION, engine.store.chunks()[:3])
+    assert selector.scorer.kv_files is None and not (evsel_home / qrranker_kv.FOLDER).exists()
+
+
+def test_settings_read_the_switch():
+    from evsel.settings import Settings
+
+    assert Settings.resolve(env={}).qrranker_kv is False
+    assert Settings.resolve(env={"EVSEL_QRRANKER_KV": "1"}).qrranker_kv is True
+
+
+def test_background_job_through_a_real_daemon(tiny_dir, tmp_path, daemon_home, monkeypatch):  # noqa: F811
+    """Ingest returns, the daemon computes the files in the background (yielding to requests),
+    an ask reads them, and removing the document deletes them."""
+    from daemon_helpers import evsel_json, status, wait_for
+
+    monkeypatch.setenv("EVSEL_MODEL", str(tiny_dir))
+    monkeypatch.setenv("EVSEL_DEVICE", "cpu")
+    monkeypatch.setenv("EVSEL_ENCODE", "1")
+    monkeypatch.setenv("EVSEL_QRRANKER_KV", "1")
+    monkeypatch.setenv("EVSEL_QRRANKER_HEADS", HEAD_SETTING)
+    story = _story(tmp_path, "a.md", 10)
+    ingested = evsel_json("ingest", str(story))
+    assert ingested["files"][0]["states"] == "background"
+    doc = ingested["files"][0]["doc_ids"][0]
+    import sqlite3
+
+    def hashes() -> set[str]:
+        conn = sqlite3.connect(daemon_home / "evsel.db")
+        try:
+            return {h for (h,) in conn.execute("select content_hash from chunks")}
+        finally:
+            conn.close()
+
+    wait_for(lambda: not status(daemon_home)["queue"]["background"] and _kv_files(daemon_home) == hashes(),
+             timeout=300, what="the background QRRanker KV")
+    result = evsel_json("ask", "--rerank", "qrranker", "--evidence-only", QUESTION)
+    assert result["method"]["rerank"] == "qrranker" and result["evidence"]
+    assert _kv_files(daemon_home) == hashes()  # the ask found them all: nothing new written
+    for path in (daemon_home / qrranker_kv.FOLDER).rglob("*.npy"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    evsel_json("docs", "rm", str(doc))
+    assert _kv_files(daemon_home) == set() and os.path.isdir(daemon_home / qrranker_kv.FOLDER)
+
+
+@pytest.mark.model
+def test_real_model_scores_from_ingest_files_match_fresh(tmp_path):
+    """SmolLM2 with the shipped heads and trained adapter: KV written in ingest's slices gives the
+    fresh scores within the bf16 tolerance, and the same ranking of the sample story's candidates."""
+    from evsel.engine import Engine
+    from evsel.models.selectors import get_selector
+    from evsel.paths import sample_story_path
+    from evsel.settings import Settings
+
+    engine = Engine(Settings.resolve().with_(qrranker_kv=True, encode=False))
+    engine.ingest([str(sample_story_path())])
+    chunks = engine.store.chunks()[:40]
+    selector = get_selector("qrranker", engine.selector_context())
+    assert selector.encode_store_kv(chunks[:7]) == 7 and selector.encode_store_kv(chunks[7:]) == 33
+    question = "Who killed Ambrose Tenterden?"
+    stored = np.array(selector.scores(question, chunks))
+    assert selector.scorer.kv_files.reads == 40
+    fresh = qr.QRScorer(engine.backbone, selector.heads, selector.config, adapter=selector.adapter).scores(
+        question, [c.text for c in chunks])
+    spread = fresh.max() - fresh.min()
+    assert np.abs(stored - fresh).max() <= TOLERANCE["bfloat16"] * spread
+    assert list(np.argsort(-stored)[:5]) == list(np.argsort(-fresh)[:5])
