@@ -488,6 +488,34 @@ def qrranker_section(result: dict) -> list[str]:
     return out
 
 
+def qrranker_kv_section(result: dict) -> list[str]:
+    """bench/qrranker.py --only ingest-kv: a book's first --rerank qrranker ask reading the block KV
+    computed at ingest, against BM25 and against no files, in the same run; the files' disk cost."""
+    kv = result["kv"]
+    out = ["## QRRanker block KV at ingest (`python bench/qrranker.py --only ingest-kv`)", ""]
+    out += provenance(result["run"]) + [""]
+    out += [f"{result['book']} ({result['book_bytes'] / 2**10:.0f} KiB, {result['book_tokens']} tokens, "
+            f"{result['chunks']} chunks), {result['threads']} torch thread(s). Background work "
+            f"(EVSEL_QRRANKER_KV=1, as the daemon runs it in 0.5 s slices): {result['background_chunks']} chunks in "
+            f"{result['background_s']:.0f} s; {result['files']} files, {result['disk_bytes'] / 2**30:.2f} GiB: "
+            f"**{result['disk_bytes_per_token'] / 1024:.1f} KiB per token of the book** "
+            f"({result['disk_over_text']:.0f}x the text; K and V of layers 0-{kv['depth'] - 1} and the k_proj inputs "
+            f"of the adapter's {len(kv['captured_layers'])} layers, {kv['bytes_per_block_token']} B per block token).",
+            "", "Each question asked `--evidence-only` by a fresh engine (cold in-memory caches, the model loaded "
+            "and its load time left out); medians over the questions:", "",
+            "| ask | evidence s | / BM25 |", "|---|---|---|"]
+    bm25 = result["bm25_evidence_s"]
+    for name, label in (("bm25", "BM25 alone"), ("qrranker_files", "--rerank qrranker, KV from ingest's files"),
+                        ("qrranker_no_files", "--rerank qrranker, no files (every candidate encoded)")):
+        value = result[f"{name}_evidence_s"]
+        out.append(f"| {label} | {value:.3f} | {value / bm25:.1f}x |")
+    same = sum(r["same_evidence"] for r in result["asks"])
+    out += ["", f"With files / without: {result['files_over_no_files']:.2f} (median of paired ratios); target "
+            f"{result['target_s']:.0f} s of evidence time: {'met' if result['qrranker_files_evidence_s'] <= result['target_s'] else 'missed'}. "
+            f"Same top-5 evidence with and without files for {same} of {len(result['asks'])} questions.", ""]
+    return out
+
+
 def faults_section(result: dict) -> list[str]:
     load, bad, proto = result["load"], result["bad_inputs"], result["protocol"]
     out = ["## Faults and hostile input (`bench/faults.py`)", ""]
@@ -617,6 +645,8 @@ def main() -> int:
         lines += generate_section(json.loads((RESULTS / "generate.json").read_text()))
     if (RESULTS / "qrranker.json").exists():
         lines += qrranker_section(json.loads((RESULTS / "qrranker.json").read_text()))
+    if (RESULTS / "qrranker-kv.json").exists():
+        lines += qrranker_kv_section(json.loads((RESULTS / "qrranker-kv.json").read_text()))
     if (RESULTS / "faults.json").exists():
         lines += faults_section(json.loads((RESULTS / "faults.json").read_text()))
     OUT.parent.mkdir(parents=True, exist_ok=True)

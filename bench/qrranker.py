@@ -4,6 +4,15 @@ bm25 vs bm25>qrranker (the detected, untrained heads) per encoding; position bia
 
     python bench/qrranker.py [--out bench/results/qrranker.json] [--questions 100] [--bias 20] [--quick]
     python bench/qrranker.py --only latency   # section 1 alone, merged into the existing --out file
+    python bench/qrranker.py --only ingest-kv [--book PATH] [--kv-out bench/results/qrranker-kv.json]
+
+--only ingest-kv: the block KV computed at ingest (EVSEL_QRRANKER_KV). The Sherlock Holmes book is
+ingested into a fresh store, its chunks' block KV written as the daemon's background job does
+(`Engine._encode_qrranker_kv` in 0.5 s slices), then each question is asked `--evidence-only` by a
+fresh engine (cold in-memory caches; the model loaded, its load time apart) three ways, in turns:
+BM25 alone, `--rerank qrranker` reading the files, and `--rerank qrranker` with no files (what a
+first rerank cost before). Evidence time = the ask's total less its model load; disk cost = the
+files' bytes over the book's tokens.
 
 Latency also times the block encoding with the trained adapter shipped beside the heads
 ("block-truncated+adapter") and with a memory block of 512 tokens ("block-truncated+memory").
@@ -37,6 +46,91 @@ QUESTIONS = ["Who killed Ambrose Tenterden?", "What did the keeper find on the s
              "When did the storm begin?", "Why did the boat leave early?"]
 
 
+BOOK = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "nocha" / "books" / \
+    "the_adventures_of_sherlock_holmes_arthur_conan_doyle.txt"
+BOOK_QUESTIONS = ["Who is Irene Adler?", "What was the Red-Headed League really for?",
+                  "What was the speckled band?", "Where was the blue carbuncle found?",
+                  "Who was the man with the twisted lip?"]
+
+
+def ingest_kv(args, argv) -> int:
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="evsel-bench-qrkv-") as home:
+        os.environ["EVSEL_HOME"] = home
+        from evsel.engine import Engine
+        from evsel.evaluation.report import run_info
+        from evsel.models import qrranker_kv
+        from evsel.settings import Settings
+
+        settings = Settings.resolve().with_(qrranker_kv=True, encode=False, no_daemon=True)
+        engine = Engine(settings)
+        backbone = engine.backbone
+        _ = backbone.model
+        result: dict = {"run": run_info(["python", "bench/qrranker.py", *(argv if argv is not None else sys.argv[1:])]),
+                        "backbone": backbone.name, "fingerprint": backbone.fingerprint[:16],
+                        "device": backbone.plan.device, "dtype": backbone.plan.dtype,
+                        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_before": load_1m(),
+                        "book": Path(args.book).name, "book_bytes": Path(args.book).stat().st_size}
+        t = time.perf_counter()
+        engine.ingest([args.book])
+        result["ingest_s"] = time.perf_counter() - t
+        chunks = engine.store.chunks()
+        result["chunks"] = len(chunks)
+        result["book_tokens"] = sum(c.n_tokens for c in chunks)
+        events = []
+        t = time.perf_counter()
+        encoded = engine._encode_qrranker_kv(None, events.append, batch=16, slice_s=0.5)
+        result["background_s"] = time.perf_counter() - t
+        result["background_chunks"] = encoded
+        result["background_slices"] = sum(1 for e in events if e.get("type") == "progress") - 1
+        files = list((Path(home) / qrranker_kv.FOLDER).rglob("*.npy"))
+        disk = sum(f.stat().st_size for f in files)
+        result.update(files=len(files), disk_bytes=disk, disk_bytes_per_token=disk / result["book_tokens"],
+                      disk_over_text=disk / result["book_bytes"])
+        from evsel.models.selectors import get_selector
+
+        scorer = get_selector("qrranker", engine.selector_context()).scorer
+        result["kv"] = {"depth": scorer.depth, "captured_layers": list(scorer.captured),
+                        "bytes_per_block_token": scorer.kv_files.bytes_per_token}
+        print(json.dumps(result, default=str), flush=True)
+
+        def ask(question: str, rerank: str | None, files: bool) -> dict:
+            fresh = Engine(settings.with_(qrranker_kv=files))  # cold in-memory caches, the model shared
+            fresh._backbone = backbone
+            t = time.perf_counter()
+            got = fresh.ask(question, rerank=rerank, evidence_only=True)
+            wall = time.perf_counter() - t
+            timings = got["timings"]
+            return {"evidence_s": wall - timings.get("load_s", 0.0), "timings": timings,
+                    "top": [e["chunk_id"] for e in got["evidence"]]}
+
+        ask(BOOK_QUESTIONS[0], None, True)  # first-call costs (allocators, kernels) aside
+        rows = []
+        for question in BOOK_QUESTIONS:
+            row = {"question": question, "bm25": ask(question, None, True),
+                   "qrranker_files": ask(question, "qrranker", True),
+                   "qrranker_no_files": ask(question, "qrranker", False)}
+            row["same_evidence"] = row["qrranker_files"]["top"] == row["qrranker_no_files"]["top"]
+            rows.append(row)
+            print(question, {k: round(v["evidence_s"], 3) for k, v in row.items() if isinstance(v, dict)}, flush=True)
+        result["asks"] = rows
+        for name in ("bm25", "qrranker_files", "qrranker_no_files"):
+            result[f"{name}_evidence_s"] = statistics.median(r[name]["evidence_s"] for r in rows)
+        result["files_over_bm25"] = statistics.median(r["qrranker_files"]["evidence_s"] / r["bm25"]["evidence_s"]
+                                                      for r in rows)
+        result["files_over_no_files"] = statistics.median(
+            r["qrranker_files"]["evidence_s"] / r["qrranker_no_files"]["evidence_s"] for r in rows)
+        result["target_s"] = 2.0
+        result["load_after"] = load_1m()
+    out = Path(args.kv_out)
+    write_result(out, result)
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="bench/results/qrranker.json")
@@ -45,8 +139,13 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=7, help="reranks timed per configuration")
     parser.add_argument("--no-slot", action="store_true", help="skip the block encoding with slot labels")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a check that the script runs)")
-    parser.add_argument("--only", choices=["latency"], help="run this section alone and merge it into --out")
+    parser.add_argument("--only", choices=["latency", "ingest-kv"], help="run this section alone (latency: merged "
+                        "into --out; ingest-kv: written to --kv-out)")
+    parser.add_argument("--book", default=str(BOOK), help="ingest-kv: the book")
+    parser.add_argument("--kv-out", default="bench/results/qrranker-kv.json")
     args = parser.parse_args(argv)
+    if args.only == "ingest-kv":
+        return ingest_kv(args, argv)
     if args.quick:
         args.questions, args.bias, args.reps = 6, 2, 2
 

@@ -113,6 +113,7 @@ def test_kv_written_at_ingest_in_other_batches_scores_within_tolerance(tiny_dir,
     for part in (TEXTS[:2], TEXTS[2:3], TEXTS[3:]):  # ingest's slices
         assert background.store_kv(part) == len(part)
     assert background.store_kv(TEXTS) == 0  # nothing left to do
+    assert len(background.kv_cache) == 2  # the prefix KV and its k_proj inputs alone: no block enters memory
     got = _scorer(backbone, tmp_path, adapter=adapter)
     scores = got.scores(QUESTION, TEXTS)
     assert got.kv_files.reads == len(TEXTS) and got.kv_files.writes == 0
