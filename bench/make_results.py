@@ -495,7 +495,8 @@ def qrranker_kv_section(result: dict) -> list[str]:
     out = ["## QRRanker block KV at ingest (`python bench/qrranker.py --only ingest-kv`)", ""]
     out += provenance(result["run"]) + [""]
     out += [f"{result['book']} ({result['book_bytes'] / 2**10:.0f} KiB, {result['book_tokens']} tokens, "
-            f"{result['chunks']} chunks), {result['threads']} torch thread(s). Background work "
+            f"{result['chunks']} chunks), {result['threads']} torch thread(s), 1-minute load "
+            f"{result['load_before']:.1f} before and {result['load_after']:.1f} after on {result['cpus']} cores. Background work "
             f"(EVSEL_QRRANKER_KV=1, as the daemon runs it in 0.5 s slices): {result['background_chunks']} chunks in "
             f"{result['background_s']:.0f} s; {result['files']} files, {result['disk_bytes'] / 2**30:.2f} GiB: "
             f"**{result['disk_bytes_per_token'] / 1024:.1f} KiB per token of the book** "
@@ -512,7 +513,8 @@ def qrranker_kv_section(result: dict) -> list[str]:
     same = sum(r["same_evidence"] for r in result["asks"])
     out += ["", f"With files / without: {result['files_over_no_files']:.2f} (median of paired ratios); target "
             f"{result['target_s']:.0f} s of evidence time: {'met' if result['qrranker_files_evidence_s'] <= result['target_s'] else 'missed'}. "
-            f"Same top-5 evidence with and without files for {same} of {len(result['asks'])} questions.", ""]
+            f"Same top-5 evidence with and without files for {same} of {len(result['asks'])} questions (a block "
+            "encoded in ingest's batches differs from one encoded in the rerank's by bf16 rounding).", ""]
     return out
 
 
