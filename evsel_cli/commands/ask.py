@@ -3,10 +3,9 @@
 from typing import Annotated, List, Optional
 
 import typer
-from rich.markup import escape
 
 from evsel.defaults import DEFAULT_SELECT, RERANK_TOP, STYLES
-from evsel.output import ProgressView, flat, print_json, stdout
+from evsel.output import ProgressView, escape, flat, print_json, stdout
 from evsel.provenance import evidence_label
 
 from .base import INT, choice

@@ -5,10 +5,9 @@
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
 from evsel.defaults import DEFAULT_COLLECTION
-from evsel.output import print_json, stderr, stdout
+from evsel.output import escape, print_json, stderr, stdout
 
 from .base import FLOAT, App, path
 from .common import JsonOption, engine_from, settings

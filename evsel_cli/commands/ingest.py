@@ -3,10 +3,9 @@
 from typing import Annotated, List, Literal, Optional
 
 import typer
-from rich.markup import escape
 
 from evsel.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, KINDS
-from evsel.output import ProgressView, print_json, stderr
+from evsel.output import ProgressView, escape, print_json, stderr
 
 from .base import INT, choice, path
 from .common import JsonOption, engine_from
