@@ -136,20 +136,20 @@ EVAL_ONLY_ROWS = ("full", "oracle")
 def check_methods(method: str, params: dict) -> None:
     """Raise for an ask whose --select/--rerank/--memory, or an eval whose --methods, no selector
     takes (the checks the engine runs when it builds the selectors, without building anything)."""
-    from evsel.models.selectors import MethodSpec, check_stage
+    if method not in ("ask", "eval"):
+        return
+    from evsel.models.selectors import MethodSpec, check_stage  # the registry: not for other requests
 
     if method == "ask":
         select, rerank = params.get("select") or DEFAULT_SELECT, params.get("rerank")
         if not isinstance(select, str) or not isinstance(rerank, (str, type(None))):
             return  # the type checks report it
         specs = [MethodSpec.of(select, rerank)]
-    elif method == "eval":
+    else:
         methods = params.get("methods")
         if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
             return
         specs = [MethodSpec.parse(m) for m in methods if m not in EVAL_ONLY_ROWS]
-    else:
-        return
     for spec in specs:
         for stage in (spec.first, spec.rerank):
             if stage is not None:
