@@ -88,9 +88,9 @@ class BM25Selector(Selector):
 
 
 def __getattr__(name: str):
-    # STOPWORDS and tokenize are bm25_index's (numpy at import), re-exported when first read: the
-    # CLI's request checks load this module to know the selector names
-    if name in ("STOPWORDS", "tokenize"):
+    # bm25_index's names (numpy at import), re-exported when first read: the CLI's request checks
+    # load this module to know the selector names
+    if name in ("STOPWORDS", "chunk_tokens", "tokenize"):
         from evsel import bm25_index
 
         return getattr(bm25_index, name)
