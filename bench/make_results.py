@@ -3,7 +3,7 @@
     python bench/make_results.py
 
 Reads eval-*.json (from `evsel eval ... --json`), scaling.json, throughput.json, bm25.json,
-unreal.json, daemon.json, generate.json and faults.json; every section
+unreal.json, daemon.json, startup.json, generate.json and faults.json; every section
 states the machine, commit, date and exact command of the run it shows. Nothing here is typed in
 by hand: rerun a benchmark, then this script.
 """
@@ -342,6 +342,21 @@ def daemon_section(result: dict) -> list[str]:
     return out + [""]
 
 
+def startup_section(result: dict) -> list[str]:
+    out = ["## Start-up of the command (bench/startup.py)", ""]
+    out += provenance(result["run"])
+    out += [f"- load average (1 min) before/after: {result['load_1m_before']:.2f} / {result['load_1m_after']:.2f}; "
+            f"the warm runs all went to one daemon: {result['same_daemon_throughout']}", "",
+            f"Whole processes, each run {result['rounds']} times in a rotating order; median wall and CPU (user + "
+            f"system of the process itself) time, and each as a ratio to `{result['baseline']}` in the same run.", "",
+            "| command | wall (ms) | wall ratio | CPU (ms) | CPU ratio | target |", "|---|---|---|---|---|---|"]
+    for name, row in result["commands"].items():
+        target = f"≤ {row['target_ratio']:g}x" if row.get("target_ratio") else ""
+        out.append(f"| `{row['argv']}` | {row['wall_median_s'] * 1000:.0f} | {row['wall_ratio']:.2f}x | "
+                   f"{row['cpu_median_s'] * 1000:.0f} | {row['cpu_ratio']:.2f}x | {target} |")
+    return out + [""]
+
+
 def background_section(result: dict) -> list[str]:
     """bench/daemon.py --background: asks on a warm daemon, idle and during a background encode."""
     out = ["## Asks during a background encode (bench/daemon.py --background)", ""]
@@ -639,6 +654,8 @@ def main() -> int:
         lines += unreal_section(unreal_speed)
     if daemon:
         lines += daemon_section(daemon)
+    if (RESULTS / "startup.json").exists():
+        lines += startup_section(json.loads((RESULTS / "startup.json").read_text()))
     if (RESULTS / "daemon-background.json").exists():
         lines += background_section(json.loads((RESULTS / "daemon-background.json").read_text()))
     if ingest:

@@ -28,6 +28,7 @@ step() {
         unreal-layers) nice python bench/unreal_layers.py ;;
         throughput) nice python bench/throughput.py --max-gib 8 ;;  # 10^6 MaxSim chunks need 7.5 GiB
         daemon) python bench/daemon.py ;;  # not nice: it times whole processes as a user sees them
+        startup) python bench/startup.py ;;  # whole processes too
         ingest) python bench/ingest.py --inline ;;  # whole processes too
         scaling) nice python bench/scaling.py --questions 20 --methods $BASE ;;
         musique) eval_run musique musique --methods $BASE ;;
@@ -42,7 +43,7 @@ step() {
     esac
 }
 
-STEPS=(locomo fairytaleqa locomo-unreal fairytaleqa-unreal unreal throughput daemon ingest scaling musique hotpotqa mmlongbench financebench fairytaleqa-concat23 nocha
+STEPS=(locomo fairytaleqa locomo-unreal fairytaleqa-unreal unreal throughput daemon startup ingest scaling musique hotpotqa mmlongbench financebench fairytaleqa-concat23 nocha
        locomo-generate fairytaleqa-generate)
 for s in "${@:-${STEPS[@]}}"; do
     echo "== $s ($(date -u +%H:%M:%S))" >&2

@@ -7,7 +7,8 @@ import inspect
 import json
 import os
 
-from evsel.engine import DEFAULT_SELECT, REQUESTS, Engine
+from evsel.api import REQUESTS, Requests
+from evsel.defaults import DEFAULT_SELECT
 from evsel.errors import EvselError, InputError
 
 # Request params: types from the engine methods' annotations, and the params that are paths (the
@@ -23,7 +24,7 @@ def _hints(method: str) -> dict:
     if method not in _HINTS:
         import typing
 
-        _HINTS[method] = typing.get_type_hints(getattr(Engine, method))
+        _HINTS[method] = typing.get_type_hints(getattr(Requests, method))
     return _HINTS[method]
 
 
@@ -79,7 +80,7 @@ def json_type(value) -> str:
 def check_params(method: str, params: dict) -> dict | None:
     """The error reply for params an engine request cannot take (unknown or missing names, a value
     of the wrong type, a relative path), or None. Checked before anything runs or is queued."""
-    fn = getattr(Engine, method, None)
+    fn = getattr(Requests, method, None)  # Engine's signatures, without importing the engine
     if method not in REQUESTS or not inspect.isfunction(fn):
         return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
                 "hint": "a client of another evsel version? run: evsel daemon stop"}
@@ -135,20 +136,20 @@ EVAL_ONLY_ROWS = ("full", "oracle")
 def check_methods(method: str, params: dict) -> None:
     """Raise for an ask whose --select/--rerank/--memory, or an eval whose --methods, no selector
     takes (the checks the engine runs when it builds the selectors, without building anything)."""
-    from evsel.models.selectors import MethodSpec, check_stage
+    if method not in ("ask", "eval"):
+        return
+    from evsel.models.selectors import MethodSpec, check_stage  # the registry: not for other requests
 
     if method == "ask":
         select, rerank = params.get("select") or DEFAULT_SELECT, params.get("rerank")
         if not isinstance(select, str) or not isinstance(rerank, (str, type(None))):
             return  # the type checks report it
         specs = [MethodSpec.of(select, rerank)]
-    elif method == "eval":
+    else:
         methods = params.get("methods")
         if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
             return
         specs = [MethodSpec.parse(m) for m in methods if m not in EVAL_ONLY_ROWS]
-    else:
-        return
     for spec in specs:
         for stage in (spec.first, spec.rerank):
             if stage is not None:

@@ -1,11 +1,12 @@
 """The CLI's side of the daemon: find it, start it when needed, and call the engine through it.
 
-`DaemonClient` exposes the protocol and nothing else: the engine's requests (`evsel.engine.REQUESTS`)
-with the engine's signatures, so `client.ask(question, top_n=3, on_event=view)` sends
-`{"method": "ask", "params": {...}, "settings": {...}}`, relays the daemon's progress events to
-`on_event` and returns the same plain dict `Engine.ask` returns (errors come back as the same
-`EvselError`s). Paths in params are made absolute here, where the user typed them. Only pure
-Python is imported here: a warm `evsel ask` never loads torch in the client.
+`DaemonClient` exposes the protocol and nothing else: the engine's requests (`evsel.api.REQUESTS`)
+with the engine's signatures (as evsel.api declares them), so `client.ask(question, top_n=3,
+on_event=view)` sends `{"method": "ask", "params": {...}, "settings": {...}}`, relays the daemon's
+progress events to `on_event` and returns the same plain dict `Engine.ask` returns (errors come back
+as the same `EvselError`s). Paths in params are made absolute here, where the user typed them. Only
+pure Python is imported here: a warm `evsel ask` never loads the engine, the store, numpy or torch
+in the client.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 import uuid
 
 from evsel import __version__, settings
+from evsel.api import REQUESTS, Requests
 from evsel.errors import EvselError, from_dict
 
 from . import runtime
@@ -330,8 +332,6 @@ class DaemonClient:
         self.last_meta = {}
         typed: dict[str, str] = {}
         params = resolve_paths(method, params, typed)
-        from evsel.engine import REQUESTS
-
         if method in REQUESTS:  # the daemon's own checks, here: a bad option fails before any daemon is involved
             from .checks import check_params
 
@@ -359,11 +359,9 @@ class DaemonClient:
         return self.call(method, params)
 
     def __getattr__(self, name: str):
-        from evsel.engine import REQUESTS, Engine
-
         if name not in REQUESTS:
             raise AttributeError(name)
-        signature = inspect.signature(getattr(Engine, name))
+        signature = inspect.signature(getattr(Requests, name))
 
         def remote(*args, **kwargs):
             bound = signature.bind(None, *args, **kwargs)  # None stands for self
@@ -373,5 +371,4 @@ class DaemonClient:
             return self.call(name, params, on_event)
 
         remote.__name__ = name
-        remote.__doc__ = getattr(Engine, name).__doc__
         return remote

@@ -22,13 +22,14 @@ import re
 from dataclasses import dataclass
 
 from . import grounding
+from .defaults import STYLES  # defined there for the CLI's options
+from .provenance import describe
 
 SYSTEM = (
     "You answer questions about documents. Use only the numbered passages below. "
     "Answer in one or two short sentences. If the passages do not contain the answer, say so."
 )
 SHORT_SYSTEM = "Answer the question in a few words, using the passage."
-STYLES = ("short", "span", "sentence")
 ABSTAIN_TEXT = "No information available"  # what an abstention reads as, for metrics
 SHORT_MAX_TOKENS = 16
 SNAP_AS_ANSWER = 0.8  # token F1 of the generated phrase to an evidence span for the span to be the answer
@@ -51,19 +52,6 @@ TYPE_WORDS = {"person": "person", "place": "place", "number": "number or amount"
 SPEAKER_MARGIN = 0.3  # chosen on LoCoMo conversations 1-3 (docs/ANSWERS.md)
 _SAYS_NOTHING = ("not mentioned", "no information", "does not say", "doesn't say", "not provided",
                  "does not mention", "doesn't mention", "not specified", "no mention")
-
-
-def describe(chunk) -> str:
-    """A passage's provenance as a short label: title, then page or session/time."""
-    parts = [chunk.title or "untitled"]
-    if chunk.page_start is not None:
-        pages = chunk.page_start if chunk.page_start == chunk.page_end else f"{chunk.page_start}-{chunk.page_end}"
-        parts.append(f"page {pages}")
-    if chunk.session:
-        parts.append(f"session {chunk.session}")
-    if chunk.time_start:
-        parts.append(chunk.time_start)
-    return ", ".join(parts)
 
 
 def build_messages(question: str, scored_in_document_order) -> list[dict]:

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol
 
+from .defaults import DEFAULT_CHUNK_TOKENS  # defined there for the CLI's options
 from .parsers.base import ParsedDocument, Segment
 
-DEFAULT_CHUNK_TOKENS = 140
 
 # Words that a period follows without ending the sentence. Titles always precede a name.
 _TITLES = {

@@ -1,6 +1,6 @@
 """The `evsel` command: a thin door into the engine."""
 
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 import os
 import sys

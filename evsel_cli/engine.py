@@ -21,10 +21,13 @@ from evsel.models.selectors import HELP as SELECTORS_HELP
 
 from . import chunker
 from .answer import STYLES
+from .api import REQUESTS
 from .chunker import DEFAULT_CHUNK_TOKENS
+from .defaults import DATASETS
 from .errors import EmptyStoreError, EvselError, InputError, NotFoundError, known_error
 from .parsers import KINDS, collect_files, parse_file, read_file
 from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer
+from .provenance import evidence_label
 from .settings import Settings
 from .store import DEFAULT_COLLECTION, ChunkRecord, PendingEncode, PendingIngest, Store
 
@@ -32,32 +35,6 @@ from .store import DEFAULT_COLLECTION, ChunkRecord, PendingEncode, PendingIngest
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_METHODS", "DEFAULT_SELECT", "KINDS",
            "REQUESTS", "RERANK_TOP", "SELECTORS_HELP", "STYLES", "Engine", "IngestOptions", "IngestOutcome",
            "evidence_label", "resume_arguments"]
-
-DATASETS = ("locomo", "fairytaleqa", "musique", "hotpotqa", "mmlongbench", "financebench", "nocha")
-
-
-def evidence_label(item: dict) -> str:
-    """Where an evidence passage of `ask`'s result comes from: title, page or session/time,
-    speakers, turns."""
-    from .answer import describe
-
-    chunk = ChunkRecord(id=item["chunk_id"], doc_id=item["doc_id"], seq=item["seq"], text=item["text"],
-                        content_hash="", n_tokens=0, char_start=item["char_start"], char_end=item["char_end"],
-                        page_start=item["page_start"], page_end=item["page_end"], session=item["session"],
-                        time_start=item["time_start"], title=item["title"])
-    where = describe(chunk)
-    if item["speakers"]:
-        where += f"; speakers: {', '.join(item['speakers'])}"
-    if item["turn_ids"]:
-        turns = item["turn_ids"]
-        where += f"; turns {turns[0]}" + (f"-{turns[-1]}" if len(turns) > 1 else "")
-    return where
-
-
-# The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
-REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
-            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "watch_add", "watch_remove",
-            "watch_list")
 
 Event = dict
 EventSink = Callable[[Event], None]

@@ -5,6 +5,10 @@ clears the screen, OSC 8 makes links, OSC 0 sets the window title) and, for name
 UTF-8, lone surrogates that no terminal encoding can write. Every human-readable line goes through
 `SafeConsole`, which shows each such character as a visible escape (`\\x1b`); `print_json` keeps
 the exact text, escaped as JSON.
+
+rich is imported on first use (about a quarter of a bare `evsel` run's start-up): `stdout` and
+`stderr` make their console when first printed to, so `evsel --version` or a `--json` result never
+imports it.
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import re
 import sys
 import threading
 import time
+from functools import cache
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (BarColumn, Progress, ProgressColumn, SpinnerColumn, TaskID, TextColumn,
-                           TimeElapsedColumn)
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 # C0 controls but tab and newline, DEL, C1 controls, and surrogates (a byte of a name that is not UTF-8)
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -38,21 +42,57 @@ def visible(text: str) -> str:
     return _UNPRINTABLE.sub(_shown, text)
 
 
-class SafeConsole(Console):
-    """A rich Console that never writes a control character it did not make itself: every string
-    printed (or put in a table) is passed through `visible` before its markup is read."""
+def escape(text: str) -> str:
+    """rich's markup escape (`[` that would open a tag gets a backslash)."""
+    from rich.markup import escape as rich_escape
 
-    def render_str(self, text: str, **kwargs):
-        return super().render_str(visible(text), **kwargs)
+    return rich_escape(text)
 
 
-def wide_console() -> SafeConsole:
+@cache
+def safe_console_class() -> type:
+    """`SafeConsole`, defined when first needed (it subclasses rich's Console)."""
+    from rich.console import Console
+
+    class SafeConsole(Console):
+        """A rich Console that never writes a control character it did not make itself: every
+        string printed (or put in a table) is passed through `visible` before its markup is read."""
+
+        def render_str(self, text: str, **kwargs):
+            return super().render_str(visible(text), **kwargs)
+
+    return SafeConsole
+
+
+def __getattr__(name: str):
+    if name == "SafeConsole":
+        return safe_console_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def wide_console() -> "Console":
     """A console for stdout that never wraps (one record per line for grep on a pipe)."""
-    return SafeConsole(width=100_000, highlight=False)
+    return safe_console_class()(width=100_000, highlight=False)
 
 
-stdout = SafeConsole(soft_wrap=True, highlight=False)
-stderr = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
+class DeferredConsole:
+    """A `SafeConsole` made on first use, with these options; everything else is the console's."""
+
+    def __init__(self, **options):
+        self.options = options
+        self.made: Console | None = None
+
+    def console(self) -> "Console":
+        if self.made is None:
+            self.made = safe_console_class()(**self.options)
+        return self.made
+
+    def __getattr__(self, name: str):
+        return getattr(self.console(), name)
+
+
+stdout = DeferredConsole(soft_wrap=True, highlight=False)
+stderr = DeferredConsole(stderr=True, highlight=False, soft_wrap=True)
 
 # what json.dumps(ensure_ascii=False) leaves raw: DEL and C1 controls (terminals act on them) and
 # lone surrogates (not encodable as UTF-8); each becomes its \\uXXXX escape, which reads back as
@@ -156,25 +196,32 @@ class Stage:
         return f"{self.label} {self.count_text()} ({detail})"
 
 
-class _StageColumn(ProgressColumn):
-    """A bar for a stage with a total, a spinner for one without."""
+def _live_progress(console: "Console", clock) -> "Progress":
+    """The live rows of a terminal: a bar for a stage with a total, a spinner for one without,
+    then the label, count, rate, ETA and elapsed time."""
+    from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
-    def __init__(self):
-        super().__init__()
-        self.bar = BarColumn()
-        self.spinner = SpinnerColumn()
+    class StageColumn(ProgressColumn):
+        def __init__(self):
+            super().__init__()
+            self.bar = BarColumn()
+            self.spinner = SpinnerColumn()
 
-    def render(self, task):
-        return self.bar.render(task) if task.total is not None else self.spinner.render(task)
+        def render(self, task):
+            return self.bar.render(task) if task.total is not None else self.spinner.render(task)
 
+    class FieldColumn(ProgressColumn):
+        def __init__(self, field: str):
+            super().__init__()
+            self.field = field
 
-class _FieldColumn(ProgressColumn):
-    def __init__(self, field: str):
-        super().__init__()
-        self.field = field
+        def render(self, task):
+            return Text(task.fields.get(self.field, ""))
 
-    def render(self, task):
-        return Text(task.fields.get(self.field, ""))
+    return Progress(StageColumn(), TextColumn("{task.description}", markup=False), FieldColumn("count"),
+                    FieldColumn("rate"), FieldColumn("eta"), TimeElapsedColumn(), console=console,
+                    transient=True, get_time=clock)
 
 
 class ProgressView:
@@ -186,7 +233,8 @@ class ProgressView:
     def __init__(self, enabled: bool = True, *, console: Console | None = None, clock=time.monotonic,
                  interval_s: float = PLAIN_INTERVAL_S, after_s: float = PLAIN_AFTER_S,
                  heartbeat_s: float | None = 1.0):
-        self.console = console if console is not None else stderr
+        console = console if console is not None else stderr
+        self.console = console.console() if isinstance(console, DeferredConsole) else console
         self.enabled = enabled
         self.live = enabled and self.console.is_terminal
         self.plain = enabled and not self.console.is_terminal
@@ -194,17 +242,8 @@ class ProgressView:
         self.interval_s = interval_s
         self.after_s = after_s
         self.heartbeat_s = heartbeat_s  # a plain line also comes while no event does (a model load)
-        self.progress = Progress(
-            _StageColumn(),
-            TextColumn("{task.description}", markup=False),
-            _FieldColumn("count"),
-            _FieldColumn("rate"),
-            _FieldColumn("eta"),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
-            get_time=clock,
-        )
+        # rows are drawn only on a terminal (rich.progress is imported for them alone)
+        self.progress = _live_progress(self.console, clock) if self.live else None
         self.stages: dict[str, Stage] = {}  # running stages, oldest first
         self.tasks: dict[str, TaskID] = {}
         self.work_started: float | None = None

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 
 from evsel.models.selectors import DEFAULT, MethodSpec, Ranking, Scored, build
 
+from .defaults import RERANK_TOP  # defined there for the CLI's options
 from .errors import EvselError
 from .store import ChunkRecord
-
-RERANK_TOP = 50  # first-stage candidates a reranker re-scores, as in QRRanker
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from . import paths
+from .defaults import DEFAULT_COLLECTION  # defined there for the CLI's options
 from .errors import EvselError, NotFoundError, StoreError, UnsafeHomeError, known_error
 from .settings import Settings
 
-DEFAULT_COLLECTION = "default"
+if TYPE_CHECKING:  # imported where a store is opened: the CLI's client path never opens one
+    import sqlite_utils
 
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = []
 
@@ -289,6 +289,8 @@ def connect(path: Path | None = None) -> sqlite_utils.Database:
         created = paths.create_private_file(path)  # 0600 from the start: it holds the ingested text
         conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         conn.execute(f"pragma busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        import sqlite_utils
+
         db = sqlite_utils.Database(conn)
         if db.journal_mode != "wal":
             db.enable_wal()

@@ -33,7 +33,8 @@ def view_on(terminal: bool, clock: FakeClock, **kwargs) -> tuple[ProgressView, i
 
 
 def shown(view: ProgressView) -> list[str]:
-    return [task.description for task in view.progress.tasks]
+    # off a terminal a view has no live rows at all (it never imports rich.progress)
+    return [task.description for task in view.progress.tasks] if view.progress is not None else []
 
 
 def rendered(view: ProgressView) -> str:

@@ -1,12 +1,12 @@
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 from typing import Annotated, List, Optional
 
 import typer
-from rich.markup import escape
 
-from evsel.engine import DEFAULT_SELECT, RERANK_TOP, STYLES, evidence_label
-from evsel.output import ProgressView, flat, print_json, stdout
+from evsel.defaults import DEFAULT_SELECT, RERANK_TOP, STYLES
+from evsel.output import ProgressView, escape, flat, print_json, stdout
+from evsel.provenance import evidence_label
 
 from .base import INT, choice
 from .common import CollectionOption, JsonOption, engine_from, wall_timings

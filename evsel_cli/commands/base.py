@@ -11,7 +11,10 @@ help, usage lines and errors are a contract (scripts, the man pages, the tests),
   Click's wording for extra arguments and unknown commands, and Ctrl-C reported as an interrupt;
 - the value parsers (`INT`, `FLOAT`, `BOOL`, `choice(...)`, `path(...)`) check and convert a value
   exactly as Click's types did, with their messages; pass them as `parser=`;
-- `show_usage_error` prints a usage error as Click did.
+- `show_usage_error` prints a usage error as Click did;
+- values are converted without pydantic (`_Coercion`): Typer builds a pydantic TypeAdapter for each
+  parameter of a command it runs, and importing pydantic took longer than the rest of `evsel docs
+  list` through the daemon.
 
 Typer bundles its own Click as the private `typer._click` (it does not depend on `click`, and
 evsel imports no `click`). What Typer exports publicly is taken from `typer`; the usage-error
@@ -134,6 +137,55 @@ def path(*, exists: bool = False, file_okay: bool = True, dir_okay: bool = True,
     return _Path(exists, file_okay, dir_okay, path_type)
 
 
+class _Coercion:
+    """A parameter's runtime coercion (what Typer's `get_runtime_param()` returns), equal to
+    Typer's for what evsel's parameters get: no value, a value for one of the parsers above (the
+    TypeAdapter Typer builds for a parser only calls it), or a string for a `str` parameter (kept as
+    it is). Anything else, and a parser's ValueError (which pydantic words), goes to Typer's own."""
+
+    def __init__(self, descriptor):
+        self.descriptor = descriptor
+        self.typers = None
+
+    def coerce(self, value: Any, param, ctx) -> Any:
+        multi = param.multiple or param.nargs == -1
+        if value is None:
+            return () if multi else None
+        info = self.descriptor.parameter_info
+        if self.descriptor.file_annotation is None and not (multi and isinstance(value, str)):
+            try:
+                if isinstance(info.parser, _Parser):
+                    if multi:
+                        return [info.parser(item) for item in (value if isinstance(value, (list, tuple)) else [value])]
+                    return info.parser(value)
+                if self.descriptor.annotation is str and type(value) is str and not multi:
+                    return value
+            except (ValueError, AssertionError):
+                pass
+        return self.typer_coercion().coerce(value, param=param, ctx=ctx)
+
+    def typer_coercion(self):
+        if self.typers is None:
+            from typer._coercion import build_runtime_param  # pydantic: only for what evsel never passes
+
+            self.typers = build_runtime_param(self.descriptor)
+        return self.typers
+
+
+def _light_coercion(params) -> None:
+    """Before a command's values are read (Typer appends the completion options after building it)."""
+    for param in params:
+        if getattr(param, "type_descriptor", None) is not None and not isinstance(param._runtime_param, _Coercion):
+            param._runtime_param = _Coercion(param.type_descriptor)  # what Typer's get_runtime_param() returns
+
+
+def _with_light_coercion(help_option):
+    """Typer's --help option (made on first use, after the command's parameters)."""
+    if help_option is not None:
+        _light_coercion([help_option])
+    return help_option
+
+
 # help and usage in Click's layout
 
 
@@ -234,7 +286,11 @@ class Command(TyperCommand):
     def format_options(self, ctx, formatter) -> None:
         _format_options(self, ctx, formatter)
 
+    def get_help_option(self, ctx):
+        return _with_light_coercion(super().get_help_option(ctx))
+
     def parse_args(self, ctx, args: list[str]) -> list[str]:
+        _light_coercion(self.params)
         strict = not ctx.allow_extra_args
         ctx.allow_extra_args = True  # extra arguments are reported below, in Click's words
         try:
@@ -262,6 +318,13 @@ class Group(TyperGroup):
 
     def list_commands(self, ctx) -> list[str]:
         return sorted(self.commands)
+
+    def get_help_option(self, ctx):
+        return _with_light_coercion(super().get_help_option(ctx))
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        _light_coercion(self.params)
+        return super().parse_args(ctx, args)
 
     def resolve_command(self, ctx, args: list[str]):
         try:

@@ -1,14 +1,13 @@
 """`evsel daemon start|stop|status|run` and `evsel watch`."""
 
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from evsel.output import print_json, stderr, stdout
-from evsel.engine import DEFAULT_COLLECTION
+from evsel.defaults import DEFAULT_COLLECTION
+from evsel.output import escape, print_json, stderr, stdout
 
 from .base import FLOAT, App, path
 from .common import JsonOption, engine_from, settings

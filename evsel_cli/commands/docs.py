@@ -1,12 +1,10 @@
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 from typing import Annotated, List
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from evsel.output import print_json, stderr, stdout, wide_console
+from evsel.output import escape, print_json, stderr, stdout, wide_console
 
 from .base import INT, App
 from .common import CollectionOption, JsonOption, engine_from
@@ -24,6 +22,8 @@ def docs_list(ctx: typer.Context, collection: CollectionOption = None, as_json: 
     if not rows:
         stderr.print("no documents yet; add some with: evsel ingest PATH")
         return
+    from rich.table import Table
+
     table = Table(box=None, pad_edge=False)
     for column in ("id", "collection", "kind", "title", "chunks", "tokens", "path"):
         table.add_column(column, overflow="fold")

@@ -1,4 +1,4 @@
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 import sys
 from pathlib import Path
@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from evsel.engine import DATASETS as DATASET_NAMES
-from evsel.engine import DEFAULT_CHUNK_TOKENS, DEFAULT_METHODS, RERANK_TOP, STYLES
+from evsel.defaults import DATASETS as DATASET_NAMES
+from evsel.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_METHODS, RERANK_TOP, STYLES
 from evsel.errors import EvselError, InputError
 from evsel.output import ProgressView, print_json, stderr, stdout, warning
 

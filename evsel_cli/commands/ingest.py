@@ -1,12 +1,11 @@
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 from typing import Annotated, List, Literal, Optional
 
 import typer
-from rich.markup import escape
 
-from evsel.engine import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, KINDS
-from evsel.output import ProgressView, print_json, stderr
+from evsel.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, KINDS
+from evsel.output import ProgressView, escape, print_json, stderr
 
 from .base import INT, choice, path
 from .common import JsonOption, engine_from

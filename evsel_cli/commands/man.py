@@ -1,6 +1,6 @@
 """`evsel man`: the manual pages, wherever evsel runs (they are also installed for man(1))."""
 
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 import os
 import shutil

@@ -1,9 +1,8 @@
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 import typer
-from rich.markup import escape
 
-from evsel.output import print_json, stdout
+from evsel.output import escape, print_json, stdout
 
 from .base import App
 from .common import JsonOption, engine_from

@@ -1,4 +1,4 @@
-from __future__ import annotations
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
 import shlex
 import sys

@@ -6,13 +6,13 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from ..defaults import KINDS  # defined there for the CLI's options
 from ..errors import InputError
 from .base import ParsedDocument, Segment, TextBuilder
 from .dialogue import looks_like_transcript, parse_json_dialogue, parse_jsonl_dialogue, parse_transcript
 from .text import HEAD_BYTES, check_not_binary, parse_book, parse_epub, read_text
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".epub", ".pdf", ".json", ".jsonl")
-KINDS = ("auto", "book", "pdf", "dialogue")
 
 __all__ = ["ParsedDocument", "Segment", "TextBuilder", "parse_file", "read_file", "collect_files",
            "SUPPORTED_SUFFIXES", "KINDS"]

@@ -11,14 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+# ask --select's and eval --methods' defaults: DEFAULT is the first stage when none is named, and
+# eval runs words, a dense baseline and the floor (defined there for the CLI's options)
+from evsel.defaults import DEFAULT_METHODS
+from evsel.defaults import DEFAULT_SELECT as DEFAULT
 from evsel.errors import EvselError
 
 from .base import Ranking, Scored, Selector, SelectorContext, parse_variants
 
 _REGISTRY: dict[str, Callable[..., Selector]] = {}
 
-DEFAULT = "bm25"  # the first stage when none is named (ask --select's default)
-DEFAULT_METHODS = "bm25,dense,random"  # eval --methods' default: words, a dense baseline, the floor
 MEMORY = "memory"  # the variant --memory adds to a reranker that takes it
 
 

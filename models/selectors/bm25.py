@@ -8,13 +8,15 @@ their texts, kept between requests by the daemon's scope-data cache.
 
 from __future__ import annotations
 
-from rank_bm25 import BM25Okapi
+from typing import TYPE_CHECKING
 
-from evsel.bm25_index import STOPWORDS, chunk_tokens, tokenize
 from evsel.store import ChunkRecord
 
 from . import register
 from .base import Ranking, Selector
+
+if TYPE_CHECKING:
+    from rank_bm25 import BM25Okapi
 
 __all__ = ["BM25Selector", "STOPWORDS", "tokenize"]
 
@@ -47,12 +49,20 @@ class BM25Selector(Selector):
         return self.context.scope_data("bm25", chunks, build, self.k1, self.b)
 
     def build(self, chunks: list[ChunkRecord]) -> BM25Okapi:
+        from rank_bm25 import BM25Okapi
+
+        from evsel.bm25_index import chunk_tokens
+
         return BM25Okapi([chunk_tokens(c.text) for c in chunks], k1=self.k1, b=self.b)
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         self.index(chunks)
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
+        from rank_bm25 import BM25Okapi
+
+        from evsel.bm25_index import tokenize
+
         query = tokenize(question)
         if not query:
             return [0.0] * len(chunks)
@@ -67,9 +77,21 @@ class BM25Selector(Selector):
     def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
         """When no word of the question is in any ranked passage, every score is 0 (or, in a scope
         of a document or two, negative idf) and the passages are not evidence: "no_match" says so."""
+        from evsel.bm25_index import tokenize
+
         ranked = self.rank(question, chunks, top_n)
         if ranked and all(s.score <= 0 for s in ranked):
             words = set(tokenize(question))
             if not any(words & set(tokenize(s.chunk.text)) for s in ranked):
                 return Ranking(ranked, {"no_match": True}, [NO_MATCH])
         return Ranking(ranked)
+
+
+def __getattr__(name: str):
+    # bm25_index's names (numpy at import), re-exported when first read: the CLI's request checks
+    # load this module to know the selector names
+    if name in ("STOPWORDS", "chunk_tokens", "tokenize"):
+        from evsel import bm25_index
+
+        return getattr(bm25_index, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,14 +8,16 @@ in the context's resources, so a resident daemon loads it once."""
 from __future__ import annotations
 
 import os
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from evsel.errors import ModelError
 from evsel.store import ChunkRecord
 
 from . import register
 from .base import Selector, SelectorContext
+
+if TYPE_CHECKING:  # numpy is imported where vectors are made: the CLI's request checks load this module
+    import numpy as np
 
 MAX_TOKENS = 256  # the model's max_seq_length; longer texts are truncated as sentence-transformers does
 BATCH = 32
@@ -69,6 +71,7 @@ class MiniLM:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """(N, 384) float32 unit vectors; texts are batched by length to waste little padding."""
+        import numpy as np
         import torch
 
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
@@ -113,6 +116,8 @@ class DenseSelector(Selector):
             context, encoder = self.context, self.encoder
 
             def build() -> np.ndarray:
+                import numpy as np
+
                 got = context.states.ensure(
                     encoder.fingerprint, METHOD, [CONFIG], chunks,
                     lambda texts: {CONFIG: encoder.encode(texts).astype(np.float16)},

@@ -3,12 +3,15 @@ the mean-pooled question queries against each chunk's mean-pooled keys, averaged
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from evsel.store import ChunkRecord
 
 from . import register
 from .base import Selector
+
+if TYPE_CHECKING:  # numpy is imported where scores are made: the CLI's request checks load this module
+    import numpy as np
 
 
 @register("intrinsic")
@@ -53,6 +56,8 @@ class IntrinsicSelector(Selector):
         return self._scope[1]
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
+        import numpy as np
+
         keys = self.keys(chunks)
         query = self.encoder.queries([question])[0]
         per_layer = self.encoder.layer_scores(query, keys)  # (N, |layers|)
