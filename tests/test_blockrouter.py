@@ -12,7 +12,7 @@ import pytest
 import torch
 from evsel.models import blockrouter as br
 from evsel.models import lora
-from evsel.models.blocksearch import BlockSearch
+from evsel.models.blocksearch import BlockSearch, BlockSearchConfig
 
 from test_qrranker import QUESTION, _text, gqa_model_dir, tiny_backbone, trained_looking  # noqa: F401  (fixtures)
 
@@ -25,7 +25,7 @@ def _adapter(model, seed=0):
 
 def test_the_training_score_is_the_routers_score_with_the_adapter(tiny_backbone):
     adapter = _adapter(tiny_backbone.model)
-    router = BlockSearch(tiny_backbone, adapter=adapter)
+    router = BlockSearch(tiny_backbone, BlockSearchConfig(dtype="fp32"), adapter=adapter)  # keys stored exactly
     routed = router.route(QUESTION, router.scope(TEXTS)).scores
     with torch.no_grad():
         trained = br.routing_scores(BlockSearch(tiny_backbone), adapter, QUESTION, TEXTS)
