@@ -28,6 +28,7 @@ METHODS = (
     ("blocksearch:seed", "... the seed's score: QK-MaxSim of the last position, every head"),
     ("blocksearch:seed+mass+ssmax", "... the seed's attention mass with SSMax"),
     ("blocksearch:faithful", "... routing as the full model attends (slower)"),
+    ("blocksearch:router", "... through the trained router (EVSEL_BLOCKSEARCH_ROUTER or the shipped one)"),
     ("blocksearch:trained", "... its top 256 chunks' codes decoded by the trained decoder"),
     ("blocksearch:trained+top64", "... the same on its top 64"),
     ("blocksearch:decode", "... decoded by the untouched backbone"),
