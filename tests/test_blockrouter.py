@@ -127,3 +127,31 @@ def test_train_cli_router_smoke_and_the_selector_loads_it(gqa_model_dir, tmp_pat
     missing = get_selector("blocksearch:router", SelectorContext(load_backbone=lambda: backbone, states=None))
     with pytest.raises(Exception, match="no trained BlockSearch router"):
         missing.router
+
+
+def test_the_default_uses_a_router_where_one_is_set_and_untrained_never(gqa_model_dir, tmp_path, monkeypatch):
+    from evsel.models.backbone import Backbone
+    from evsel.models.selectors import SelectorContext, get_selector
+
+    backbone = Backbone(str(gqa_model_dir), "cpu")
+    out = tmp_path / "router"
+    _adapter(backbone.model).save(out)
+
+    def selector(spec):
+        return get_selector(spec, SelectorContext(load_backbone=lambda: backbone, states=None))
+
+    monkeypatch.delenv("EVSEL_BLOCKSEARCH_ROUTER", raising=False)
+    assert selector("blocksearch").router.adapter is None  # none ships for the tiny model
+    monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(out))
+    default = selector("blocksearch")
+    assert default.name == "blocksearch" and default.router.adapter is not None
+    untrained = selector("blocksearch:untrained")
+    assert untrained.name == "blocksearch:untrained" and untrained.router.adapter is None
+    assert untrained.router.digest != default.router.digest
+    assert selector("blocksearch:seed").router.adapter is None  # not what the router was trained for
+    assert selector("blocksearch:faithful").router.adapter is None
+    with pytest.raises(Exception, match="contradict"):
+        selector("blocksearch:router+untrained")
+    monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(tmp_path / "none"))
+    with pytest.raises(Exception, match="no trained BlockSearch router"):
+        selector("blocksearch").router  # a folder named and missing is an error, not a silent fallback

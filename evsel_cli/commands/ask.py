@@ -24,7 +24,9 @@ METHODS = (
     ("qrranker:untrained", "... with the untrained heads"),
     ("qrranker:memory", "... reading the block summaries (see --memory)"),
     ("qrranker:causal", "... with one causal prefill of all candidates"),
-    ("blocksearch", "in-context retrieval by the backbone's QK routing (QR heads over the question, calibrated)"),
+    ("blocksearch", "in-context retrieval by the backbone's QK routing (QR heads over the question, calibrated; "
+                    "the trained router where one ships)"),
+    ("blocksearch:untrained", "... the same without the trained router"),
     ("blocksearch:seed", "... the seed's score: QK-MaxSim of the last position, every head"),
     ("blocksearch:seed+mass+ssmax", "... the seed's attention mass with SSMax"),
     ("blocksearch:faithful", "... routing as the full model attends (slower)"),
