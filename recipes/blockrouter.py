@@ -91,8 +91,9 @@ class RouterTrainer(AdapterTrainer):
         self.base = BlockSearch(self.backbone)  # the untrained router: prompt, rows, heads, layer
         layers = br.router_layers(self.base.layer, cfg.lora_layers)
         model = self.backbone.model
-        if self.start_or_resume(lambda folder: br.load_router_adapter(folder, model),
-                                lambda: br.new_router_adapter(model, layers, cfg.rank, cfg.alpha, cfg.seed)) is not None:
+        state = self.start_or_resume(lambda folder: br.load_router_adapter(folder, model),
+                                     lambda: br.new_router_adapter(model, layers, cfg.rank, cfg.alpha, cfg.seed))
+        if state is not None:
             self.log(f"resuming at step {self.step} of {cfg.steps}")
         rng = random.Random(cfg.seed)
         self.schedule = []

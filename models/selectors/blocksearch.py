@@ -188,7 +188,8 @@ class BlockSearchSelector(Selector):
 
         from evsel.models import blockrouter as br
 
-        setting = getattr(self.context.settings, "blocksearch_router", None) or os.environ.get("EVSEL_BLOCKSEARCH_ROUTER")
+        setting = (getattr(self.context.settings, "blocksearch_router", None)
+                   or os.environ.get("EVSEL_BLOCKSEARCH_ROUTER"))
         if setting:
             return Path(setting), True
         return br.shipped_router_dir(self.context.backbone.fingerprint), False
