@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = [m.strip() for m in args.methods.split(",") if m.strip()]
 
     from evsel.engine import Engine
-    from evsel.evaluation.runner import EvalConfig, Method
+    from evsel.evaluation.runner import EvalConfig, Method, method_specs
 
     info = run_info(["python", "bench/scaling.py", *(argv if argv is not None else sys.argv[1:])])
     started = time.perf_counter()
@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(passages)} passages, {pool_tokens} tokens, chunked in {chunk_s:.0f} s", file=sys.stderr)
     questions = pick_questions(args.questions)
     context = engine.selector_context(for_eval=True)
-    methods = [Method(spec, context, EvalConfig(methods=specs)) for spec in specs]
+    config = EvalConfig(methods=specs)
+    methods = [Method(name, spec, context, config) for name, spec in method_specs(specs, False)]
 
     rows: dict[str, dict[int, list[dict]]] = {m.spec: {L: [] for L in lengths} for m in methods}
     index_s: dict[str, float] = {m.spec: 0.0 for m in methods}

@@ -76,6 +76,8 @@ class Settings:
     qrranker_kv: bool = False
     # EVSEL_BLOCKSEARCH_DECODER: a folder from `evsel train blocksearch` instead of the shipped decoder
     blocksearch_decoder: str | None = None
+    # EVSEL_BLOCKSEARCH_ROUTER: a folder from `evsel train blocksearch --router` instead of the shipped router
+    blocksearch_router: str | None = None
     data_dir: str | None = None  # EVSEL_DATA: benchmark data for eval and train
     debug: bool = False  # EVSEL_DEBUG: tracebacks instead of one-line errors
 
@@ -106,6 +108,7 @@ class Settings:
             qrranker_heads=_heads_or_path(env.get("EVSEL_QRRANKER_HEADS"), cwd),
             qrranker_kv=_flag(env, "EVSEL_QRRANKER_KV", False),
             blocksearch_decoder=_absolute(env.get("EVSEL_BLOCKSEARCH_DECODER"), cwd),
+            blocksearch_router=_absolute(env.get("EVSEL_BLOCKSEARCH_ROUTER"), cwd),
             data_dir=_absolute(env.get("EVSEL_DATA"), cwd),
             debug=_flag(env, "EVSEL_DEBUG", False),
         )

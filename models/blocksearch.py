@@ -152,12 +152,15 @@ class BlockSearchConfig:
 
 
 def key_digest(layer: int, dtype: str, model_dtype: str, prefix: list[int], separator: list[int],
-               max_chunk_tokens: int) -> str:
+               max_chunk_tokens: int, adapter: str | None = None) -> str:
     """What a chunk's cached keys depend on besides its text and the weights: the layer, the
-    storage and compute types, the prefix and how a block is cut. (The query pieces do not enter:
-    changing the question template keeps the keys.)"""
+    storage and compute types, the prefix, how a block is cut and the trained router's digest
+    (`adapter`; the untrained digest stays as it was). (The query pieces do not enter: changing
+    the question template keeps the keys.)"""
     data = {"format": KEYS_FORMAT, "layer": layer, "dtype": dtype, "model_dtype": model_dtype,
             "prefix": list(prefix), "separator": list(separator), "max_chunk_tokens": max_chunk_tokens}
+    if adapter is not None:
+        data["router_adapter"] = adapter
     return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
@@ -470,10 +473,13 @@ class BlockSearch:
     routing layer (keys cached per chunk), runs the query block, scores the scope."""
 
     def __init__(self, backbone, config: BlockSearchConfig | None = None, store_dir: str | Path | None = None,
-                 memory: dict | None = None, kv_cache: BlockStateCache | None = None):
+                 memory: dict | None = None, kv_cache: BlockStateCache | None = None, adapter=None):
         """`store_dir`: key files go under <store_dir>/blocksearch/ (None: in memory; `memory`, a
         dict shared between routers, keeps one in-memory ArrayCache per config digest). `kv_cache`:
-        the full per-block KV the faithful mode reads (None: a private one)."""
+        the full per-block KV the faithful mode reads (None: a private one). `adapter`: a trained
+        router (models/blockrouter.py) applied to every pass; its digest keys the key files."""
+        self.adapter = adapter
+        self.adapter_digest = adapter.digest() if adapter is not None else None
         self.backbone = backbone
         self.model = backbone.model
         cfg = self.model.config
@@ -492,7 +498,7 @@ class BlockSearch:
         self.model_dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
         self.storage = STORAGE_DTYPES[self.config.dtype]
         self.digest = key_digest(self.layer, self.config.dtype, self.model_dtype, self.prefix_ids, self.separator,
-                                 self.config.prompt.max_chunk_tokens)
+                                 self.config.prompt.max_chunk_tokens, self.adapter_digest)
         if store_dir is not None:
             folder = cache_folder(store_dir, backbone.fingerprint, self.digest)
             self.keys = ArrayCache(folder, top=cache_root(store_dir))
@@ -501,7 +507,8 @@ class BlockSearch:
         else:
             self.keys = ArrayCache(None)
         self.kv_cache = kv_cache if kv_cache is not None else BlockStateCache()
-        self.model_key = f"{backbone.fingerprint}:{self.model_dtype}"
+        self.model_key = f"{backbone.fingerprint}:{self.model_dtype}" + (
+            f":router-{self.adapter_digest}" if adapter is not None else "")
         self.pad_id = backbone.tokenizer.pad_token_id or 0
         self.encoded = 0  # blocks this router encoded (tests, reports)
         self._prefix_kv = None
@@ -510,6 +517,12 @@ class BlockSearch:
         self._null_kept = None  # prefix mode: (packed keys, SSMax factor, the null query's scores)
         self._head_mask = None
         self.head_source = ""
+
+    def _adapted(self):
+        """The trained router's deltas inside the passes (none without one)."""
+        from evsel.models.blockrouter import adapted
+
+        return adapted(self.model, self.adapter)
 
     # pieces
     @property
@@ -539,14 +552,17 @@ class BlockSearch:
     @property
     def prefix_kv(self) -> list[tuple]:
         if self._prefix_kv is None:
-            self._prefix_kv = encode_prefix(self.model, self.prefix_ids, self.depth)
+            with self._adapted():
+                self._prefix_kv = encode_prefix(self.model, self.prefix_ids, self.depth)
         return self._prefix_kv
 
     # encoding
     def encode_keys(self, blocks: list[list[int]]) -> list:
         """Post-RoPE keys (kv, L_i, d) at the routing layer of blocks encoded block-sparse after the
         prefix, through layer L only (blocksparse's encoder), as torch tensors of the model's type."""
-        states = encode_blocks(self.model, self.prefix_kv, blocks, self.config.batch_tokens, self.pad_id)
+        prefix_kv = self.prefix_kv
+        with self._adapted():
+            states = encode_blocks(self.model, prefix_kv, blocks, self.config.batch_tokens, self.pad_id)
         self.encoded += len(blocks)
         return [b[self.layer][0] for b in states.blocks]
 
@@ -555,8 +571,9 @@ class BlockSearch:
         cache = self.kv_cache
         prefix_cached = cache.get(cache.key("prefix", self.model_key, self.depth, self.prefix_ids)) is not None
         before = cache.misses
-        states = encode_blocks_cached(self.model, self.prefix_ids, blocks, self.depth, cache,
-                                         self.config.batch_tokens, self.pad_id, self.model_key)
+        with self._adapted():
+            states = encode_blocks_cached(self.model, self.prefix_ids, blocks, self.depth, cache,
+                                          self.config.batch_tokens, self.pad_id, self.model_key)
         self.encoded += cache.misses - before - (0 if prefix_cached else 1)
         return states
 
@@ -625,7 +642,7 @@ class BlockSearch:
         suffix = self.suffix(question)
         a, b = self.query_rows(question)
         layers = list(range(self.layer)) if factor != 1.0 else []
-        with torch.inference_mode(), _scaled_attention(self.model, layers, factor):
+        with torch.inference_mode(), _scaled_attention(self.model, layers, factor), self._adapted():
             [state] = suffix_states(self.model, context, [(suffix, a)], [self.layer],
                                     check_rope=not self._rope_checked)
         self._rope_checked = True

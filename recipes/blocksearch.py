@@ -225,7 +225,13 @@ class DecoderTrainer(AdapterTrainer):
 
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
                  data_dir: str | None = None, on_event: Callable[[dict], None] = ignore_event) -> dict:
-    """`evsel train blocksearch`: the recipe's settings with the given options over them."""
+    """`evsel train blocksearch`: the recipe's settings with the given options over them; with
+    the option `router` true, the router instead (recipes/blockrouter.py)."""
+    if options.pop("router", None):
+        from .blockrouter import run_router_training
+
+        return run_router_training(engine, out, recipe_name, options, command, data_dir, on_event)
+    options = {k: v for k, v in options.items() if k != "router"}
     config = config_of(TrainConfig, out, train_recipe(recipe_name), options)
 
     def log(line: str) -> None:

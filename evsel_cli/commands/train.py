@@ -296,6 +296,10 @@ def train_blocksearch(
         "--minutes", parser=FLOAT, help="Checkpoint and stop after this many minutes; a rerun continues.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", parser=INT, help="CPU threads for torch.")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", parser=INT)] = None,
+    router: Annotated[bool, typer.Option(
+        "--router", help="Train the router instead: a LoRA on q/k of the layers up to the routing layer, "
+                         "listwise loss on the routing score (use with EVSEL_BLOCKSEARCH_ROUTER=OUT and "
+                         "--select blocksearch:router).")] = False,
     as_json: JsonOption = False,
 ):
     """BlockSearch's code decoder (seed 001): every chunk of a context carries a random four-digit
@@ -314,7 +318,7 @@ def train_blocksearch(
     options = {"sources": list(sources) if sources else None, "stories": stories, "dev_stories": dev_stories,
                "questions_per_story": questions_per_story, "stories_per_context": stories_per_context,
                "rank": rank, "batch": batch, "steps": steps, "lr": lr, "aux_weight": aux_weight,
-               "dev_every": dev_every, "minutes": minutes, "threads": threads, "seed": seed}
+               "dev_every": dev_every, "minutes": minutes, "threads": threads, "seed": seed, "router": router}
     engine = engine_from(ctx, **({"device": train_device} if train_device else {}))
     with ProgressView(enabled=not as_json) as view:
         def on_event(event: dict) -> None:
@@ -327,6 +331,7 @@ def train_blocksearch(
         print_json(summary)
     else:
         best = summary["best_dev"] or {}
-        stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev recall@1 "
-                     f"{best.get('recall@1', float('nan')):.3f} (BM25 {best.get('bm25', {}).get('recall@1', float('nan')):.3f}); "
+        k = "5" if router else "1"
+        stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev recall@{k} "
+                     f"{best.get(f'recall@{k}', float('nan')):.3f} (BM25 {best.get('bm25', {}).get(f'recall@{k}', float('nan')):.3f}); "
                      f"adapter in {out}")

@@ -10,6 +10,13 @@ every layer and the digit beam search returns codes, best first. Those chunks le
 beam order, then the rest by routing score. `blocksearch:decode`: the same with the untouched
 backbone decoding the codes (no adapter), the decoder's untrained baseline.
 
+`blocksearch:router`: routing through the trained router (models/blockrouter.py: a LoRA on q/k of
+the layers up to L, from `evsel train blocksearch --router --out DIR`; EVSEL_BLOCKSEARCH_ROUTER=DIR,
+else the one shipped for the backbone); its keys are cached apart from the untrained ones. The
+plain `blocksearch` uses that router too when one is there (EVSEL_BLOCKSEARCH_ROUTER or shipped) and
+the scoring is the default one in prefix mode, what it was trained for (measured best,
+docs/BLOCKSEARCH.md); `blocksearch:untrained` never does.
+
 The key files of chunks deleted from a store are deleted with them (`delete_key_files`, a cleanup
 the store runs after the deletion commits); this module registers it when the selectors package
 is imported, so it stays light: numpy and the model code are imported where used."""
@@ -34,7 +41,8 @@ SCORING = {"question": {"query_tokens": "question"}, "span": {"query_tokens": "s
            "qr": {"heads": "qr"}, "allheads": {"heads": "all"}, "nosink": {"skip_tokens": 1},
            "seed": {"variant": "maxsim", "query_tokens": "last", "calibrate": False, "heads": "all"},
            "heads": {"variant": "mass", "query_tokens": "span", "calibrate": True, "heads": "qr"}}
-VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", *SCORING, *TOP_B)
+VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", "router", "untrained", *SCORING,
+            *TOP_B)
 
 
 def parse_variants(text: str | None) -> list[str]:
@@ -62,7 +70,8 @@ class BlockSearchSelector(Selector):
 
     def __init__(self, context, ssmax: bool = False, variant: str | None = None, query_mode: str = "prefix",
                  layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
-                 variants: str | None = None, trained: bool = False, decode: bool = False, **_):
+                 variants: str | None = None, trained: bool = False, decode: bool = False,
+                 router: bool | None = None, **_):
         """`variant`: maxsim (R^sum of per-head QK-MaxSim) or mass (the query's softmax attention
         onto each chunk at the routing layer); `query_mode`: prefix (the fast path: the query block
         reads the prefix only) or faithful (it reads every chunk below the routing layer, as in the
@@ -82,6 +91,10 @@ class BlockSearchSelector(Selector):
                 trained = True
             elif option == "decode":
                 decode = True
+            elif option == "router":
+                router = True
+            elif option == "untrained":
+                router = False
             elif option in TOP_B:
                 top_b = TOP_B[option]
             elif option in ("mass", "maxsim"):
@@ -98,7 +111,15 @@ class BlockSearchSelector(Selector):
             raise EvselError("blocksearch:trained and :decode are two decoders", "choose one of them")
         self.trained = bool(trained)
         self.decode = bool(decode)
-        options = [*self.scoring_options(self.config),
+        if "router" in chosen and "untrained" in chosen:
+            from evsel.errors import EvselError
+
+            raise EvselError("blocksearch:router and :untrained contradict each other", "choose one of them")
+        # None: the router where one is found and the routing is what it was trained for
+        self.use_router = router if router is not None else (
+            None if self.scoring_options(self.config) == [] and query_mode == "prefix" else False)
+        options = [*self.scoring_options(self.config), *(["router"] if self.use_router else []),
+                   *(["untrained"] if router is False else []),
                    *(v for v, on in ((query_mode, query_mode != "prefix"), ("ssmax", bool(ssmax)),
                                      ("trained", self.trained), ("decode", self.decode),
                                      (f"top{top_b}", top_b != 256)) if on)]
@@ -147,8 +168,44 @@ class BlockSearchSelector(Selector):
                 if kv_cache is None:
                     kv_cache = context.resources["blocksearch.kv"] = BlockStateCache(1 << 30)
                 self._router = bs.BlockSearch(context.backbone, self.config, store_dir=store_dir,
-                                              memory=None if store_dir else memory, kv_cache=kv_cache)
+                                              memory=None if store_dir else memory, kv_cache=kv_cache,
+                                              adapter=self._chosen_adapter())
         return self._router
+
+    def _chosen_adapter(self):
+        if self.use_router:
+            return self.router_adapter()
+        if self.use_router is None:  # the default: the router when one is set or ships
+            from evsel.models.lora import ADAPTER_FILE
+
+            folder, named = self.router_folder()
+            return self.router_adapter() if named or (folder / ADAPTER_FILE).is_file() else None
+        return None
+
+    def router_folder(self) -> tuple[Path, bool]:
+        """(where the trained router is, whether EVSEL_BLOCKSEARCH_ROUTER named it)."""
+        import os
+
+        from evsel.models import blockrouter as br
+
+        setting = (getattr(self.context.settings, "blocksearch_router", None)
+                   or os.environ.get("EVSEL_BLOCKSEARCH_ROUTER"))
+        if setting:
+            return Path(setting), True
+        return br.shipped_router_dir(self.context.backbone.fingerprint), False
+
+    def router_adapter(self):
+        """The trained router: EVSEL_BLOCKSEARCH_ROUTER's folder, else the one shipped for the backbone."""
+        from evsel.errors import ModelError
+        from evsel.models import blockrouter as br
+        from evsel.models.lora import ADAPTER_FILE
+
+        folder, _ = self.router_folder()
+        if not (folder / ADAPTER_FILE).is_file():
+            raise ModelError(f"no trained BlockSearch router in {folder}",
+                             "train one with: evsel train blocksearch --router --out DIR, then set "
+                             "EVSEL_BLOCKSEARCH_ROUTER=DIR (or use --select blocksearch:untrained)")
+        return br.load_router_adapter(folder, self.context.backbone.model)
 
     @property
     def decoder(self):
