@@ -119,9 +119,9 @@ class DocumentIndexer:
         self.lengths = array("i")
         self.digest = hashlib.sha1()
         self.batches = 0
-        conn.execute("create temp table if not exists bm25_staging (term_id integer not null, batch integer not null,"
+        conn.execute("drop table if exists temp.bm25_staging")
+        conn.execute("create temp table bm25_staging (term_id integer not null, batch integer not null,"
                      " data blob not null, primary key (term_id, batch)) without rowid")
-        conn.execute("delete from temp.bm25_staging")
 
     def add(self, chunks: Iterable[tuple[str, str]]) -> None:
         """Index the next chunks, (text, content_hash) in seq order."""
@@ -185,7 +185,8 @@ class DocumentIndexer:
         if parts:
             rows.append((term_id, self.doc_id, b"".join(parts)))
         flush(last=True)
-        self.conn.execute("delete from temp.bm25_staging")
+        staged.close()
+        self.conn.execute("drop table temp.bm25_staging")  # not a delete: no row-by-row work
 
 
 MERGE_BATCH = 5000  # staged postings rows read, and postings rows written, between two progress calls

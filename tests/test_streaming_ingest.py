@@ -239,3 +239,20 @@ def test_kill_9_anywhere_in_an_ingest_leaves_the_old_version_or_the_new_one(tmp_
     # and the interrupted version goes in whole at the next ingest
     assert _evsel("ingest", "--no-encode", "--chunk-tokens", "16", str(path)).returncode == 0
     _assert_whole(Store(), second)
+
+
+def test_counts_without_transformers_equal_the_transformers_tokenizer(backbone_tokenizer):
+    """The chunker counts with the `tokenizers` tokenizer alone (no transformers or torch in an ingest's
+    memory): the same counts and offsets as transformers' wrapper, so the same chunks."""
+    from evsel import chunker
+
+    assert backbone_tokenizer.fast_tokenizer is not None
+    story = sample_story_path().read_text(encoding="utf-8")
+    texts = [story[s:e] for s, e in chunker.split_sentences(story)]
+    texts += ["", " ", "\n\n\u201cNo,\u201d she said.", "caf\u00e9 \u00fcber na\u00efve \u2014 \u65e5\u672c\u8a9e",
+              "emoji \U0001f600 and tabs\t\tand  spaces", "x" * 5000, "<|im_start|>user\nhi<|im_end|>"]
+    wrapped = backbone_tokenizer.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert backbone_tokenizer.count(texts) == [len(ids) for ids in wrapped]
+    for text in (story[:3000], texts[-3], texts[-4]):
+        expected = backbone_tokenizer.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert backbone_tokenizer.offsets(text) == [tuple(o) for o in expected["offset_mapping"]]
