@@ -88,9 +88,9 @@ def make_big_text(path: Path, mib: int = 50) -> int:
     return path.stat().st_size
 
 
-# where a cancel lands in the memory ingest: reading the file, then fractions of the chunks stored
-# (the total is the daemon's running estimate), the last one where the postings are merged
-CANCEL_POINTS = ("parse", 0.1, 0.5, 0.97)
+# where a cancel lands in the memory ingest (--cancel-points): reading the file, then fractions of the
+# chunks stored (of the daemon's running estimate of the total); each point is a fresh ingest
+CANCEL_POINTS = "parse,0.1,0.5,0.97"
 
 
 def cancel_at(big: Path, env: dict, point) -> dict:
@@ -159,6 +159,13 @@ def memory_mode(args, base: dict) -> int:
     record: dict = {"run": run_info(["python", "bench/ingest.py", *sys.argv[1:]]), "label": args.label,
                     "file_bytes": size, "file_mib": round(size / 2**20, 1)}
     print(f"wrote {big}: {size / 2**20:.1f} MiB", flush=True)
+    out = args.out if args.out != DEFAULT_OUT else ROOT / "bench" / "results" / "ingest-memory.json"
+
+    def save() -> None:  # after each step: a long run stopped half-way keeps what it measured
+        previous = json.loads(out.read_text()) if out.is_file() else {}
+        runs = [r for r in previous.get("runs", []) if r.get("label") != args.label] + [record]
+        write_result(out, {"runs": runs})
+
     try:
         # 1. peak RSS of an in-process ingest, measured by /usr/bin/time -v (else getrusage of the child)
         home = work / "home-rss"
@@ -186,6 +193,7 @@ def memory_mode(args, base: dict) -> int:
                             "ratio_to_file": round(peak_kib * 1024 / size, 2), "target_ratio": 10.0,
                             "ingest_s": round(seconds, 1), "chunks": files[0]["chunks"]}
         print(json.dumps(record["memory"]), flush=True)
+        save()
         shutil.rmtree(home, ignore_errors=True)
         # 2. cancel latency through a daemon, at several points of the same ingest
         home = work / "home-cancel"
@@ -193,16 +201,16 @@ def memory_mode(args, base: dict) -> int:
         env = dict(base, EVSEL_HOME=str(home))
         evsel(["daemon", "start", "--no-preload"], env)
         try:
-            record["cancel"] = [cancel_at(big, env, point) for point in CANCEL_POINTS]
-            record["cancel_max_s"] = max(c["latency_s"] for c in record["cancel"])
+            record["cancel"] = []
+            for point in args.cancel_points.split(","):
+                record["cancel"].append(cancel_at(big, env, point if point == "parse" else float(point)))
+                record["cancel_max_s"] = max(c["latency_s"] for c in record["cancel"])
+                save()
         finally:
             subprocess.run([sys.executable, "-m", "evsel", "daemon", "stop"], env=env, capture_output=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = args.out if args.out != DEFAULT_OUT else ROOT / "bench" / "results" / "ingest-memory.json"
-    previous = json.loads(out.read_text()) if out.is_file() else {}
-    runs = [r for r in previous.get("runs", []) if r.get("label") != args.label] + [record]
-    write_result(out, {"runs": runs})
+    save()
     print(f"wrote {out}")
     return 0
 
@@ -219,7 +227,8 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true",
                         help="peak RSS and cancel latency of a ~50 MiB text ingest (bench/results/ingest-memory.json)")
     parser.add_argument("--memory-mib", type=int, default=50)
-    parser.add_argument("--cancel-after", type=float, default=3.0)
+    parser.add_argument("--cancel-points", default=CANCEL_POINTS,
+                        help="--memory: where each cancel lands: parse, or a fraction of the chunks stored")
     parser.add_argument("--label", default="current", help="--memory: the run's name (e.g. before, after)")
     args = parser.parse_args()
     if not args.book.is_file():
