@@ -2,6 +2,7 @@
 
     python bench/ingest.py                      # Sherlock Holmes from ../shared/data/nocha
     python bench/ingest.py --inline --out bench/results/ingest.json
+    python bench/ingest.py --memory --label streaming   # peak RSS and cancel latency, 51.5 MiB text
 
 Whole processes, as a user runs them, each in a fresh EVSEL_HOME with a started, preloaded daemon
 (the dense model copy is shared), after one untimed warm-up ingest: `evsel ingest --no-encode BOOK`
@@ -135,9 +136,14 @@ def cancel_at(big: Path, env: dict, point) -> dict:
         client.wait(timeout=30)
     except subprocess.TimeoutExpired:
         client.kill()
-    recent = info["queue"].get("recent") or []
+    job_id = (running or {}).get("id")
+    entry: dict = {}
+    until = time.monotonic() + 30  # the daemon records the request's outcome just after it stops
+    while not entry and time.monotonic() < until:
+        entry = next((r for r in status(env).get("recent") or [] if r.get("id") == job_id), {})
+        time.sleep(0.05)
     row = {"point": point, "progress_when_signalled": {k: progress.get(k) for k in ("task", "done", "total")},
-           "latency_s": round(latency, 2), "target_s": 2.0, "last_status": recent[-1].get("status") if recent else None,
+           "latency_s": round(latency, 2), "target_s": 2.0, "last_status": entry.get("status"),
            "client_rc": client.returncode, "store_unchanged": info.get("documents") == before}
     print(json.dumps(row), flush=True)
     return row
@@ -166,42 +172,47 @@ def memory_mode(args, base: dict) -> int:
         runs = [r for r in previous.get("runs", []) if r.get("label") != args.label] + [record]
         write_result(out, {"runs": runs})
 
+    earlier = [r for r in (json.loads(out.read_text()) if out.is_file() else {}).get("runs", [])
+               if r.get("label") == args.label]
+    if args.cancel_only and earlier:  # more cancel points for a run measured already
+        record = {**earlier[0], "cancel": list(earlier[0].get("cancel") or [])}
     try:
         # 1. peak RSS of an in-process ingest, measured by /usr/bin/time -v (else getrusage of the child)
-        home = work / "home-rss"
-        home.mkdir(mode=0o700)
-        env = dict(base, EVSEL_HOME=str(home))
-        command = [sys.executable, "-m", "evsel", "--no-daemon", "ingest", "--no-encode", "--json", str(big)]
-        timer = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
-        started = time.perf_counter()
-        if timer:
-            result = subprocess.run([timer, "-v", *command], capture_output=True, text=True, env=env)
-            line = next(l for l in result.stderr.splitlines() if "Maximum resident set size" in l)
-            peak_kib = int(line.rsplit(":", 1)[1])
-        else:
-            import resource
+        if not (args.cancel_only and earlier):
+            home = work / "home-rss"
+            home.mkdir(mode=0o700)
+            env = dict(base, EVSEL_HOME=str(home))
+            command = [sys.executable, "-m", "evsel", "--no-daemon", "ingest", "--no-encode", "--json", str(big)]
+            timer = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
+            started = time.perf_counter()
+            if timer:
+                result = subprocess.run([timer, "-v", *command], capture_output=True, text=True, env=env)
+                line = next(l for l in result.stderr.splitlines() if "Maximum resident set size" in l)
+                peak_kib = int(line.rsplit(":", 1)[1])
+            else:
+                import resource
 
-            result = subprocess.run(command, capture_output=True, text=True, env=env)
-            peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        seconds = time.perf_counter() - started
-        if result.returncode != 0:
-            raise SystemExit(f"ingest failed: {result.stderr[-2000:]}")
-        files = json.loads(result.stdout)["files"]
-        record["memory"] = {"command": "evsel --no-daemon ingest --no-encode --json BIG", "measured_by":
-                            "/usr/bin/time -v" if timer else "getrusage(RUSAGE_CHILDREN)",
-                            "peak_rss_mib": round(peak_kib / 1024, 1),
-                            "ratio_to_file": round(peak_kib * 1024 / size, 2), "target_ratio": 10.0,
-                            "ingest_s": round(seconds, 1), "chunks": files[0]["chunks"]}
-        print(json.dumps(record["memory"]), flush=True)
-        save()
-        shutil.rmtree(home, ignore_errors=True)
+                result = subprocess.run(command, capture_output=True, text=True, env=env)
+                peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            seconds = time.perf_counter() - started
+            if result.returncode != 0:
+                raise SystemExit(f"ingest failed: {result.stderr[-2000:]}")
+            files = json.loads(result.stdout)["files"]
+            record["memory"] = {"command": "evsel --no-daemon ingest --no-encode --json BIG", "measured_by":
+                                "/usr/bin/time -v" if timer else "getrusage(RUSAGE_CHILDREN)",
+                                "peak_rss_mib": round(peak_kib / 1024, 1),
+                                "ratio_to_file": round(peak_kib * 1024 / size, 2), "target_ratio": 10.0,
+                                "ingest_s": round(seconds, 1), "chunks": files[0]["chunks"]}
+            print(json.dumps(record["memory"]), flush=True)
+            save()
+            shutil.rmtree(home, ignore_errors=True)
         # 2. cancel latency through a daemon, at several points of the same ingest
         home = work / "home-cancel"
         home.mkdir(mode=0o700)
         env = dict(base, EVSEL_HOME=str(home))
         evsel(["daemon", "start", "--no-preload"], env)
         try:
-            record["cancel"] = []
+            record.setdefault("cancel", [])
             for point in args.cancel_points.split(","):
                 record["cancel"].append(cancel_at(big, env, point if point == "parse" else float(point)))
                 record["cancel_max_s"] = max(c["latency_s"] for c in record["cancel"])
@@ -227,6 +238,8 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true",
                         help="peak RSS and cancel latency of a ~50 MiB text ingest (bench/results/ingest-memory.json)")
     parser.add_argument("--memory-mib", type=int, default=50)
+    parser.add_argument("--cancel-only", action="store_true",
+                        help="--memory: add cancel points to the run of this --label, without measuring memory again")
     parser.add_argument("--cancel-points", default=CANCEL_POINTS,
                         help="--memory: where each cancel lands: parse, or a fraction of the chunks stored")
     parser.add_argument("--label", default="current", help="--memory: the run's name (e.g. before, after)")
