@@ -380,11 +380,12 @@ def ingest_memory_section(result: dict) -> list[str]:
             "maximum resident set size), as a ratio to the file's size; cancel: SIGINT to a client ingesting BIG "
             "through a started daemon at a point of its progress, until the daemon's status (polled every 0.05 s "
             "over its socket) shows no running request.", "",
-            "| run | peak RSS (MiB) | ratio to file | ingest (s) | cancel latency (s), by point |", "|---|---|---|---|---|"]
+            "| run | peak RSS (MiB) | ratio to file | ingest (s, wall) | cancel latency (s), by point |", "|---|---|---|---|---|"]
     for r in runs:
         cancel = r.get("cancel")
         if isinstance(cancel, list):
-            where = ", ".join(f"{c['point']}: {c['latency_s']:.2f}" for c in cancel)
+            where = ", ".join(f"{c['point'] if isinstance(c['point'], str) else format(c['point'], '.0%') + ' stored'}: "
+                              f"{c['latency_s']:.2f}" for c in cancel)
         elif cancel:
             where = f"{cancel.get('stage_when_signalled') or 'after ' + str(cancel['command'].split('after ')[-1])}: " \
                     f"{cancel['latency_s']:.2f}"
