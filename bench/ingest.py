@@ -2,6 +2,7 @@
 
     python bench/ingest.py                      # Sherlock Holmes from ../shared/data/nocha
     python bench/ingest.py --inline --out bench/results/ingest.json
+    python bench/ingest.py --memory --label streaming   # peak RSS and cancel latency, 51.5 MiB text
 
 Whole processes, as a user runs them, each in a fresh EVSEL_HOME with a started, preloaded daemon
 (the dense model copy is shared), after one untimed warm-up ingest: `evsel ingest --no-encode BOOK`
@@ -88,11 +89,70 @@ def make_big_text(path: Path, mib: int = 50) -> int:
     return path.stat().st_size
 
 
-def memory_mode(args, base: dict) -> int:
-    """Peak RSS of `evsel --no-daemon ingest --no-encode BIG` (a ~50 MiB text file) and its ratio to
-    the file size; and cancel latency: SIGINT to a client ingesting BIG through a daemon, until the
-    daemon's status shows the request cancelled."""
+# where a cancel lands in the memory ingest (--cancel-points): reading the file, then fractions of the
+# chunks stored (of the daemon's running estimate of the total); each point is a fresh ingest
+CANCEL_POINTS = "parse,0.1,0.5,0.97"
+
+
+def cancel_at(big: Path, env: dict, point) -> dict:
+    """SIGINT to a client ingesting BIG through the daemon once its progress reaches `point`; the
+    seconds until the daemon's status shows no running request (polled every 0.05 s), and whether
+    the store was left as it was."""
     import signal
+
+    from evsel.daemon import client as daemon_client, runtime
+
+    files = runtime.DaemonFiles(Path(env["EVSEL_HOME"]))
+
+    def status(_env: dict) -> dict:  # over the socket, in this process: a poll costs milliseconds
+        return daemon_client.status(files) or {}
+
+    before = status(env)["documents"]
+    client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", "--no-encode", str(big)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    progress: dict = {}
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline:
+        running = status(env)["queue"].get("running")
+        progress = (running or {}).get("progress") or {}
+        if point == "parse" and progress.get("task") == "parse":
+            break
+        if (not isinstance(point, str) and progress.get("task") == "store" and progress.get("total")
+                and progress["done"] >= point * progress["total"]):
+            break
+        if client.poll() is not None:
+            raise SystemExit(f"the ingest ended before the cancel point {point}")
+        time.sleep(0.05)
+    client.send_signal(signal.SIGINT)
+    sent = time.perf_counter()
+    info: dict = {}
+    while time.perf_counter() - sent < 300:
+        info = status(env)
+        if info["queue"].get("running") is None:
+            break
+        time.sleep(0.05)
+    latency = time.perf_counter() - sent
+    try:
+        client.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        client.kill()
+    job_id = (running or {}).get("id")
+    entry: dict = {}
+    until = time.monotonic() + 30  # the daemon records the request's outcome just after it stops
+    while not entry and time.monotonic() < until:
+        entry = next((r for r in status(env).get("recent") or [] if r.get("id") == job_id), {})
+        time.sleep(0.05)
+    row = {"point": point, "progress_when_signalled": {k: progress.get(k) for k in ("task", "done", "total")},
+           "latency_s": round(latency, 2), "target_s": 2.0, "last_status": entry.get("status"),
+           "client_rc": client.returncode, "store_unchanged": info.get("documents") == before}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def memory_mode(args, base: dict) -> int:
+    """Peak RSS of `evsel --no-daemon ingest --no-encode BIG` (a 51.5 MiB text file) and its ratio to
+    the file size; and cancel latency at `CANCEL_POINTS`: SIGINT to a client ingesting BIG through a
+    daemon, until the daemon's status shows no running request."""
 
     sys.path.insert(0, str(ROOT / "bench"))
     from common import write_result
@@ -105,69 +165,63 @@ def memory_mode(args, base: dict) -> int:
     record: dict = {"run": run_info(["python", "bench/ingest.py", *sys.argv[1:]]), "label": args.label,
                     "file_bytes": size, "file_mib": round(size / 2**20, 1)}
     print(f"wrote {big}: {size / 2**20:.1f} MiB", flush=True)
+    out = args.out if args.out != DEFAULT_OUT else ROOT / "bench" / "results" / "ingest-memory.json"
+
+    def save() -> None:  # after each step: a long run stopped half-way keeps what it measured
+        previous = json.loads(out.read_text()) if out.is_file() else {}
+        runs = [r for r in previous.get("runs", []) if r.get("label") != args.label] + [record]
+        write_result(out, {"runs": runs})
+
+    earlier = [r for r in (json.loads(out.read_text()) if out.is_file() else {}).get("runs", [])
+               if r.get("label") == args.label]
+    if args.cancel_only and earlier:  # more cancel points for a run measured already
+        record = {**earlier[0], "cancel": list(earlier[0].get("cancel") or [])}
     try:
         # 1. peak RSS of an in-process ingest, measured by /usr/bin/time -v (else getrusage of the child)
-        home = work / "home-rss"
+        if not (args.cancel_only and earlier):
+            home = work / "home-rss"
+            home.mkdir(mode=0o700)
+            env = dict(base, EVSEL_HOME=str(home))
+            command = [sys.executable, "-m", "evsel", "--no-daemon", "ingest", "--no-encode", "--json", str(big)]
+            timer = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
+            started = time.perf_counter()
+            if timer:
+                result = subprocess.run([timer, "-v", *command], capture_output=True, text=True, env=env)
+                line = next(l for l in result.stderr.splitlines() if "Maximum resident set size" in l)
+                peak_kib = int(line.rsplit(":", 1)[1])
+            else:
+                import resource
+
+                result = subprocess.run(command, capture_output=True, text=True, env=env)
+                peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            seconds = time.perf_counter() - started
+            if result.returncode != 0:
+                raise SystemExit(f"ingest failed: {result.stderr[-2000:]}")
+            files = json.loads(result.stdout)["files"]
+            record["memory"] = {"command": "evsel --no-daemon ingest --no-encode --json BIG", "measured_by":
+                                "/usr/bin/time -v" if timer else "getrusage(RUSAGE_CHILDREN)",
+                                "peak_rss_mib": round(peak_kib / 1024, 1),
+                                "ratio_to_file": round(peak_kib * 1024 / size, 2), "target_ratio": 10.0,
+                                "ingest_s": round(seconds, 1), "chunks": files[0]["chunks"]}
+            print(json.dumps(record["memory"]), flush=True)
+            save()
+            shutil.rmtree(home, ignore_errors=True)
+        # 2. cancel latency through a daemon, at several points of the same ingest
+        home = work / "home-cancel"
         home.mkdir(mode=0o700)
         env = dict(base, EVSEL_HOME=str(home))
-        command = [sys.executable, "-m", "evsel", "--no-daemon", "ingest", "--no-encode", "--json", str(big)]
-        timer = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
-        started = time.perf_counter()
-        if timer:
-            result = subprocess.run([timer, "-v", *command], capture_output=True, text=True, env=env)
-            line = next(l for l in result.stderr.splitlines() if "Maximum resident set size" in l)
-            peak_kib = int(line.rsplit(":", 1)[1])
-        else:
-            import resource
-
-            result = subprocess.run(command, capture_output=True, text=True, env=env)
-            peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        seconds = time.perf_counter() - started
-        if result.returncode != 0:
-            raise SystemExit(f"ingest failed: {result.stderr[-2000:]}")
-        files = json.loads(result.stdout)["files"]
-        record["memory"] = {"command": "evsel --no-daemon ingest --no-encode --json BIG", "measured_by":
-                            "/usr/bin/time -v" if timer else "getrusage(RUSAGE_CHILDREN)",
-                            "peak_rss_mib": round(peak_kib / 1024, 1),
-                            "ratio_to_file": round(peak_kib * 1024 / size, 2), "target_ratio": 10.0,
-                            "ingest_s": round(seconds, 1), "chunks": files[0]["chunks"]}
-        print(json.dumps(record["memory"]), flush=True)
-        shutil.rmtree(home, ignore_errors=True)
-        # 2. cancel latency through a daemon
-        home, env = fresh_home(base)
+        evsel(["daemon", "start", "--no-preload"], env)
         try:
-            client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", "--no-encode", str(big)],
-                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(args.cancel_after)
-            running_before = status(env)["queue"].get("running")
-            client.send_signal(signal.SIGINT)
-            sent = time.perf_counter()
-            info: dict = {}
-            while time.perf_counter() - sent < 300:
-                info = status(env)
-                if info["queue"].get("running") is None:  # the status has no per-request history
-                    break
-                time.sleep(0.1)
-            latency = time.perf_counter() - sent
-            try:
-                client.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                client.kill()
-            recent = info["queue"].get("recent") or []
-            record["cancel"] = {"command": "evsel ingest --no-encode BIG (through a daemon), SIGINT after "
-                                f"{args.cancel_after}s", "running_when_signalled": running_before is not None,
-                                "latency_s": round(latency, 2), "target_s": 2.0,
-                                "last_status": recent[-1].get("status") if recent else None,
-                                "client_rc": client.returncode}
-            print(json.dumps(record["cancel"]), flush=True)
+            record.setdefault("cancel", [])
+            for point in args.cancel_points.split(","):
+                record["cancel"].append(cancel_at(big, env, point if point == "parse" else float(point)))
+                record["cancel_max_s"] = max(c["latency_s"] for c in record["cancel"])
+                save()
         finally:
-            close_home(home, env)
+            subprocess.run([sys.executable, "-m", "evsel", "daemon", "stop"], env=env, capture_output=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = args.out if args.out != DEFAULT_OUT else ROOT / "bench" / "results" / "ingest-memory.json"
-    previous = json.loads(out.read_text()) if out.is_file() else {}
-    runs = [r for r in previous.get("runs", []) if r.get("label") != args.label] + [record]
-    write_result(out, {"runs": runs})
+    save()
     print(f"wrote {out}")
     return 0
 
@@ -184,7 +238,10 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true",
                         help="peak RSS and cancel latency of a ~50 MiB text ingest (bench/results/ingest-memory.json)")
     parser.add_argument("--memory-mib", type=int, default=50)
-    parser.add_argument("--cancel-after", type=float, default=3.0)
+    parser.add_argument("--cancel-only", action="store_true",
+                        help="--memory: add cancel points to the run of this --label, without measuring memory again")
+    parser.add_argument("--cancel-points", default=CANCEL_POINTS,
+                        help="--memory: where each cancel lands: parse, or a fraction of the chunks stored")
     parser.add_argument("--label", default="current", help="--memory: the run's name (e.g. before, after)")
     args = parser.parse_args()
     if not args.book.is_file():

@@ -383,6 +383,38 @@ def background_section(result: dict) -> list[str]:
     return out + [""]
 
 
+def ingest_memory_section(result: dict) -> list[str]:
+    """Peak RSS and cancel latency of a 51.5 MiB text ingest (bench/ingest.py --memory), per labelled run."""
+    out = ["## Ingest memory and cancel latency (bench/ingest.py --memory)", ""]
+    runs = result["runs"]
+    latest = max(runs, key=lambda r: r["run"].get("when", ""))
+    out += provenance(latest["run"])
+    out += [f"- file: {latest['file_mib']} MiB of text (the nocha books concatenated, each copy numbered), "
+            f"{latest['memory']['chunks']} chunks", "",
+            "Peak RSS of `evsel --no-daemon ingest --no-encode --json BIG` as a whole process (`/usr/bin/time -v`, "
+            "maximum resident set size), as a ratio to the file's size; cancel: SIGINT to a client ingesting BIG "
+            "through a started daemon at a point of its progress, until the daemon's status (polled every 0.05 s "
+            "over its socket) shows no running request.", "",
+            "| run | peak RSS (MiB) | ratio to file | ingest (s, wall) | cancel latency (s), by point |", "|---|---|---|---|---|"]
+    for r in runs:
+        cancel = r.get("cancel")
+        if isinstance(cancel, list):
+            where = ", ".join(f"{c['point'] if isinstance(c['point'], str) else format(c['point'], '.0%') + ' stored'}: "
+                              f"{c['latency_s']:.2f}" for c in cancel)
+        elif cancel:
+            where = f"{cancel.get('stage_when_signalled') or 'after ' + str(cancel['command'].split('after ')[-1])}: " \
+                    f"{cancel['latency_s']:.2f}"
+        else:
+            where = "not run"
+        m = r["memory"]
+        out.append(f"| {r['label']} (`{r['run']['commit']}`) | {m['peak_rss_mib']:.0f} | **{m['ratio_to_file']:.2f}x** | "
+                   f"{m['ingest_s']:.0f} | {where} |")
+    out += ["", f"Target: peak RSS ≤ {latest['memory']['target_ratio']:g}x the file, a cancel ≤ 2 s at any point. "
+            "Chunks and BM25 postings are written in batches inside one transaction (SQLite spills it to the WAL "
+            "on disk), so what stays in memory is the parsed text, the document's BM25 vocabulary and one batch."]
+    return out + [""]
+
+
 def ingest_section(result: dict) -> list[str]:
     out = ["## Ingest through the daemon, chunk states in the background (bench/ingest.py)", ""]
     out += provenance(result["run"])
@@ -660,6 +692,8 @@ def main() -> int:
         lines += background_section(json.loads((RESULTS / "daemon-background.json").read_text()))
     if ingest:
         lines += ingest_section(ingest)
+    if (RESULTS / "ingest-memory.json").exists():
+        lines += ingest_memory_section(json.loads((RESULTS / "ingest-memory.json").read_text()))
     if (RESULTS / "generate.json").exists():
         lines += generate_section(json.loads((RESULTS / "generate.json").read_text()))
     if (RESULTS / "qrranker.json").exists():

@@ -28,6 +28,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import sys
+from array import array
 from operator import attrgetter
 import sqlite3
 from dataclasses import dataclass
@@ -101,44 +103,130 @@ def _term_ids(conn: sqlite3.Connection, terms: Sequence[str]) -> list[int]:
     return [ids[t] for t in terms]
 
 
+class DocumentIndexer:
+    """Writes the BM25 rows of one document from its chunks, given a batch at a time in seq order,
+    in bounded memory: each batch's postings go to a temporary staging table, merged per term into
+    `bm25_postings` by `finish`. What stays in memory is the document's vocabulary (term ids, chunk
+    frequencies), its chunk lengths and a running digest. The caller holds the write transaction and
+    has dropped the document's previous rows."""
+
+    def __init__(self, conn: sqlite3.Connection, doc_id: int):
+        self.conn = conn
+        self.doc_id = doc_id
+        self.position: dict[str, int] = {}  # term -> index in first-occurrence order
+        self.term_ids = array("i")
+        self.dfs = array("i")
+        self.lengths = array("i")
+        self.digest = hashlib.sha1()
+        self.batches = 0
+        conn.execute("drop table if exists temp.bm25_staging")
+        conn.execute("create temp table bm25_staging (term_id integer not null, batch integer not null,"
+                     " data blob not null, primary key (term_id, batch)) without rowid")
+
+    def add(self, chunks: Iterable[tuple[str, str]]) -> None:
+        """Index the next chunks, (text, content_hash) in seq order."""
+        postings: dict[str, array] = {}  # term -> [ordinal, tf, ...] of this batch
+        for text, content_hash in chunks:
+            ordinal = len(self.lengths)
+            self.digest.update(f"\n{content_hash}".encode() if ordinal else content_hash.encode())
+            tokens = chunk_tokens(text)
+            self.lengths.append(len(tokens))
+            frequencies: dict[str, int] = {}
+            for token in tokens:
+                frequencies[token] = frequencies.get(token, 0) + 1
+            for term, tf in frequencies.items():
+                pairs = postings.get(term)
+                if pairs is None:
+                    pairs = postings[term] = array("i")
+                pairs.append(ordinal)
+                pairs.append(tf)
+        new = [t for t in postings if t not in self.position]
+        for term, term_id in zip(new, _term_ids(self.conn, new)):
+            self.position[term] = len(self.term_ids)
+            self.term_ids.append(term_id)
+            self.dfs.append(0)
+        rows = []
+        for term, pairs in postings.items():
+            at = self.position[term]
+            self.dfs[at] += len(pairs) // 2
+            rows.append((self.term_ids[at], self.batches, _little_endian(pairs)))
+        self.conn.executemany("insert into temp.bm25_staging values (?, ?, ?)", rows)
+        self.batches += 1
+
+    def finish(self, on_progress: Callable[[], None] | None = None) -> None:
+        """Write the document's row and its postings, each term's batches joined in order;
+        `on_progress` is called between writes of `MERGE_BATCH` terms (not after the last)."""
+        self.conn.execute(
+            "insert into bm25_docs (doc_id, n_chunks, total_len, digest, lengths, term_ids, dfs) "
+            "values (?, ?, ?, ?, ?, ?, ?)",
+            [self.doc_id, len(self.lengths), sum(self.lengths), self.digest.hexdigest(),
+             _little_endian(self.lengths), _little_endian(self.term_ids), _little_endian(self.dfs)])
+        staged = self.conn.execute("select term_id, data from temp.bm25_staging order by term_id, batch")
+        term_id, parts, rows = None, [], []
+
+        def flush(last: bool = False) -> None:
+            self.conn.executemany("insert into bm25_postings (term_id, doc_id, data) values (?, ?, ?)", rows)
+            rows.clear()
+            if on_progress is not None and not last:
+                on_progress()
+
+        while True:
+            fetched = staged.fetchmany(MERGE_BATCH)
+            for next_id, data in fetched:
+                if next_id != term_id and parts:
+                    rows.append((term_id, self.doc_id, b"".join(parts)))
+                    parts = []
+                term_id = next_id
+                parts.append(data)
+            if not fetched:
+                break
+            if len(rows) >= MERGE_BATCH:
+                flush()
+        if parts:
+            rows.append((term_id, self.doc_id, b"".join(parts)))
+        flush(last=True)
+        staged.close()
+        self.conn.execute("drop table temp.bm25_staging")  # not a delete: no row-by-row work
+
+
+MERGE_BATCH = 5000  # staged postings rows read, and postings rows written, between two progress calls
+
+
+def _little_endian(values: array) -> bytes:
+    """int32 values as the stored blobs hold them (little-endian, as numpy's '<i4')."""
+    if sys.byteorder != "little":
+        values = array("i", values)
+        values.byteswap()
+    return values.tobytes()
+
+
 def index_document(conn: sqlite3.Connection, doc_id: int, chunks: Sequence[tuple[int, str, str]],
                    on_progress: Callable[[], None] | None = None) -> None:
     """Write the BM25 rows of one document from its chunks' (seq, text, content_hash); the caller
     holds the write transaction and has dropped the document's previous rows. `on_progress` is
-    called every 10,000 chunks (about half a second): a cancel it raises stops a long document."""
+    called every 10,000 chunks and while the postings are written: a cancel it raises stops a long
+    document."""
     chunks = sorted(chunks, key=lambda c: c[0])
-    lengths = []
-    postings: dict[str, list[int]] = {}  # term -> [ordinal, tf, ordinal, tf, ...]; first-occurrence order
-    for ordinal, (_seq, text, _hash) in enumerate(chunks):
-        if on_progress is not None and ordinal and ordinal % 10_000 == 0:
+    indexer = DocumentIndexer(conn, doc_id)
+    for at in range(0, len(chunks), 10_000):
+        if on_progress is not None and at:
             on_progress()
-        tokens = chunk_tokens(text)
-        lengths.append(len(tokens))
-        frequencies: dict[str, int] = {}
-        for token in tokens:
-            frequencies[token] = frequencies.get(token, 0) + 1
-        for term, tf in frequencies.items():
-            postings.setdefault(term, []).extend((ordinal, tf))
-    terms = list(postings)
-    ids = _term_ids(conn, terms)
-    conn.execute(
-        "insert into bm25_docs (doc_id, n_chunks, total_len, digest, lengths, term_ids, dfs) values (?, ?, ?, ?, ?, ?, ?)",
-        [doc_id, len(chunks), sum(lengths), digest(c[2] for c in chunks), np.asarray(lengths, _I4).tobytes(),
-         np.asarray(ids, _I4).tobytes(), np.asarray([len(postings[t]) // 2 for t in terms], _I4).tobytes()],
-    )
-    conn.executemany(
-        "insert into bm25_postings (term_id, doc_id, data) values (?, ?, ?)",
-        [(i, doc_id, np.asarray(postings[t], _I4).tobytes()) for i, t in zip(ids, terms)],
-    )
+        indexer.add((text, content_hash) for _seq, text, content_hash in chunks[at:at + 10_000])
+    indexer.finish(on_progress)
 
 
-def drop_document(conn: sqlite3.Connection, doc_id: int) -> None:
-    """Delete one document's BM25 rows (its postings by their keys: no scan of the table)."""
+def drop_document(conn: sqlite3.Connection, doc_id: int, on_progress: Callable[[], None] | None = None) -> None:
+    """Delete one document's BM25 rows (its postings by their keys: no scan of the table), calling
+    `on_progress` between batches of `MERGE_BATCH` terms."""
     row = conn.execute("select term_ids from bm25_docs where doc_id = ?", [doc_id]).fetchone()
     if row is None:
         return
-    conn.executemany("delete from bm25_postings where term_id = ? and doc_id = ?",
-                     [(int(i), doc_id) for i in np.frombuffer(row[0], _I4)])
+    term_ids = np.frombuffer(row[0], _I4)
+    for at in range(0, len(term_ids), MERGE_BATCH):
+        if on_progress is not None and at:
+            on_progress()
+        conn.executemany("delete from bm25_postings where term_id = ? and doc_id = ?",
+                         [(int(i), doc_id) for i in term_ids[at:at + MERGE_BATCH]])
     conn.execute("delete from bm25_docs where doc_id = ?", [doc_id])
 
 

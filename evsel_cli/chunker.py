@@ -230,20 +230,34 @@ def chunk_document(
     budget: int = DEFAULT_CHUNK_TOKENS,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[Chunk]:
+    """Every chunk of `iter_chunks`, in a list."""
+    return list(iter_chunks(doc, counter, budget, on_progress))
+
+
+def iter_chunks(
+    doc: ParsedDocument,
+    counter: TokenCounter,
+    budget: int = DEFAULT_CHUNK_TOKENS,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> Iterator[Chunk]:
     """Greedy packing of sentence pieces into chunks of at most `budget` tokens (a single atomic
-    turn longer than the budget becomes one chunk of its own). `on_progress(done, total)` counts
-    characters of the text."""
+    turn longer than the budget becomes one chunk of its own), yielded as they are made, so an
+    ingest stores a book's chunks in batches instead of holding them all. `on_progress(done,
+    total)` counts characters of the text."""
     doc.check()
-    chunks: list[Chunk] = []
     current: list[Piece] = []
+    made: list[Chunk] = []  # what `close` emitted, handed out by the caller's loop
+    seq = 0
 
     def emit(group: list[Piece], n_tokens: int) -> None:
+        nonlocal seq
         start, end = group[0].start, group[-1].end
         segments = []
         for p in group:
             if not segments or segments[-1] is not p.segment:
                 segments.append(p.segment)
-        chunks.append(Chunk(len(chunks), start, end, doc.text[start:end], n_tokens, segments))
+        made.append(Chunk(seq, start, end, doc.text[start:end], n_tokens, segments))
+        seq += 1
 
     def close(flush: bool) -> None:
         """Emit the open pieces as a chunk. Pieces counted apart can tokenize into more tokens
@@ -270,9 +284,13 @@ def chunk_document(
         elif current and not blank and sum(p.tokens for p in current) + piece.tokens > budget:
             close(flush=False)
         current.append(piece)
+        if made:
+            yield from made
+            made.clear()
         if on_progress and index % 200 == 0:
             on_progress(piece.start, total)
     close(flush=True)
+    yield from made
+    made.clear()
     if on_progress:
         on_progress(total, total)
-    return chunks

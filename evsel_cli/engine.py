@@ -441,33 +441,45 @@ class Engine:
             on_event({"type": "progress", "task": "parse", "label": f"read {path.name}", "done": 1, "total": 1})
             for message in warnings:
                 on_event({"type": "warning", "message": message})
-            docs = []
-            for doc in parsed:
-                label = f"chunking {doc.title[:40]}"
+            # chunks are made as the store writes them, a batch at a time: a book's chunk list is
+            # never held whole. One "store" stage: chunks stored, of an estimate until the last.
+            all_chars = sum(len(doc.text) for doc in parsed) or 1
+            made = {"chunks": 0, "chars": 0, "stored": 0}
 
-                def progress(done: int, total: int, label: str = label) -> None:
-                    on_event({"type": "progress", "task": "chunk", "label": label, "done": done, "total": total})
+            def estimate() -> int:
+                if not made["chars"]:
+                    return max(2, all_chars // (chunk_tokens * 3))  # about 3 characters a token
+                return max(made["stored"], made["chunks"] + 1, round(made["chunks"] * all_chars / made["chars"]))
 
-                chunks = chunker.chunk_document(doc, self.backbone, chunk_tokens, progress)
-                if not chunks or not any(c.text.strip() for c in chunks):
-                    raise InputError("no text to index", "check the file's contents", path=str(path))
-                metadata = dict(doc.metadata, chunker=config, kind_arg=kind)
-                docs.append(
-                    {
-                        "part": doc.part,
-                        "kind": doc.kind,
-                        "title": doc.title,
-                        "metadata": metadata,
-                        "n_chars": len(doc.text),
-                        "chunks": [c.record() for c in chunks],
-                    }
-                )
-            def storing(done: int, total: int) -> None:  # inside the file's transaction: a cancel here rolls it back
+            def storing(done: int, total: int | None) -> None:  # inside the file's transaction: a cancel here rolls it back
+                made["stored"] = done
                 on_event({"type": "progress", "task": "store", "label": f"storing {path.name}", "done": done,
-                          "total": total})
+                          "total": total if total is not None else estimate()})
 
+            def records(doc, before: int):
+                """The document's chunk records as the chunker makes them; refuses a document without text."""
+                def chunking(done: int, _total: int) -> None:  # the chunker's pulse: shown, and a cancel lands here
+                    made["chars"] = before + done
+                    storing(made["stored"], None)
+
+                any_text = False
+                for chunk in chunker.iter_chunks(doc, self.backbone, chunk_tokens, chunking):
+                    any_text = any_text or bool(chunk.text.strip())
+                    made["chunks"] += 1
+                    yield chunk.record()
+                if not any_text:
+                    raise InputError("no text to index", "check the file's contents", path=str(path))
+
+            docs = []
+            before = 0
+            for doc in parsed:
+                metadata = dict(doc.metadata, chunker=config, kind_arg=kind)
+                docs.append({"part": doc.part, "kind": doc.kind, "title": doc.title, "metadata": metadata,
+                             "n_chars": len(doc.text), "chunks": records(doc, before)})
+                before += len(doc.text)
+            del parsed
             ids = self.store.replace_file(collection_id, str(path), sha, docs, on_batch=storing)
-            n_chunks = sum(len(d["chunks"]) for d in docs)
+            n_chunks = made["stored"]
             return FileResult(str(path), "ingested", ids, n_chunks, time.perf_counter() - started, warnings=warnings)
         except EvselError as exc:
             if exc.path is None:

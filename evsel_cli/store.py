@@ -430,8 +430,8 @@ class PendingEncode:
         return " and ".join(w for w, on in (("chunk states", self.states), ("summaries", self.summaries)) if on)
 
 
-# chunks written between two `on_batch` calls of `Store.replace_file`: a cancel waits for at most one
-# batch (about 0.1 s), and the calls cost nothing next to the inserts
+# chunks written (and held in memory) between two `on_batch` calls of `Store.replace_file`: a cancel
+# waits for at most one batch (about 0.1 s), and the calls cost nothing next to the inserts
 WRITE_BATCH = 2000
 
 
@@ -484,21 +484,27 @@ class Store:
         )
 
     def replace_file(self, collection_id: int, path: str, sha256: str, docs: list[dict],
-                     on_batch: Callable[[int, int], None] | None = None) -> list[int]:
+                     on_batch: Callable[[int, int | None], None] | None = None) -> list[int]:
         """Store every document parsed from one file, replacing that file's previous version atomically.
 
-        `docs` items: {part, kind, title, metadata, n_chars, chunks: [chunk dicts]}. Document ids stay
-        stable across versions of the same (collection, path, part). Returns the document ids.
-        `on_batch(stored, total)` is called (chunks written so far, of all) before the write and
-        after each batch of `WRITE_BATCH` chunks, inside the transaction: whatever it raises (a
-        cancel) rolls the whole file back, so the store stays as it was.
+        `docs` items: {part, kind, title, metadata, n_chars, chunks}, where `chunks` is a list of chunk
+        dicts or any iterable yielding them in seq order (the chunker's generator: a book's chunks are
+        then never all in memory). They are written `WRITE_BATCH` at a time with their BM25 rows, all
+        in one transaction: SQLite spills what it writes to the WAL on disk, so memory stays flat, and
+        a crash before the commit leaves the previous version whole. Document ids stay stable across
+        versions of the same (collection, path, part). Returns the document ids.
+        `on_batch(stored, total)` is called (chunks written so far, of all: None when `chunks` are not
+        lists) before the write, after each batch, and between the batches of deletes and index writes,
+        inside the transaction: whatever it raises (a cancel) rolls the whole file back, so the store
+        stays as it was.
         """
         from . import bm25_index
 
         now = time.time()
         ids = []
         dropped: set[str] = set()  # content hashes of the chunks this replaces
-        total = sum(len(doc["chunks"]) for doc in docs)
+        total = sum(len(doc["chunks"]) for doc in docs) if all(
+            hasattr(doc["chunks"], "__len__") for doc in docs) else None
         stored = 0
 
         def written(count: int) -> None:
@@ -506,6 +512,9 @@ class Store:
             stored += count
             if on_batch is not None:
                 on_batch(stored, total)
+
+        def checkpoint() -> None:
+            written(0)
 
         with self._transaction() as conn:
             written(0)
@@ -520,16 +529,16 @@ class Store:
                     "title": doc["title"],
                     "metadata": json.dumps(doc.get("metadata", {}), sort_keys=True),
                     "n_chars": doc["n_chars"],
-                    "n_chunks": len(doc["chunks"]),
-                    "n_tokens": sum(c["n_tokens"] for c in doc["chunks"]),
+                    "n_chunks": 0,  # counted as the chunks are written
+                    "n_tokens": 0,
                     "updated_at": now,
                 }
                 previous = old.pop(doc["part"], None)
                 if previous:
                     doc_id = previous["id"]
                     dropped |= self._chunk_hashes(doc_id)
-                    bm25_index.drop_document(conn, doc_id)
-                    conn.execute("delete from chunks where doc_id = ?", [doc_id])
+                    bm25_index.drop_document(conn, doc_id, on_progress=checkpoint)
+                    self._delete_chunks(doc_id, on_progress=checkpoint)
                     sets = ", ".join(f"{k} = ?" for k in values)
                     conn.execute(f"update documents set {sets} where id = ?", [*values.values(), doc_id])
                 else:
@@ -539,33 +548,64 @@ class Store:
                     doc_id = conn.execute(
                         f"insert into documents ({cols}) values ({marks})", list(values.values())
                     ).lastrowid
-                for at in range(0, len(doc["chunks"]), WRITE_BATCH):
-                    batch = doc["chunks"][at:at + WRITE_BATCH]
-                    conn.executemany(
-                        "insert into chunks (doc_id, seq, text, content_hash, n_tokens, char_start, char_end, "
-                        "page_start, page_end, speakers, session, turn_ids, time_start, time_end) "
-                        "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [
-                            (
-                                doc_id, c["seq"], c["text"], c["content_hash"], c["n_tokens"], c["char_start"],
-                                c["char_end"], c.get("page_start"), c.get("page_end"),
-                                json.dumps(c.get("speakers", [])), c.get("session"),
-                                json.dumps(c.get("turn_ids", [])), c.get("time_start"), c.get("time_end"),
-                            )
-                            for c in batch
-                        ],
-                    )
+                indexer = bm25_index.DocumentIndexer(conn, doc_id)
+                n_chunks = n_tokens = 0
+                batch: list[dict] = []
+                for chunk in doc["chunks"]:
+                    batch.append(chunk)
+                    if len(batch) >= WRITE_BATCH:
+                        n_tokens += self._write_chunks(doc_id, batch, indexer)
+                        n_chunks += len(batch)
+                        written(len(batch))
+                        batch = []
+                if batch:
+                    n_tokens += self._write_chunks(doc_id, batch, indexer)
+                    n_chunks += len(batch)
                     written(len(batch))
-                # the BM25 rows of a long document take seconds too: checked within and after them
-                bm25_index.index_document(conn, doc_id, [(c["seq"], c["text"], c["content_hash"]) for c in doc["chunks"]],
-                                          on_progress=lambda: written(0))
+                    batch = []
+                # the BM25 postings of a long document take seconds too: checked within and after them
+                indexer.finish(on_progress=checkpoint)
+                conn.execute("update documents set n_chunks = ?, n_tokens = ? where id = ?", [n_chunks, n_tokens, doc_id])
                 written(0)
                 ids.append(doc_id)
+            if total is None:  # streamed: the true total, once every chunk is written
+                total = stored
+                written(0)
             for stale in old.values():  # parts that vanished from the new version of the file
                 dropped |= self._delete_document(stale["id"])
             orphans = self._drop_orphan_states(dropped)
         self._drop_orphan_files(orphans)
         return ids
+
+    def _write_chunks(self, doc_id: int, batch: list[dict], indexer) -> int:
+        """Insert one batch of a document's chunks and index them (inside the caller's transaction).
+        Returns their tokens."""
+        self.db.conn.executemany(
+            "insert into chunks (doc_id, seq, text, content_hash, n_tokens, char_start, char_end, "
+            "page_start, page_end, speakers, session, turn_ids, time_start, time_end) "
+            "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    doc_id, c["seq"], c["text"], c["content_hash"], c["n_tokens"], c["char_start"],
+                    c["char_end"], c.get("page_start"), c.get("page_end"),
+                    json.dumps(c.get("speakers", [])), c.get("session"),
+                    json.dumps(c.get("turn_ids", [])), c.get("time_start"), c.get("time_end"),
+                )
+                for c in batch
+            ],
+        )
+        indexer.add((c["text"], c["content_hash"]) for c in batch)
+        return sum(c["n_tokens"] for c in batch)
+
+    def _delete_chunks(self, doc_id: int, on_progress: Callable[[], None] | None = None) -> None:
+        """Delete a document's chunks `WRITE_BATCH` seqs at a time (inside the caller's transaction),
+        calling `on_progress` between batches: dropping a 10^5-chunk version takes seconds."""
+        top = self.db.conn.execute("select max(seq) from chunks where doc_id = ?", [doc_id]).fetchone()[0]
+        for at in range(0, (top if top is not None else -1) + 1, WRITE_BATCH):
+            if at and on_progress is not None:
+                on_progress()
+            self.db.conn.execute("delete from chunks where doc_id = ? and seq >= ? and seq < ?",
+                                 [doc_id, at, at + WRITE_BATCH])
 
     def _chunk_hashes(self, doc_id: int) -> set[str]:
         return {r[0] for r in self.db.conn.execute("select content_hash from chunks where doc_id = ?", [doc_id])}

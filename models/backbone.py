@@ -212,6 +212,7 @@ class Backbone:
         self.requested_generator = generator_backend(generator)
         self._fingerprint: str | None = None
         self._tokenizer = None
+        self._fast = None
         self._model = None
         self._plan: DevicePlan | None = None
         self._generation: GenerationPlan | None = None
@@ -291,12 +292,36 @@ class Backbone:
         _save_atomically(saved, tok.save_pretrained)
         return tok
 
+    @property
+    def fast_tokenizer(self):
+        """The `tokenizers` tokenizer alone, read from its saved tokenizer.json, for counts and
+        offsets (the chunker's): the same ones transformers' wrapper gives, without importing
+        transformers and torch (~385 MB of an ingest's memory). None until that file exists (a
+        GGUF model's is saved by the first `tokenizer` load)."""
+        if self._fast is None:
+            saved = self.path / "tokenizer.json" if self.path.is_dir() else self.cache_dir / "tokenizer" / "tokenizer.json"
+            if not saved.is_file():
+                return None
+            from tokenizers import Tokenizer
+
+            fast = Tokenizer.from_file(str(saved))
+            fast.no_truncation()
+            fast.no_padding()
+            self._fast = fast
+        return self._fast
+
     def count(self, texts: list[str]) -> list[int]:
         if not texts:
             return []
+        fast = self.fast_tokenizer
+        if fast is not None:
+            return [len(e.ids) for e in fast.encode_batch(texts, add_special_tokens=False)]
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
+        fast = self.fast_tokenizer
+        if fast is not None:
+            return [tuple(o) for o in fast.encode(text, add_special_tokens=False).offsets]
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return [tuple(o) for o in encoded["offset_mapping"]]
 
