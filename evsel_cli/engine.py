@@ -56,7 +56,7 @@ def evidence_label(item: dict) -> str:
 
 # The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
 REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
-            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "watch_add", "watch_remove",
+            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "train_hybrid", "watch_add", "watch_remove",
             "watch_list")
 
 Event = dict
@@ -656,6 +656,14 @@ class Engine:
             return recipe.run_detection(self, out, options or {}, command, self.settings.data_dir, on_event)
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
 
+    def train_hybrid(self, out: str, options: dict | None = None, command: str | None = None,
+                     on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
+        """`evsel train hybrid`: the learned fusion's features (cached in OUT/features) and weights
+        (OUT/hybrid.json)."""
+        from evsel.recipes import hybrid as recipe
+
+        return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
+
     def train_blocksearch(self, out: str, options: dict | None = None, command: str | None = None,
                           on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
         """`evsel train blocksearch`: train (or resume) BlockSearch's code decoder (OUT/adapter.safetensors)."""
@@ -709,6 +717,9 @@ class Engine:
         seconds = backbone.load_generator() if load else 0.0
         info = backbone.info()
         info["load_s"] = round(backbone.load_seconds if backbone.loaded else seconds, 3)
+        from evsel.models.selectors.default import default_method
+
+        info["default_method"], info["default_why"] = default_method(backbone, self.settings)
         return info
 
 

@@ -71,6 +71,7 @@ class Settings:
     # EVSEL_QRRANKER_HEADS: a head list (14-3,17-0) or a heads.json / its folder; a trained adapter
     # (adapter.safetensors from `evsel train qrranker`) beside that heads.json is used with it
     qrranker_heads: str | None = None
+    hybrid_weights: str | None = None  # EVSEL_HYBRID_WEIGHTS: a hybrid.json (or its folder) instead of the shipped one
     # EVSEL_BLOCKSEARCH_DECODER: a folder from `evsel train blocksearch` instead of the shipped decoder
     blocksearch_decoder: str | None = None
     data_dir: str | None = None  # EVSEL_DATA: benchmark data for eval and train
@@ -101,6 +102,7 @@ class Settings:
             threads=_threads(env),
             unreal_adapter=_absolute(env.get("EVSEL_UNREAL_ADAPTER"), cwd),
             qrranker_heads=_heads_or_path(env.get("EVSEL_QRRANKER_HEADS"), cwd),
+            hybrid_weights=_absolute(env.get("EVSEL_HYBRID_WEIGHTS"), cwd),
             blocksearch_decoder=_absolute(env.get("EVSEL_BLOCKSEARCH_DECODER"), cwd),
             data_dir=_absolute(env.get("EVSEL_DATA"), cwd),
             debug=_flag(env, "EVSEL_DEBUG", False),
