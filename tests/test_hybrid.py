@@ -159,3 +159,29 @@ def test_the_default_is_what_models_info_names():
     assert MethodSpec.of().first.selector == DEFAULT == "default"
     selector = get_selector(DEFAULT, engine.selector_context())
     assert selector.chosen[0] == info["default_method"] and info["default_why"]
+
+
+@pytest.mark.model
+def test_train_hybrid_smoke_writes_weights_the_selector_loads(tmp_path):
+    """The recipe end to end on a few FairytaleQA train questions: features cached (a rerun reads
+    them back), weight sets with dev metrics, the ablation and the default they imply."""
+    from conftest import shared_data
+
+    from evsel.engine import Engine
+
+    shared_data("fairytaleqa")
+    engine = Engine()
+    out = tmp_path / "hybrid"
+    summary = engine.train_hybrid(str(out), {"groups": "bm25+dense+qr+dialogue"}, "evsel train hybrid --recipe smoke",
+                                  recipe_name="smoke")
+    data = hy.load_weights(out)
+    assert data["command"].startswith("evsel train hybrid")
+    assert [ws["name"] for ws in data["weight_sets"]][:1] == ["all"] and summary["train_questions"] > 0
+    assert data["default"]["method"] in ("hybrid", "bm25") and "without qr" in data["ablation"]
+    rows = (out / "features" / "fairytaleqa-train.jsonl").read_text().splitlines()
+    again = engine.train_hybrid(str(out), {"groups": "bm25+dense+qr+dialogue"}, "", recipe_name="smoke")
+    assert (out / "features" / "fairytaleqa-train.jsonl").read_text().splitlines() == rows  # nothing recomputed
+    assert again["weight_sets"][0]["weights"] == summary["weight_sets"][0]["weights"]
+    selector = get_selector("hybrid", engine.selector_context(for_eval=True), weights=str(out))
+    selector.load()
+    assert set(selector.weight_set["groups"]) == {"bm25", "dense", "qr", "dialogue"}
