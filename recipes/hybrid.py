@@ -31,7 +31,7 @@ from .common import ignore_event, pick_recipe
 SOURCES = ("fairytaleqa-train", "locomo", "musique", "hotpotqa")
 DEV_EVERY = 5  # FairytaleQA train: every 5th story (sorted) is dev
 MARGIN = 0.01  # dev recall@3 over BM25 the hybrid needs to become the default
-SMOKE = {"questions": 6, "dev_questions": 4, "per_document": 2}
+SMOKE = {"questions": 3, "dev_questions": 2, "per_document": 1}
 FULL = {"questions": 240, "dev_questions": 120, "per_document": 6}
 
 
