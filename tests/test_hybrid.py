@@ -185,3 +185,15 @@ def test_train_hybrid_smoke_writes_weights_the_selector_loads(tmp_path):
     selector = get_selector("hybrid", engine.selector_context(for_eval=True), weights=str(out))
     selector.load()
     assert set(selector.weight_set["groups"]) == {"bm25", "dense", "qr", "dialogue"}
+
+
+def test_train_hybrid_trains_on_an_evaluation_set_only_by_fold():
+    from evsel.errors import InputError
+    from evsel.recipes import hybrid as recipe
+
+    with pytest.raises(InputError, match="--fold"):
+        recipe.questions_of("locomo", None, None, True)
+    with pytest.raises(InputError, match="unknown hybrid training source"):
+        recipe.questions_of("fairytaleqa-val", 1, None, True)
+    assert recipe.weight_set_groups(["bm25", "dense", "dialogue"]) == {
+        "all": ["bm25", "dense", "dialogue"], "no-llm": ["bm25", "dense", "dialogue"], "bm25": ["bm25"]}
