@@ -71,15 +71,19 @@ def questions_of(source: str, fold: int | None, data_dir, split_dev: bool):
 
 
 def spread(questions: list, limit: int, per_document: int) -> list:
-    """At most `per_document` questions a document, then `limit` of them evenly spaced."""
-    seen: dict[str, int] = {}
-    kept = []
-    single = len({q.docs[0] for q in questions}) == 1  # MuSiQue / HotpotQA: one shared corpus
+    """At most `per_document` questions a document, evenly spaced over its questions (the datasets
+    list a document's questions in story or session order: the first few would all ask about its
+    start), then `limit` of them evenly spaced."""
+    by_doc: dict[str, list] = {}
     for q in questions:
-        key = q.docs[0]
-        if single or seen.get(key, 0) < per_document:
-            seen[key] = seen.get(key, 0) + 1
-            kept.append(q)
+        by_doc.setdefault(q.docs[0], []).append(q)
+    if len(by_doc) == 1:  # MuSiQue / HotpotQA: one shared corpus
+        kept = list(questions)
+    else:
+        kept = []
+        for qs in by_doc.values():
+            n = min(per_document, len(qs))
+            kept += [qs[(i * len(qs)) // n] for i in range(n)]
     if len(kept) <= limit:
         return kept
     return [kept[(i * len(kept)) // limit] for i in range(limit)]
