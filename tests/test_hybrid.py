@@ -197,3 +197,15 @@ def test_train_hybrid_trains_on_an_evaluation_set_only_by_fold():
         recipe.questions_of("fairytaleqa-val", 1, None, True)
     assert recipe.weight_set_groups(["bm25", "dense", "dialogue"]) == {
         "all": ["bm25", "dense", "dialogue"], "no-llm": ["bm25", "dense", "dialogue"], "bm25": ["bm25"]}
+
+
+def test_training_questions_are_spread_over_each_document():
+    """A document's questions come in story order: the sample takes them evenly, not its first ones."""
+    from types import SimpleNamespace
+
+    from evsel.recipes import hybrid as recipe
+
+    questions = [SimpleNamespace(qid=f"{d}/{i}", docs=[d]) for d in ("a", "b") for i in range(12)]
+    kept = recipe.spread(questions, limit=100, per_document=3)
+    assert [q.qid for q in kept] == ["a/0", "a/4", "a/8", "b/0", "b/4", "b/8"]
+    assert len(recipe.spread(questions, limit=4, per_document=3)) == 4
