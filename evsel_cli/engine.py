@@ -566,7 +566,9 @@ class Engine:
                                                   "session", "time_start")})
                 grounded["span"]["speaker"] = generated.get("speaker")
         timings["total_s"] = time.perf_counter() - started
-        method = {"select": select, "top_n": top_n, "candidates": len(chunks)}
+        # `default` reports the method it ran (bm25, or the measured best)
+        method = {"select": getattr(pipeline.first, "resolved", None) or select, "top_n": top_n,
+                  "candidates": len(chunks)}
         if rerank is not None:
             method.update(rerank=rerank, rerank_top=rerank_top)
         if no_match:

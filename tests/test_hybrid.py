@@ -142,7 +142,7 @@ def test_default_falls_back_to_bm25_once_when_the_trained_parts_are_missing(tmp_
     ranked = selector.rank("the lake", chunks)
     ranked_again = selector.rank("the lake", chunks)
     assert [s.chunk.id for s in ranked] == [s.chunk.id for s in get_selector("bm25", context).rank("the lake", chunks)]
-    assert ranked_again and selector.name == "default (bm25)"
+    assert ranked_again and selector.resolved == "bm25"
     warnings = [e for e in events if e["type"] == "warning"]
     assert len(warnings) == 1 and "using bm25" in warnings[0]["message"]
     # no record at all: BM25, and why

@@ -69,8 +69,12 @@ class DefaultSelector(Selector):
                         f"the default method {method} cannot run here ({exc.message}); using {FALLBACK}")})
                     inner = get_selector(FALLBACK, self.context)
             self._inner = inner
-            self.name = f"default ({inner.name})"
         return self._inner
+
+    @property
+    def resolved(self) -> str:
+        """The name of the method this default runs (what ask's result reports)."""
+        return self.inner.name
 
     def load(self) -> None:
         self.inner.load()
