@@ -30,7 +30,7 @@ from .runtime import DaemonError, DaemonFiles
 START_TIMEOUT = settings.daemon_start_timeout()
 # request params that are paths: resolved against the client's working directory before sending
 PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
-               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",),
+               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",), "train_hybrid": ("out",),
                "watch_add": ("path",),
                "watch_remove": ("path",)}
 

@@ -16,7 +16,7 @@ __all__ = ["REQUESTS", "Requests"]
 
 # The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
 REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
-            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "watch_add", "watch_remove",
+            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "train_hybrid", "watch_add", "watch_remove",
             "watch_list")
 
 EventSink = Callable[[dict], None]
@@ -60,6 +60,9 @@ class Requests:
 
     def train_blocksearch(self, out: str, options: dict | None = None, command: str | None = None,
                           on_event: EventSink = _ignore, recipe_name: str = "full") -> dict: ...
+
+    def train_hybrid(self, out: str, options: dict | None = None, command: str | None = None,
+                     on_event: EventSink = _ignore, recipe_name: str = "full") -> dict: ...
 
     def docs_list(self, collection: str | None = None) -> list[dict]: ...
 

@@ -593,7 +593,9 @@ class Engine:
                                                   "session", "time_start")})
                 grounded["span"]["speaker"] = generated.get("speaker")
         timings["total_s"] = time.perf_counter() - started
-        method = {"select": select, "top_n": top_n, "candidates": len(chunks)}
+        # `default` reports the method it ran (bm25, or the measured best)
+        method = {"select": getattr(pipeline.first, "resolved", None) or select, "top_n": top_n,
+                  "candidates": len(chunks)}
         if rerank is not None:
             method.update(rerank=rerank, rerank_top=rerank_top)
         if no_match:
@@ -683,6 +685,14 @@ class Engine:
             return recipe.run_detection(self, out, options or {}, command, self.settings.data_dir, on_event)
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
 
+    def train_hybrid(self, out: str, options: dict | None = None, command: str | None = None,
+                     on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
+        """`evsel train hybrid`: the learned fusion's features (cached in OUT/features) and weights
+        (OUT/hybrid.json)."""
+        from evsel.recipes import hybrid as recipe
+
+        return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
+
     def train_blocksearch(self, out: str, options: dict | None = None, command: str | None = None,
                           on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
         """`evsel train blocksearch`: train (or resume) BlockSearch's code decoder (OUT/adapter.safetensors)."""
@@ -736,6 +746,9 @@ class Engine:
         seconds = backbone.load_generator() if load else 0.0
         info = backbone.info()
         info["load_s"] = round(backbone.load_seconds if backbone.loaded else seconds, 3)
+        from evsel.models.selectors.default import default_method
+
+        info["default_method"], info["default_why"] = default_method(backbone, self.settings)
         return info
 
 

@@ -74,6 +74,7 @@ class Settings:
     # EVSEL_QRRANKER_KV: QRRanker's per-chunk block KV kept in files beside the store, computed in
     # the background after an ingest (with EVSEL_ENCODE), so a document's first rerank encodes nothing
     qrranker_kv: bool = False
+    hybrid_weights: str | None = None  # EVSEL_HYBRID_WEIGHTS: a hybrid.json (or its folder) instead of the shipped one
     # EVSEL_BLOCKSEARCH_DECODER: a folder from `evsel train blocksearch` instead of the shipped decoder
     blocksearch_decoder: str | None = None
     # EVSEL_BLOCKSEARCH_ROUTER: a folder from `evsel train blocksearch --router` instead of the shipped router
@@ -107,6 +108,7 @@ class Settings:
             unreal_adapter=_absolute(env.get("EVSEL_UNREAL_ADAPTER"), cwd),
             qrranker_heads=_heads_or_path(env.get("EVSEL_QRRANKER_HEADS"), cwd),
             qrranker_kv=_flag(env, "EVSEL_QRRANKER_KV", False),
+            hybrid_weights=_absolute(env.get("EVSEL_HYBRID_WEIGHTS"), cwd),
             blocksearch_decoder=_absolute(env.get("EVSEL_BLOCKSEARCH_DECODER"), cwd),
             blocksearch_router=_absolute(env.get("EVSEL_BLOCKSEARCH_ROUTER"), cwd),
             data_dir=_absolute(env.get("EVSEL_DATA"), cwd),

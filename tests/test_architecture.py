@@ -131,7 +131,7 @@ CORE = ["evsel_cli/pipeline.py", "evsel_cli/engine.py", "evsel_cli/store.py", "e
 # ingest's UNREAL state encoding and QRRanker block KV are engine.ingest's (being moved behind the
 # selectors separately)
 NAMING_ALLOWED = {"evsel_cli/engine.py": {"train_convert", "train_unreal", "train_qrranker", "train_blocksearch",
-                                          "_encode_unreal_states", "_encode_qrranker_kv"}}
+                                          "train_hybrid", "_encode_unreal_states", "_encode_qrranker_kv"}}
 
 
 def _named_in(path: Path, names: set[str], allowed: set[str]) -> list[str]:
@@ -173,7 +173,8 @@ def _named_in(path: Path, names: set[str], allowed: set[str]) -> list[str]:
 def test_the_core_names_no_selector(tmp_path):
     from evsel.models.selectors import available
 
-    names = set(available())
+    # `default` is the name of what ask runs with no --select, and a common word: not a method to special-case
+    names = set(available()) - {"default"}
     assert {"bm25", "qrranker", "blocksearch"} <= names
     files = [p for entry in CORE for p in sorted((ROOT / entry).rglob("*.py") if (ROOT / entry).is_dir()
                                                  else [ROOT / entry])]

@@ -14,7 +14,10 @@ from .common import CollectionOption, JsonOption, engine_from, wall_timings
 # Every --select/--rerank method with its variants, for --list-methods (in step with the selector
 # registry's own help text: tests/test_first_hour.py). --help names only the methods.
 METHODS = (
-    ("bm25", "words (the default)"),
+    ("default", "the method measured best for the model, else bm25 (evsel models info names it and why)"),
+    ("bm25", "words"),
+    ("hybrid", "BM25 fused with dense, UNREAL and QR-head scores and dialogue cues by learned weights"),
+    ("hybrid:GROUPS", "... with fewer signals, e.g. hybrid:bm25+dense (groups: bm25, dense, unreal, qr, dialogue)"),
     ("unreal", "the backbone's own states with the trained adapter"),
     ("intrinsic", "the backbone's untrained attention floor"),
     ("dense", "MiniLM bi-encoder"),
@@ -46,8 +49,8 @@ def _list_methods(ctx: typer.Context, value: bool) -> None:
     ctx.exit()
 
 
-SELECT_HELP = ("Evidence selector: " + ", ".join(name for name, _ in METHODS if ":" not in name)
-               + ", or rrf:METHOD (BM25 fused with METHOD). Their variants: --list-methods.")
+SELECT_HELP = ("Selector (variants: --list-methods): " + ", ".join(name for name, _ in METHODS if ":" not in name)
+               + ", rrf:METHOD.")
 
 
 def ask(
@@ -90,6 +93,10 @@ def ask(
     support an answer. Then each passage, numbered in the order shown (the number --json gives as
     grounding.span.passage and evidence[].passage), with its title, page or speaker/session/time,
     rank and score.
+
+    With no --select the method is `default`: the one measured best on the dev splits for this
+    model (`evsel models info` names it and why; docs/FUSION.md has the measurements), BM25 when
+    the model has no trained fusion.
     """
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:

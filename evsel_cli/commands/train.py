@@ -335,3 +335,47 @@ def train_blocksearch(
         stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev recall@{k} "
                      f"{best.get(f'recall@{k}', float('nan')):.3f} (BM25 {best.get('bm25', {}).get(f'recall@{k}', float('nan')):.3f}); "
                      f"adapter in {out}")
+
+
+@app.command("hybrid")
+def train_hybrid(
+    ctx: typer.Context,
+    out: Annotated[str, typer.Option(
+        "--out", parser=path(file_okay=False),
+        help="Folder to write: hybrid.json (the weight sets, dev metrics, ablation, the default they "
+             "imply, this command), features/ (the signals per question, reused by a rerun).")],
+    recipe: Annotated[Literal["smoke", "full"], typer.Option(
+        "--recipe", parser=choice(["smoke", "full"]),
+        help="smoke (a few questions, proves the path) or full (docs/FUSION.md's run).")] = "full",
+    source: Annotated[str, typer.Option(
+        "--source", help="fairytaleqa-train (default; dev: held-out train stories), or locomo, musique, "
+                         "hotpotqa with --fold N (dev: the other fold).")] = "fairytaleqa-train",
+    fold: Annotated[Optional[int], typer.Option(
+        "--fold", parser=INT, help="The fold of locomo, musique or hotpotqa trained on (1 or 2).")] = None,
+    groups: Annotated[Optional[str], typer.Option(
+        "--groups", help="Signals to use, joined by + (default all the backbone has): "
+                         "bm25, dense, unreal, qr, dialogue.")] = None,
+    questions: Annotated[Optional[int], typer.Option(
+        "--questions", parser=INT, help="Training questions (full: 240).")] = None,
+    dev_questions: Annotated[Optional[int], typer.Option(
+        "--dev-questions", parser=INT, help="Dev questions (full: 120).")] = None,
+    as_json: JsonOption = False,
+):
+    """The learned fusion's weights (--select hybrid): BM25, dense, UNREAL and QR-head scores and
+    dialogue features of each question's candidate pool, extracted once into OUT/features, then a
+    listwise softmax model fitted in seconds; one weight set per group of signals, so a backbone
+    without some trained part still has one. Use them with EVSEL_HYBRID_WEIGHTS=OUT.
+    """
+    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    options = {"source": source, "fold": fold, "groups": groups, "questions": questions,
+               "dev_questions": dev_questions}
+    engine = engine_from(ctx)
+    with ProgressView(enabled=not as_json) as view:
+        summary = engine.train_hybrid(str(Path(out).absolute()), options, command, on_event=view, recipe_name=recipe)
+    if as_json:
+        print_json(summary)
+        return
+    for ws in summary["weight_sets"]:
+        dev = ws["dev"]
+        stderr.print(f"{ws['name']} ({'+'.join(ws['groups'])}): dev recall@3 {dev['recall@3']:.3f} mrr {dev['mrr']:.3f}")
+    stderr.print(f"default: {summary['default']['method']} ({summary['default']['why']}); weights in {out}")

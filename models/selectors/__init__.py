@@ -38,7 +38,9 @@ def available() -> list[str]:
 
 
 # What `--select` / `--methods` accept, for help texts (kept in step with the registry by a test).
-HELP = ("bm25 (default; words), unreal (the backbone's own states with the trained adapter), "
+HELP = ("default (the method measured best for the model: evsel models info says which and why), "
+        "bm25 (words), hybrid (BM25 fused with dense, UNREAL and QR-head scores by learned weights; "
+        "hybrid:bm25+dense etc. for fewer signals), unreal (the backbone's own states with the trained adapter), "
         "intrinsic (its untrained attention floor), dense (MiniLM bi-encoder), "
         "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random, "
         "qrranker (a reranker: the backbone's QR attention heads, e.g. --rerank qrranker; "
@@ -85,7 +87,7 @@ class MethodSpec:
         """`FIRST` or `FIRST>RERANKER` (eval's method names)."""
         first, _, rerank = text.partition(">")
         if not first.strip() or (">" in text and not rerank.strip()):
-            raise EvselError(f"method {text!r} is not FIRST or FIRST>RERANKER", f"e.g. {DEFAULT} or {DEFAULT}>unreal")
+            raise EvselError(f"method {text!r} is not FIRST or FIRST>RERANKER", "e.g. bm25 or bm25>qrranker")
         return cls(StageSpec.parse(first.strip()), StageSpec.parse(rerank.strip()) if rerank.strip() else None, text)
 
     @classmethod
@@ -126,7 +128,7 @@ def methods_with_memory(methods: list[MethodSpec]) -> list[MethodSpec]:
     """eval's `--memory`: each method whose reranker has the memory variant gets it; others stay."""
     out = [m.with_memory() if m.takes_memory() else m for m in methods]
     if out == methods:
-        raise _no_memory_reranker(f"add a method like {DEFAULT}>{_memory_rerankers()[0]}")
+        raise _no_memory_reranker(f"add a method like bm25>{_memory_rerankers()[0]}")
     return out
 
 
@@ -176,6 +178,7 @@ def _load_builtins() -> None:
     from . import intrinsic, unreal  # noqa: F401  (model-internal selection, seed 000)
     from . import qrranker  # noqa: F401  (reranking with QR heads, seed 003)
     from . import blocksearch  # noqa: F401  (in-context retrieval by QK routing, seed 001)
+    from . import hybrid, default  # noqa: F401  (the learned fusion, and what ask uses by default)
 
 
 # selectors that keep files beside a store register their cleanup when imported; these are light

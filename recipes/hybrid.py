@@ -1,0 +1,204 @@
+"""`evsel train hybrid`: the learned fusion's weights (models/selectors/hybrid.py).
+
+Two steps. Extraction runs the signals once per (source, question): the hybrid selector's pool
+and features with every group the backbone has, appended to OUT/features/<source>.jsonl (a rerun
+skips the questions already there; the features do not depend on the weights). Fitting is then
+seconds: one weight set per group of signals (all of them, and fallbacks without the LLM's parts),
+the ablation (each group left out), dev metrics of the pool's order beside BM25's, and the method
+`default` should be (hybrid when its dev recall@3 beats BM25's by MARGIN with and without the
+position prior, else bm25), all in
+OUT/hybrid.json with the command that made it.
+
+Sources are training splits only: FairytaleQA train (dev: every DEV_EVERY-th story, held out), or
+one fold of LoCoMo / MuSiQue / HotpotQA (dev: the other fold; evaluate on it with
+`evsel eval DATASET --fold M`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from evsel.chunker import DEFAULT_CHUNK_TOKENS
+from evsel.errors import InputError
+from evsel.models.selectors import SelectorContext, get_selector
+from evsel.models.selectors import hybrid as hy
+
+from .common import ignore_event, pick_recipe
+
+SOURCES = ("fairytaleqa-train", "locomo", "musique", "hotpotqa")
+DEV_EVERY = 5  # FairytaleQA train: every 5th story (sorted) is dev
+MARGIN = 0.01  # dev recall@3 over BM25 the hybrid needs to become the default
+SMOKE = {"questions": 3, "dev_questions": 2, "per_document": 1}
+FULL = {"questions": 240, "dev_questions": 120, "per_document": 6}
+
+
+def weight_set_groups(available: list[str]) -> dict[str, list[str]]:
+    """The weight sets trained (name -> groups): all available signals, without each LLM group,
+    without both (the fallback a backbone lacking its trained parts uses)."""
+    full = [g for g in hy.GROUPS if g in available]
+    sets = {"all": full}
+    for drop in hy.LLM_GROUPS:
+        if drop in full:
+            sets[f"no-{drop}"] = [g for g in full if g != drop]
+    sets["no-llm"] = [g for g in full if g not in hy.LLM_GROUPS]
+    sets["bm25"] = ["bm25"]
+    return sets
+
+
+def questions_of(source: str, fold: int | None, data_dir, split_dev: bool):
+    """(dataset, train questions, dev questions) of a source; only questions with gold."""
+    from evsel.evaluation.datasets import load_dataset
+    from evsel.evaluation.folds import other_fold
+
+    if source == "fairytaleqa-train":
+        if fold is not None:
+            raise InputError("--fold applies to locomo, musique and hotpotqa", "leave --fold out for fairytaleqa-train")
+        data = load_dataset("fairytaleqa", data_dir, split="train")
+        stories = sorted(data.loaders)
+        dev_keys = set(stories[::DEV_EVERY])
+        qs = [q for q in data.questions if q.gold and q.docs]
+        return data, data, [q for q in qs if q.docs[0] not in dev_keys], [q for q in qs if q.docs[0] in dev_keys]
+    if source not in SOURCES:
+        raise InputError(f"unknown hybrid training source {source!r}", f"use one of: {', '.join(SOURCES)}")
+    if fold is None:
+        raise InputError(f"{source} is an evaluation set: train on one fold of it", "add --fold 1 or --fold 2")
+    train = load_dataset(source, data_dir, fold=fold)
+    dev = load_dataset(source, data_dir, fold=other_fold(fold))
+    return train, dev, [q for q in train.questions if q.gold and q.docs], [q for q in dev.questions if q.gold and q.docs]
+
+
+def spread(questions: list, limit: int, per_document: int) -> list:
+    """At most `per_document` questions a document, evenly spaced over its questions (the datasets
+    list a document's questions in story or session order: the first few would all ask about its
+    start), then `limit` of them evenly spaced."""
+    by_doc: dict[str, list] = {}
+    for q in questions:
+        by_doc.setdefault(q.docs[0], []).append(q)
+    if len(by_doc) == 1:  # MuSiQue / HotpotQA: one shared corpus
+        kept = list(questions)
+    else:
+        kept = []
+        for qs in by_doc.values():
+            n = min(per_document, len(qs))
+            kept += [qs[(i * len(qs)) // n] for i in range(n)]
+    if len(kept) <= limit:
+        return kept
+    return [kept[(i * len(kept)) // limit] for i in range(limit)]
+
+
+def extract(engine, dataset, questions: list, path: Path, selector, groups: list[str], on_event=ignore_event) -> list[dict]:
+    """Each question's pool features, from `path` where already there, else computed and appended."""
+    from evsel.evaluation.runner import build_corpus, gold_units
+
+    done: dict[str, dict] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("groups") == groups:
+                done[row["id"]] = row
+    todo = [q for q in questions if q.qid not in done]
+    if todo:
+        keys = list(dict.fromkeys(k for q in todo for k in q.docs))
+        corpus = build_corpus(dataset, keys, engine.backbone, DEFAULT_CHUNK_TOKENS, on_event)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            for n, q in enumerate(todo):
+                on_event({"type": "progress", "task": "features", "label": f"features {q.qid[-30:]}",
+                          "done": n, "total": len(todo)})
+                chunks = corpus.scope(list(q.docs))
+                units = gold_units(q, corpus, {})
+                gold_ids = set().union(*units) if units else set()
+                if not gold_ids:
+                    continue
+                pool, x, _ = selector.features(q.question, chunks, groups)
+                row = {"id": q.qid, "groups": groups, "pool": [chunks[i].id for i in pool.tolist()],
+                       "x": np.round(x, 5).tolist(), "gold": [int(chunks[i].id in gold_ids) for i in pool.tolist()],
+                       "gold_total": len(gold_ids)}
+                handle.write(json.dumps(row) + "\n")
+                handle.flush()
+                done[q.qid] = row
+    return [done[q.qid] for q in questions if q.qid in done]
+
+
+def arrays(rows: list[dict]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    return [np.asarray(r["x"], dtype=np.float64) for r in rows], [np.asarray(r["gold"], dtype=np.float64) for r in rows]
+
+
+def fit_sets(train_rows: list[dict], dev_rows: list[dict], available: list[str]) -> tuple[list[dict], dict]:
+    """The weight sets and the ablation (dev metrics of the full set without each group)."""
+    xs, gs = arrays(train_rows)
+    dxs, dgs = arrays(dev_rows)
+    sets = []
+    for name, groups in weight_set_groups(available).items():
+        weights = [1.0] + [0.0] * (len(hy.columns(groups)) - 1) if name == "bm25" else hy.fit(xs, [g > 0 for g in gs], groups)
+        ws = {"name": name, "groups": groups, "weights": weights}
+        ws["dev"] = hy.evaluate([hy.score_pool(x, ws) for x in dxs], dgs)
+        ws["train"] = hy.evaluate([hy.score_pool(x, ws) for x in xs], gs)
+        sets.append(ws)
+    full = sets[0]["groups"]
+    ablation = {}
+    for drop in full:
+        if drop == "bm25":
+            continue
+        groups = [g for g in full if g != drop]
+        ws = {"groups": groups, "weights": hy.fit(xs, [g > 0 for g in gs], groups)}
+        ablation[f"without {drop}"] = hy.evaluate([hy.score_pool(x, ws) for x in dxs], dgs)
+    if "dialogue" in full:  # the position prior apart from the speaker cue: fitted with it zeroed
+        at = hy.FEATURES.index("position")
+
+        def zeroed(rows):
+            return [np.where(np.arange(x.shape[1]) == at, 0.0, x) for x in rows]
+
+        ws = {"groups": full, "weights": hy.fit(zeroed(xs), [g > 0 for g in gs], full)}
+        ablation["without position"] = hy.evaluate([hy.score_pool(x, ws) for x in zeroed(dxs)], dgs)
+    for group in full:  # each signal alone (its z-score), on the pool
+        cols = hy.columns([group])
+        ablation[f"{group} alone"] = hy.evaluate([x[:, cols[0]] for x in dxs], dgs)
+    return sets, ablation
+
+
+def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None, data_dir,
+                 on_event=ignore_event) -> dict:
+    started = time.perf_counter()
+    settings = pick_recipe(recipe_name, SMOKE, FULL)
+    settings.update({k: v for k, v in options.items() if v is not None and k in settings})
+    source = options.get("source") or "fairytaleqa-train"
+    fold = options.get("fold")
+    out_dir = Path(out)
+    context = engine.selector_context(on_event, for_eval=True)
+    selector = get_selector("hybrid", context, weights={"weight_sets": [{"groups": ["bm25"], "weights": [1.0, 0.0]}]})
+    wanted = hy.parse_groups(options.get("groups")) or list(hy.GROUPS)
+    selector.parts = selector.available_parts(wanted)
+    available = [g for g in wanted if g in ("bm25", "dialogue") or g in selector.parts]
+    for group, why in selector.missing.items():
+        on_event({"type": "log", "message": f"hybrid: no {group} signal ({why})"})
+    data, dev_data, train_qs, dev_qs = questions_of(source, fold, Path(data_dir) if data_dir else None, True)
+    train_qs = spread(train_qs, settings["questions"], settings["per_document"])
+    dev_qs = spread(dev_qs, settings["dev_questions"], settings["per_document"])
+    name = source + (f"-fold{fold}" if fold else "")
+    other = source + (f"-fold{2 if fold == 1 else 1}" if fold else "-dev")
+    features_dir = Path(options.get("features") or out_dir / "features")
+    train_rows = extract(engine, data, train_qs, features_dir / f"{name}.jsonl", selector, available, on_event)
+    dev_rows = extract(engine, dev_data, dev_qs, features_dir / f"{other}.jsonl", selector, available, on_event)
+    sets, ablation = fit_sets(train_rows, dev_rows, available)
+    best, bm25 = sets[0]["dev"], next(s for s in sets if s["name"] == "bm25")["dev"]
+    # a prior on where the gold sits in a document is a property of the training set's questions,
+    # not evidence: the hybrid becomes the default only if it also beats BM25 without it
+    plain = ablation.get("without position", best)
+    better = min(best["recall@3"], plain["recall@3"]) >= bm25["recall@3"] + MARGIN
+    default = {"method": "hybrid" if better else "bm25",
+               "why": (f"dev recall@3 {best['recall@3']:.3f} (hybrid), {plain['recall@3']:.3f} (hybrid without the "
+                       f"position prior) vs {bm25['recall@3']:.3f} (bm25) on {len(dev_rows)} held-out {other} "
+                       "questions: " + ("the hybrid is better" if better else
+                                        f"the hybrid is not better by {MARGIN} without the position prior, so BM25"))}
+    summary = {"source": name, "dev": other, "train_questions": len(train_rows), "dev_questions": len(dev_rows),
+               "available": available, "missing": selector.missing, "pool_each": hy.POOL_EACH,
+               "weight_sets": sets, "ablation": ablation, "default": default, "command": command or "",
+               "recipe": recipe_name, "seconds": round(time.perf_counter() - started, 1)}
+    hy.save_weights(out_dir / hy.WEIGHTS_FILE, summary)
+    (out_dir / "command.txt").write_text((command or "") + "\n")
+    summary["out"] = str(out_dir)
+    return summary

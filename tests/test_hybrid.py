@@ -1,0 +1,211 @@
+"""The learned fusion (models/selectors/hybrid.py) and the `default` method (selectors/default.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from evsel.models.selectors import SelectorContext, get_selector
+from evsel.models.selectors import hybrid as hy
+from evsel.store import ChunkRecord
+
+
+def planted(n_questions: int, pool: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Pools where qr_z is informative (the gold chunk scores +2 above the rest, with noise) and
+    every other feature is noise; BM25 puts the gold chunk at a random place in the pool."""
+    rng = np.random.default_rng(seed)
+    xs, gs = [], []
+    for _ in range(n_questions):
+        x = rng.normal(size=(pool, len(hy.FEATURES)))
+        gold = np.zeros(pool)
+        gold[rng.integers(pool)] = 1
+        x[:, hy.FEATURES.index("qr_z")] += 2.5 * gold
+        xs.append(x)
+        gs.append(gold)
+    return xs, gs
+
+
+def test_fusion_learns_the_planted_signal_and_is_never_worse_than_bm25():
+    xs, gs = planted(80, 20, seed=0)
+    test_x, test_g = planted(60, 20, seed=1)
+    groups = list(hy.GROUPS)
+    weights = hy.fit(xs, [g > 0 for g in gs], groups)
+    ws = {"groups": groups, "weights": weights}
+    fused = hy.evaluate([hy.score_pool(x, ws) for x in test_x], test_g)
+    bm25 = hy.evaluate([x[:, hy.FEATURES.index("bm25_z")] for x in test_x], test_g)
+    for key in ("recall@1", "recall@3", "recall@5", "mrr"):
+        assert fused[key] >= bm25[key], key
+    assert fused["recall@1"] > bm25["recall@1"] + 0.3  # it found the informative feature
+    assert np.argmax(np.abs(weights)) == hy.columns(groups).index(hy.FEATURES.index("qr_z"))
+
+
+def test_fusion_keeps_bm25_when_nothing_else_informs():
+    """Every feature but BM25 is noise and BM25 is informative: the fit stays with BM25."""
+    rng = np.random.default_rng(2)
+    xs, gs = [], []
+    for _ in range(80):
+        x = rng.normal(size=(20, len(hy.FEATURES)))
+        gold = np.zeros(20)
+        gold[rng.integers(20)] = 1
+        x[:, hy.FEATURES.index("bm25_z")] += 2.0 * gold
+        xs.append(x)
+        gs.append(gold)
+    ws = {"groups": list(hy.GROUPS), "weights": hy.fit(xs[:50], [g > 0 for g in gs[:50]], list(hy.GROUPS))}
+    fused = hy.evaluate([hy.score_pool(x, ws) for x in xs[50:]], gs[50:])
+    bm25 = hy.evaluate([x[:, hy.FEATURES.index("bm25_z")] for x in xs[50:]], gs[50:])
+    assert fused["mrr"] >= bm25["mrr"] - 0.05
+
+
+def test_weights_round_trip_and_the_fallback_set(tmp_path):
+    sets = [{"name": "all", "groups": list(hy.GROUPS), "weights": list(np.linspace(-1, 1, len(hy.FEATURES)))},
+            {"name": "no-llm", "groups": ["bm25", "dense", "dialogue"], "weights": [1.0, 0.5, 0.2, 0.1, 0.3, -0.2]}]
+    path = hy.save_weights(tmp_path, {"weight_sets": sets, "default": {"method": "bm25", "why": "test"}})
+    back = hy.load_weights(tmp_path)
+    assert path.name == hy.WEIGHTS_FILE and back["weight_sets"] == sets
+    x = np.random.default_rng(0).normal(size=(7, len(hy.FEATURES)))
+    assert np.allclose(hy.score_pool(x, back["weight_sets"][0]), x @ np.asarray(sets[0]["weights"]))
+    assert hy.choose_set(back, {"bm25", "dense", "dialogue"})["name"] == "no-llm"
+    assert hy.choose_set(back, set(hy.GROUPS))["name"] == "all"
+    assert hy.choose_set(back, {"bm25"}) is None
+    (tmp_path / hy.WEIGHTS_FILE).write_text(json.dumps({"format": hy.FORMAT, "weight_sets": [
+        {"groups": ["bm25"], "weights": [1.0]}]}))
+    with pytest.raises(Exception, match="has 1 weights"):
+        hy.load_weights(tmp_path)
+
+
+def turns() -> list[ChunkRecord]:
+    texts = ["Ann: I went to the lake with my dog.", "Ben: The lake was cold.", "Ann: Painting is my hobby.",
+             "Ben: I like the mountains and the lake.", "Cy: Nothing about water here."]
+    speakers = [["Ann"], ["Ben"], ["Ann"], ["Ben"], ["Cy"]]
+    return [ChunkRecord(id=i + 1, doc_id=1, seq=i, text=t, content_hash=str(i), n_tokens=10, char_start=0,
+                        char_end=len(t), speakers=speakers[i]) for i, t in enumerate(texts)]
+
+
+def test_hybrid_selector_orders_the_pool_by_its_weights_and_the_rest_by_bm25():
+    context = SelectorContext(load_backbone=lambda: None, states=None)
+    named = {"weight_sets": [{"groups": ["bm25", "dialogue"], "weights": [0.0, 0.0, 5.0, 0.0]}]}
+    selector = get_selector("hybrid:bm25+dialogue", context, weights=named)
+    assert not selector.needs_model and selector.name == "hybrid:bm25+dialogue"
+    chunks = turns()
+    ranked = selector.rank("Where did Ben go? the lake", chunks)
+    assert [s.chunk.speakers for s in ranked[:2]] == [["Ben"], ["Ben"]]  # the named speaker's turns first
+    # with the speaker feature weighted 0, the order is BM25's
+    plain = get_selector("hybrid:bm25+dialogue", context,
+                         weights={"weight_sets": [{"groups": ["bm25", "dialogue"], "weights": [1.0, 0.0, 0.0, 0.0]}]})
+    bm25 = get_selector("bm25", context)
+    question = "the lake"
+    assert [s.chunk.id for s in plain.rank(question, chunks)] == [s.chunk.id for s in bm25.rank(question, chunks)]
+
+
+def test_fused_scores_put_the_pool_first_then_bm25_order():
+    bm25 = np.array([0.1, 3.0, 2.0, 0.5, 1.0])
+    out = hy.fused_scores(np.array([-4.0, -5.0]), np.array([4, 0]), bm25)
+    assert list(np.argsort(-out, kind="stable")) == [4, 0, 1, 2, 3]
+
+
+def test_hybrid_refuses_groups_it_does_not_know():
+    context = SelectorContext(load_backbone=lambda: None, states=None)
+    with pytest.raises(Exception, match="bm25 among them"):
+        get_selector("hybrid:dense", context)
+    with pytest.raises(Exception, match="the groups are"):
+        get_selector("hybrid:bm25+words", context)
+
+
+class FakeBackbone:
+    """A backbone without weights: whatever needs the model fails as a missing model does."""
+
+    fingerprint = "0" * 64
+
+    @property
+    def model(self):
+        from evsel.errors import ModelError
+
+        raise ModelError("no model weights here")
+
+
+def test_default_falls_back_to_bm25_once_when_the_trained_parts_are_missing(tmp_path):
+    """A record naming hybrid whose weights need signals this backbone lacks: BM25, one warning."""
+    from evsel.models.selectors.default import default_method
+    from evsel.settings import Settings
+
+    hy.save_weights(tmp_path, {"weight_sets": [{"groups": list(hy.GROUPS), "weights": [0.0] * len(hy.FEATURES)}],
+                               "default": {"method": "hybrid", "why": "measured"}})
+    events = []
+    settings = Settings(hybrid_weights=str(tmp_path))
+    context = SelectorContext(load_backbone=lambda: FakeBackbone(), states=None, settings=settings,
+                              on_event=events.append)
+    assert default_method(FakeBackbone(), settings) == ("hybrid", "measured")
+    selector = get_selector("default", context)
+    chunks = turns()
+    ranked = selector.rank("the lake", chunks)
+    ranked_again = selector.rank("the lake", chunks)
+    assert [s.chunk.id for s in ranked] == [s.chunk.id for s in get_selector("bm25", context).rank("the lake", chunks)]
+    assert ranked_again and selector.resolved == "bm25"
+    warnings = [e for e in events if e["type"] == "warning"]
+    assert len(warnings) == 1 and "using bm25" in warnings[0]["message"]
+    # no record at all: BM25, and why
+    assert default_method(FakeBackbone(), Settings(hybrid_weights=str(tmp_path / "none")))[0] == "bm25"
+
+
+@pytest.mark.model
+def test_the_default_is_what_models_info_names():
+    from evsel.engine import Engine
+    from evsel.models.selectors import DEFAULT, MethodSpec
+
+    engine = Engine()
+    info = engine.models_info(load=False)
+    assert MethodSpec.of().first.selector == DEFAULT == "default"
+    selector = get_selector(DEFAULT, engine.selector_context())
+    assert selector.chosen[0] == info["default_method"] and info["default_why"]
+
+
+@pytest.mark.model
+def test_train_hybrid_smoke_writes_weights_the_selector_loads(tmp_path):
+    """The recipe end to end on a few FairytaleQA train questions: features cached (a rerun reads
+    them back), weight sets with dev metrics, the ablation and the default they imply."""
+    from conftest import shared_data
+
+    from evsel.engine import Engine
+
+    shared_data("fairytaleqa")
+    engine = Engine()
+    out = tmp_path / "hybrid"
+    summary = engine.train_hybrid(str(out), {"groups": "bm25+dense+qr+dialogue"}, "evsel train hybrid --recipe smoke",
+                                  recipe_name="smoke")
+    data = hy.load_weights(out)
+    assert data["command"].startswith("evsel train hybrid")
+    assert [ws["name"] for ws in data["weight_sets"]][:1] == ["all"] and summary["train_questions"] > 0
+    assert data["default"]["method"] in ("hybrid", "bm25") and "without qr" in data["ablation"]
+    rows = (out / "features" / "fairytaleqa-train.jsonl").read_text().splitlines()
+    again = engine.train_hybrid(str(out), {"groups": "bm25+dense+qr+dialogue"}, "", recipe_name="smoke")
+    assert (out / "features" / "fairytaleqa-train.jsonl").read_text().splitlines() == rows  # nothing recomputed
+    assert again["weight_sets"][0]["weights"] == summary["weight_sets"][0]["weights"]
+    selector = get_selector("hybrid", engine.selector_context(for_eval=True), weights=str(out))
+    selector.load()
+    assert set(selector.weight_set["groups"]) == {"bm25", "dense", "qr", "dialogue"}
+
+
+def test_train_hybrid_trains_on_an_evaluation_set_only_by_fold():
+    from evsel.errors import InputError
+    from evsel.recipes import hybrid as recipe
+
+    with pytest.raises(InputError, match="--fold"):
+        recipe.questions_of("locomo", None, None, True)
+    with pytest.raises(InputError, match="unknown hybrid training source"):
+        recipe.questions_of("fairytaleqa-val", 1, None, True)
+    assert recipe.weight_set_groups(["bm25", "dense", "dialogue"]) == {
+        "all": ["bm25", "dense", "dialogue"], "no-llm": ["bm25", "dense", "dialogue"], "bm25": ["bm25"]}
+
+
+def test_training_questions_are_spread_over_each_document():
+    """A document's questions come in story order: the sample takes them evenly, not its first ones."""
+    from types import SimpleNamespace
+
+    from evsel.recipes import hybrid as recipe
+
+    questions = [SimpleNamespace(qid=f"{d}/{i}", docs=[d]) for d in ("a", "b") for i in range(12)]
+    kept = recipe.spread(questions, limit=100, per_document=3)
+    assert [q.qid for q in kept] == ["a/0", "a/4", "a/8", "b/0", "b/4", "b/8"]
+    assert len(recipe.spread(questions, limit=4, per_document=3)) == 4
