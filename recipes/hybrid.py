@@ -24,7 +24,7 @@ import numpy as np
 from evsel.chunker import DEFAULT_CHUNK_TOKENS
 from evsel.errors import InputError
 from evsel.models.selectors import SelectorContext, get_selector
-from evsel.models.selectors import hybrid as hy
+from evsel.models import hybrid as hy
 
 from .common import ignore_event, pick_recipe
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from evsel.models.selectors import SelectorContext, get_selector
-from evsel.models.selectors import hybrid as hy
+from evsel.models import hybrid as hy
 from evsel.store import ChunkRecord
 
 

@@ -21,7 +21,7 @@ def default_method(backbone, settings=None) -> tuple[str, str]:
     records as measured best, else BM25. Reads the file only (no weights, no model)."""
     from pathlib import Path
 
-    from . import hybrid
+    from evsel.models import hybrid
 
     setting = getattr(settings, "hybrid_weights", None)
     where = Path(setting) if setting else hybrid.shipped_dir(backbone.fingerprint)

@@ -1,0 +1,186 @@
+"""The learned fusion's arithmetic (the selector: models/selectors/hybrid.py): features normalised
+per question, the weight file, the linear model over a pool, and its listwise fit."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from evsel.errors import EvselError, ModelError
+from evsel.store import ChunkRecord
+
+
+FORMAT = "evsel-hybrid/1"
+WEIGHTS_FILE = "hybrid.json"
+POOL_EACH = 10  # each retriever's top chunks that enter the pool (<= 30 candidates)
+# feature groups, in the order of the feature vector; bm25 is always there (it orders the rest)
+GROUPS = {
+    "bm25": ("bm25_z", "bm25_rank"),
+    "dense": ("dense_z", "dense_rank"),
+    "unreal": ("unreal_z", "unreal_rank"),
+    "qr": ("qr_z", "qr_rank"),
+    "dialogue": ("speaker_named", "position"),
+}
+FEATURES = tuple(f for names in GROUPS.values() for f in names)
+LLM_GROUPS = ("unreal", "qr")  # the groups that need the backbone
+WORD = re.compile(r"[A-Za-z][A-Za-z'-]+")
+
+
+def shipped_dir(fingerprint: str) -> Path:
+    return Path(__file__).resolve().parent / "adapters" / fingerprint[:16] / "hybrid"
+
+
+def rank_feature(values: np.ndarray) -> np.ndarray:
+    """1 / log2(1 + rank) of each value (rank 1 = highest; ties keep order)."""
+    order = np.argsort(-values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    return 1.0 / np.log2(1.0 + ranks)
+
+
+def zscore(values: np.ndarray) -> np.ndarray:
+    std = values.std()
+    return (values - values.mean()) / std if std > 1e-12 else np.zeros_like(values)
+
+
+def speaker_named(question: str, chunks: list[ChunkRecord]) -> np.ndarray:
+    """1 where a speaker of the chunk is named in the question (first names count)."""
+    words = {w.lower() for w in WORD.findall(question)}
+    out = np.zeros(len(chunks))
+    for i, chunk in enumerate(chunks):
+        names = {part.lower() for s in chunk.speakers for part in s.split()}
+        out[i] = float(bool(names & words))
+    return out
+
+
+def positions(chunks: list[ChunkRecord]) -> np.ndarray:
+    """Where each chunk sits in its document, 0 (start) to 1 (end): session order for a dialogue."""
+    last: dict[int, int] = {}
+    for c in chunks:
+        last[c.doc_id] = max(last.get(c.doc_id, 0), c.seq)
+    return np.array([c.seq / last[c.doc_id] if last[c.doc_id] else 0.0 for c in chunks])
+
+
+# ---------------------------------------------------------------------------------------------
+# the weights
+
+
+def columns(groups: list[str] | tuple[str, ...]) -> list[int]:
+    """Indices into FEATURES of the groups' features."""
+    return [FEATURES.index(f) for g in groups for f in GROUPS[g]]
+
+
+def score_pool(features: np.ndarray, weight_set: dict) -> np.ndarray:
+    """The linear model of one weight set over a pool's (P, len(FEATURES)) features."""
+    cols = columns(weight_set["groups"])
+    return features[:, cols] @ np.asarray(weight_set["weights"], dtype=np.float64)
+
+
+def load_weights(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / WEIGHTS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read hybrid weights from {path}: {exc}",
+                         "give a hybrid.json written by: evsel train hybrid") from exc
+    if data.get("format") != FORMAT or not data.get("weight_sets"):
+        raise ModelError(f"{path} is not a hybrid weight file ({FORMAT})", "give a hybrid.json written by: evsel train hybrid")
+    for ws in data["weight_sets"]:
+        if len(ws["weights"]) != len(columns(ws["groups"])):
+            raise ModelError(f"{path}: a weight set of {ws['groups']} has {len(ws['weights'])} weights")
+    return data
+
+
+def save_weights(path: str | Path, data: dict) -> Path:
+    path = Path(path)
+    if path.suffix != ".json":
+        path = path / WEIGHTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": FORMAT, **data}, indent=1) + "\n")
+    return path
+
+
+def choose_set(data: dict, available: set[str]) -> dict | None:
+    """The weight set using the most groups among those `available` (None: no set fits)."""
+    fitting = [ws for ws in data["weight_sets"] if set(ws["groups"]) <= available]
+    return max(fitting, key=lambda ws: len(ws["groups"]), default=None)
+
+
+def parse_groups(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    chosen = list(dict.fromkeys(g.strip() for g in text.replace(",", "+").split("+") if g.strip()))
+    unknown = [g for g in chosen if g not in GROUPS]
+    if unknown or "bm25" not in chosen:
+        raise EvselError(f"hybrid:{text}: the groups are {', '.join(GROUPS)} joined by +, bm25 among them",
+                         "e.g. hybrid:bm25+dense or hybrid:bm25+dense+qr")
+    return chosen
+
+def fused_scores(pool_scores: np.ndarray, pool: np.ndarray, bm25: np.ndarray) -> np.ndarray:
+    """Scores whose descending order is the pool by `pool_scores`, then the other chunks in BM25's
+    order (each below every pooled chunk)."""
+    n = len(bm25)
+    out = np.empty(n)
+    floor = float(pool_scores.min()) if len(pool_scores) else 0.0
+    order = np.argsort(-bm25, kind="stable")
+    inside = np.zeros(n, dtype=bool)
+    inside[pool] = True
+    rest = [i for i in order.tolist() if not inside[i]]
+    out[pool] = pool_scores
+    for r, i in enumerate(rest, 1):
+        out[i] = floor - 1.0 - r / (n + 1)
+    return out
+
+
+def evaluate(pool_scores: list[np.ndarray], gold: list[np.ndarray], ks=(1, 3, 5, 10)) -> dict:
+    """Recall@k and MRR of ranking each pool by its scores, gold as a 0/1 vector per pool (a gold
+    chunk outside the pool counts as missed: the metrics are of the pool's order)."""
+    out = {f"recall@{k}": 0.0 for k in ks}
+    out["mrr"] = 0.0
+    counted = 0
+    for s, g in zip(pool_scores, gold):
+        total = g.sum() if g.ndim == 1 else 0
+        if not total:
+            continue
+        counted += 1
+        order = np.argsort(-s, kind="stable")
+        hits = g[order]
+        for k in ks:
+            out[f"recall@{k}"] += hits[:k].sum() / total
+        first = np.flatnonzero(hits)
+        out["mrr"] += 1.0 / (first[0] + 1) if len(first) else 0.0
+    return {k: v / counted if counted else 0.0 for k, v in out.items()} | {"questions": counted}
+
+
+def fit(features: list[np.ndarray], gold: list[np.ndarray], groups: list[str], l2: float = 1e-3,
+        steps: int = 300, lr: float = 0.05, seed: int = 0) -> list[float]:
+    """Weights of a linear listwise model: minimise, over the pools with a gold chunk, -log of the
+    softmax mass on the gold chunks, plus l2 |w|^2. Starts from BM25 alone (w = 1 on bm25_z), so
+    what it learns is a departure from BM25 the data asks for. A few lines of torch (Adam)."""
+    import torch
+
+    torch.manual_seed(seed)
+    cols = columns(groups)
+    data = [(torch.tensor(x[:, cols], dtype=torch.float32), torch.tensor(g, dtype=torch.bool))
+            for x, g in zip(features, gold) if g.any() and not g.all()]
+    w = torch.zeros(len(cols))
+    w[columns(["bm25"])[0]] = 1.0
+    w.requires_grad_(True)
+    if not data:
+        return w.detach().tolist()
+    optimizer = torch.optim.Adam([w], lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = sum(torch.logsumexp(x @ w, 0) - torch.logsumexp((x @ w)[g], 0) for x, g in data) / len(data)
+        (loss + l2 * (w ** 2).sum()).backward()
+        optimizer.step()
+    return [float(v) for v in w.detach()]
+
+
+__all__ = ["FEATURES", "FORMAT", "GROUPS", "HybridSelector", "POOL_EACH", "WEIGHTS_FILE", "choose_set", "evaluate",
+           "fit", "fused_scores", "load_weights", "save_weights", "score_pool", "shipped_dir"]
