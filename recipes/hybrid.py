@@ -81,6 +81,8 @@ def spread(questions: list, limit: int, per_document: int) -> list:
         kept = list(questions)
     else:
         kept = []
+        # few documents (a LoCoMo fold has five): take more of each, so `limit` can be reached
+        per_document = max(per_document, -(-limit // len(by_doc)))
         for qs in by_doc.values():
             n = min(per_document, len(qs))
             kept += [qs[(i * len(qs)) // n] for i in range(n)]

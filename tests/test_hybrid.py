@@ -206,6 +206,9 @@ def test_training_questions_are_spread_over_each_document():
     from evsel.recipes import hybrid as recipe
 
     questions = [SimpleNamespace(qid=f"{d}/{i}", docs=[d]) for d in ("a", "b") for i in range(12)]
-    kept = recipe.spread(questions, limit=100, per_document=3)
+    kept = recipe.spread(questions, limit=6, per_document=3)
     assert [q.qid for q in kept] == ["a/0", "a/4", "a/8", "b/0", "b/4", "b/8"]
     assert len(recipe.spread(questions, limit=4, per_document=3)) == 4
+    # few documents: more of each, still spread, so the limit is reached
+    more = recipe.spread(questions, limit=8, per_document=3)
+    assert [q.qid for q in more] == ["a/0", "a/3", "a/6", "a/9", "b/0", "b/3", "b/6", "b/9"]
