@@ -89,3 +89,12 @@ def test_train_qrranker_on_a_locomo_fold_smoke(tmp_path, capsys, monkeypatch):
     seen = set(metrics["data"]["locomo"]["question_ids"]) | set(metrics["data"]["dev"]["question_ids"])
     ids = _fold_ids("locomo")
     assert seen and seen <= ids[1] and not seen & ids[2]
+
+
+def test_an_eval_record_names_the_adapter_setting_it_ran_with(monkeypatch, tmp_path):
+    from evsel.evaluation.report import run_info
+
+    monkeypatch.setenv("EVSEL_QRRANKER_HEADS", str(tmp_path / "qr fold1"))
+    monkeypatch.delenv("EVSEL_THREADS", raising=False)
+    command = run_info(["evsel", "eval", "locomo", "--fold", "2"])["command"]
+    assert command == f"EVSEL_QRRANKER_HEADS='{tmp_path / 'qr fold1'}' evsel eval locomo --fold 2"
