@@ -64,13 +64,14 @@ def folded_dataset(source: str, data_dir: Path | None, fold: int | None):
 def fold_dev_split(dataset, keys: list[str], rng: random.Random, dev_questions: int) -> tuple[list[str], set[str]]:
     """Dev data from a folded source's own fold: (dev document keys, dev question ids). Several
     documents (LoCoMo's conversations): one held-out document, all its questions; one shared
-    corpus (MuSiQue, HotpotQA): `dev_questions` held-out questions. Training takes neither."""
+    corpus (MuSiQue, HotpotQA): `dev_questions` held-out questions, at most a fifth of the fold's
+    (its 50 questions are most of the training data). Training takes neither."""
     if len(keys) > 1:
         key = rng.choice(sorted(keys))
         return [key], {q.qid for q in dataset.questions if q.docs and q.docs[0] == key}
     qids = sorted(q.qid for q in dataset.questions if q.docs and q.gold)
     rng.shuffle(qids)
-    return [], set(qids[:dev_questions])
+    return [], set(qids[:min(dev_questions, max(1, len(qids) // 5))])
 
 
 def pick_recipe(name: str, smoke: dict, full: dict) -> dict:
