@@ -368,6 +368,14 @@ class AdapterTrainer:
                 if self.step % cfg.checkpoint_every == 0 or final:
                     self.save_checkpoint()
             if self.step < self.total_steps:  # stopped by --minutes
+                if self.dev and self.step and not (cfg.dev_every and self.step % cfg.dev_every == 0):
+                    # the steps since the last dev check count too: a short budget may hold no check
+                    last = self.dev_metrics()
+                    write_record(log_file, {"step": self.step, **{f"dev_{k}": v for k, v in last.items()}},
+                                 self.log, self.log_nested)
+                    if self.is_better(last):
+                        self.best = last
+                        self.save_best(last)
                 self.save_checkpoint()
         summary = {**self.summary(last), "seconds": round(time.perf_counter() - started, 1)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
