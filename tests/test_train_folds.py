@@ -11,6 +11,7 @@ from conftest import DATA, shared_data
 
 from evsel.cli import main
 from evsel.evaluation import load_dataset
+from test_qrranker import _trainer, gqa_model_dir, tiny_backbone  # noqa: F401 (fixtures: a tiny random Llama)
 
 
 def _fold_ids(name: str) -> dict[int, set[str]]:
@@ -98,3 +99,26 @@ def test_an_eval_record_names_the_adapter_setting_it_ran_with(monkeypatch, tmp_p
     monkeypatch.delenv("EVSEL_THREADS", raising=False)
     command = run_info(["evsel", "eval", "locomo", "--fold", "2"])["command"]
     assert command == f"EVSEL_QRRANKER_HEADS='{tmp_path / 'qr fold1'}' evsel eval locomo --fold 2"
+
+
+def test_a_run_stopped_by_minutes_checks_dev_on_its_last_step(tiny_backbone, tmp_path, monkeypatch):
+    """A short --minutes budget may end before any --dev-every check: its steps are checked once
+    more, so the adapter written can be a trained one (a fake clock: 20 s a reading)."""
+    from evsel.recipes import common
+
+    class Clock:
+        now = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            cls.now += 20.0
+            return cls.now
+
+    trainer = _trainer(tiny_backbone, tmp_path / "run", steps=50, minutes=1.0)
+    monkeypatch.setattr(common, "time", Clock)
+    summary = trainer.run()
+    assert 0 < summary["steps"] < 50
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == summary["steps"] and "dev_recall@3" in log[-1] and "loss" not in log[-1]
+    written = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert written["step"] in (0, summary["steps"]) and written["dev"] == summary["best_dev"]
