@@ -313,7 +313,7 @@ def train_blocksearch(
     Loss: teacher-forced cross-entropy on the gold code plus the on-policy auxiliary loss (the
     model rolls a code out, each digit slot gets a teacher from the candidates matching the
     rollout's prefix, the rollout is replayed with gradients). Training splits only (FairytaleQA
-    train by default); LoCoMo and FairytaleQA val are refused. What trains is a LoRA adapter on
+    train by default; LoCoMo, MuSiQue, HotpotQA on one --fold); FairytaleQA val is refused. What trains is a LoRA adapter on
     q_proj and v_proj applied to the query block alone: the chunks' states and the answering
     backbone stay the frozen model's. The best adapter by dev recall@1 goes to OUT; use it with
     EVSEL_BLOCKSEARCH_DECODER=OUT and --select blocksearch:trained. Rerunning resumes from
