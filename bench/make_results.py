@@ -19,7 +19,8 @@ RESULTS = HERE / "results"
 OUT = HERE.parent / "docs" / "RESULTS.md"
 
 # the order datasets appear in; others follow alphabetically
-ORDER = ["locomo", "locomo-unreal", "fairytaleqa", "fairytaleqa-unreal", "fairytaleqa-concat23", "musique", "hotpotqa", "mmlongbench", "financebench", "nocha",
+ORDER = ["locomo", "locomo-unreal", "fairytaleqa", "fairytaleqa-unreal", "fairytaleqa-concat23", "musique", "musique-llm", "hotpotqa", "hotpotqa-llm",
+         "locomo-fold2-qrranker-crossfold", "locomo-fold2-qrranker-shipped", "mmlongbench", "financebench", "nocha",
          "locomo-generate", "fairytaleqa-generate"]
 
 

@@ -27,6 +27,7 @@ from .common import AdapterTrainer, check_sources, config_of, ignore_event, pick
 class RouterConfig:
     out: str = ""  # run folder: adapter (best by dev recall@5), metrics.json, checkpoint/, log.jsonl
     sources: list[str] = field(default_factory=lambda: ["fairytaleqa-train"])
+    fold: int | None = None  # LoCoMo / MuSiQue / HotpotQA: train on this fold only (dev from it too)
     stories: int = 200  # FairytaleQA train stories trained on (documents per other source)
     dev_stories: int = 6  # held-out FairytaleQA train stories (never val)
     questions_per_story: int = 8
@@ -194,7 +195,7 @@ def run_router_training(engine, out: str, recipe_name: str, options: dict, comma
     (options the router has no use for must be unset)."""
     given = {k: v for k, v in options.items() if v is not None}
     config = config_of(RouterConfig, out, router_recipe(recipe_name), given)
-    check_sources(config.sources)
+    check_sources(config.sources, config.fold)
 
     def log(line: str) -> None:
         on_event({"type": "log", "message": line})

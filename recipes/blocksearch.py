@@ -31,6 +31,7 @@ from .common import AdapterTrainer, config_of, ignore_event, pick_recipe, questi
 class TrainConfig:
     out: str = ""  # run folder: adapter (best by dev recall@1), metrics.json, checkpoint/, log.jsonl
     sources: list[str] = field(default_factory=lambda: ["fairytaleqa-train"])
+    fold: int | None = None  # LoCoMo / MuSiQue / HotpotQA: train on this fold only (dev from it too)
     stories: int = 64  # FairytaleQA train stories trained on (documents per other source)
     dev_stories: int = 8  # held-out FairytaleQA train stories (never val)
     questions_per_story: int = 6

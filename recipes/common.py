@@ -16,9 +16,11 @@ from pathlib import Path
 from evsel.errors import InputError
 from evsel.models.lora import ADAPTER_FILE
 
-SOURCES = ("fairytaleqa-train", "musique", "hotpotqa")
+SOURCES = ("fairytaleqa-train", "musique", "hotpotqa", "locomo")
+# Their questions are the ones `evsel eval` scores: they train only on one fixed fold
+# (evaluation/folds.py), and that adapter is evaluated on the other fold.
+FOLDED_SOURCES = ("locomo", "musique", "hotpotqa")
 FORBIDDEN = {
-    "locomo": "LoCoMo is an evaluation set: never train on it",
     "fairytaleqa-val": "FairytaleQA val reports results and chooses l_c: never train on it",
     "fairytaleqa": "say fairytaleqa-train (FairytaleQA val reports results and is never trained on)",
 }
@@ -28,13 +30,48 @@ def ignore_event(_event: dict) -> None:
     pass
 
 
-def check_sources(sources: list[str]) -> None:
+def check_sources(sources: list[str], fold: int | None = None, doing: str = "train") -> None:
+    """Refuse evaluation sets, and a LoCoMo / MuSiQue / HotpotQA source without a fold (its
+    questions are the evaluation questions); a fold with no folded source is refused too."""
+    from evsel.evaluation.folds import FOLDS
+
+    if fold is not None and fold not in FOLDS:
+        raise InputError(f"--fold {fold} does not exist", "use --fold 1 or --fold 2")
     for source in sources:
         if source in FORBIDDEN:
-            raise InputError(f"refusing to detect heads on {source!r}: {FORBIDDEN[source]}",
+            raise InputError(f"refusing to {doing} on {source!r}: {FORBIDDEN[source]}",
                              f"use one of: {', '.join(SOURCES)}")
+        if source in FOLDED_SOURCES and fold is None:
+            raise InputError(f"refusing to {doing} on {source!r} without --fold: its questions are the ones "
+                             f"`evsel eval {source}` scores",
+                             f"add --fold 1 (then evaluate with: evsel eval {source} --fold 2)")
         if source not in SOURCES:
-            raise InputError(f"unknown seed-set source {source!r}", f"use one of: {', '.join(SOURCES)}")
+            raise InputError(f"unknown training source {source!r}", f"use one of: {', '.join(SOURCES)}")
+    if fold is not None and not any(s in FOLDED_SOURCES for s in sources):
+        raise InputError(f"--fold applies to the sources {', '.join(FOLDED_SOURCES)}",
+                         "add --source locomo (or musique, hotpotqa), or leave --fold out")
+
+
+def folded_dataset(source: str, data_dir: Path | None, fold: int | None):
+    """A training source's dataset: FairytaleQA train, or one fold of a folded source."""
+    from evsel.evaluation.datasets import load_dataset
+
+    if source == "fairytaleqa-train":
+        return load_dataset("fairytaleqa", data_dir=data_dir, split="train")
+    return load_dataset(source, data_dir=data_dir, fold=fold)
+
+
+def fold_dev_split(dataset, keys: list[str], rng: random.Random, dev_questions: int) -> tuple[list[str], set[str]]:
+    """Dev data from a folded source's own fold: (dev document keys, dev question ids). Several
+    documents (LoCoMo's conversations): one held-out document, all its questions; one shared
+    corpus (MuSiQue, HotpotQA): `dev_questions` held-out questions, at most a fifth of the fold's
+    (its 50 questions are most of the training data). Training takes neither."""
+    if len(keys) > 1:
+        key = rng.choice(sorted(keys))
+        return [key], {q.qid for q in dataset.questions if q.docs and q.docs[0] == key}
+    qids = sorted(q.qid for q in dataset.questions if q.docs and q.gold)
+    rng.shuffle(qids)
+    return [], set(qids[:min(dev_questions, max(1, len(qids) // 5))])
 
 
 def pick_recipe(name: str, smoke: dict, full: dict) -> dict:
@@ -69,28 +106,32 @@ def question_groups(config, backbone, data_dir: Path | None, avoid_qids: set[str
     chunks: {"id", "texts": the document's chunk texts, "questions": [{"id", "question",
     "candidates": BM25 top-K (indices into texts, BM25 order), "rest": the BM25 rest, "units":
     gold units (sets of indices), "gold": positions in candidates}]}. Dev: held-out FairytaleQA
-    train stories (never val), none holding a question of `avoid_qids`. Training questions need a
+    train stories (never val), none holding a question of `avoid_qids`; with a folded source
+    (LoCoMo, MuSiQue, HotpotQA and `config.fold`), held-out data of that same fold instead
+    (`fold_dev_split`), so no question of the other fold is ever read. Training questions need a
     gold chunk among their candidates; dev questions are kept either way (recall as eval counts
-    it: reranked top-K, then BM25's rest). `config` gives sources, stories, dev_stories,
-    questions_per_story, dev_questions_per_story, chunk_tokens, seed and (unless `candidates`
-    does) candidates, K."""
-    from evsel.evaluation.datasets import load_dataset
+    it: reranked top-K, then BM25's rest). `config` gives sources, fold (optional), stories,
+    dev_stories, questions_per_story, dev_questions_per_story, chunk_tokens, seed and (unless
+    `candidates` does) candidates, K. A source other than FairytaleQA takes about stories x
+    questions_per_story training questions over all its documents."""
     from evsel.evaluation.runner import build_corpus, gold_units
     from evsel.models.selectors import SelectorContext, get_selector
 
-    check_sources(config.sources)
+    fold = getattr(config, "fold", None)
+    check_sources(config.sources, fold)
     top_k = config.candidates if candidates is None else candidates
     rng = random.Random(config.seed)
     bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
 
-    def groups_of(dataset, keys: list[str], per_doc: int, need_gold: bool, source: str, stats: dict) -> list[dict]:
+    def groups_of(dataset, keys: list[str], per_doc: int, need_gold: bool, source: str, stats: dict,
+                  only: set[str] | None = None, skip: set[str] = frozenset()) -> list[dict]:
         by_doc: dict[str, list] = {}
         for q in dataset.questions:
-            if q.docs and q.gold:
+            if q.docs and q.gold and (only is None or q.qid in only) and q.qid not in skip:
                 by_doc.setdefault(q.docs[0], []).append(q)
         corpus = build_corpus(dataset, keys, backbone, config.chunk_tokens, on_event)
         out = []
-        single = len(keys) == 1  # MuSiQue / HotpotQA: one corpus document, a group per question
+        single = len(dataset.loaders) == 1  # MuSiQue / HotpotQA: one corpus document, a group per question
         for key in keys:
             chunks = corpus.chunks[key]
             index = {c.id: i for i, c in enumerate(chunks)}
@@ -124,29 +165,52 @@ def question_groups(config, backbone, data_dir: Path | None, avoid_qids: set[str
                 out.append({"id": f"{source}/{key}", "texts": [c.text for c in chunks], "questions": questions})
         return out
 
-    ftqa = load_dataset("fairytaleqa", data_dir=data_dir, split="train")
+    def question_ids(groups: list[dict]) -> list[str]:
+        return [q["id"] for g in groups for q in g["questions"]]
+
+    ftqa = folded_dataset("fairytaleqa-train", data_dir, None)
     stories = sorted(ftqa.loaders)
     rng.shuffle(stories)
-    avoid = {q.docs[0] for q in ftqa.questions if q.qid in avoid_qids and q.docs}
-    dev_keys = [k for k in stories if k not in avoid][: config.dev_stories]
-    train_keys = [k for k in stories if k not in dev_keys]
-    described: dict = {}
+    described: dict = {"fold": fold}
     stats: dict = {}
-    dev = groups_of(ftqa, dev_keys, config.dev_questions_per_story, False, "fairytaleqa-train", stats)
-    described["dev"] = {"source": "fairytaleqa-train (held-out stories)", "stories": dev_keys,
-                        "questions": sum(len(g["questions"]) for g in dev), **stats}
+    dev_per_doc = config.dev_stories * config.dev_questions_per_story
+    folded = [s for s in config.sources if s in FOLDED_SOURCES]
+    datasets = {s: folded_dataset(s, data_dir, fold) for s in folded}
+    held_keys: dict[str, list[str]] = {}  # a folded source's documents kept for dev
+    held_qids: dict[str, set[str]] = {}  # and its dev questions
+    if folded:
+        source = folded[0]
+        keys = sorted(datasets[source].loaders)
+        held_keys[source], held_qids[source] = fold_dev_split(datasets[source], keys, rng, dev_per_doc)
+        dev_keys = held_keys[source] or keys
+        dev = groups_of(datasets[source], dev_keys, dev_per_doc, False, source, stats,
+                        only=held_qids[source] or None)
+        described["dev"] = {"source": f"{source} fold {fold} (held out: "
+                            + (f"documents {', '.join(held_keys[source])})" if held_keys[source] else "questions)"),
+                            "documents": dev_keys, "question_ids": question_ids(dev), **stats}
+        train_keys = stories
+    else:
+        avoid = {q.docs[0] for q in ftqa.questions if q.qid in avoid_qids and q.docs}
+        dev_keys = [k for k in stories if k not in avoid][: config.dev_stories]
+        train_keys = [k for k in stories if k not in dev_keys]
+        dev = groups_of(ftqa, dev_keys, config.dev_questions_per_story, False, "fairytaleqa-train", stats)
+        described["dev"] = {"source": "fairytaleqa-train (held-out stories)", "stories": dev_keys,
+                            "question_ids": question_ids(dev), **stats}
+    described["dev"]["questions"] = sum(len(g["questions"]) for g in dev)
     train: list[dict] = []
     for source in config.sources:
         stats = {}
         if source == "fairytaleqa-train":
             dataset, keys = ftqa, train_keys[: config.stories]
+            per_doc = config.questions_per_story
         else:
-            dataset = load_dataset(source, data_dir=data_dir)
-            keys = sorted(dataset.loaders)
-        per_doc = config.questions_per_story if len(keys) > 1 else config.stories * config.questions_per_story
-        got = groups_of(dataset, keys, per_doc, True, source, stats)
+            dataset = datasets[source]
+            keys = [k for k in sorted(dataset.loaders) if k not in held_keys.get(source, ())]
+            per_doc = -(-config.stories * config.questions_per_story // max(1, len(keys)))
+        got = groups_of(dataset, keys, per_doc, True, source, stats, skip=held_qids.get(source, set()))
         train += got
-        described[source] = {"documents": len(keys), "questions": sum(len(g["questions"]) for g in got), **stats}
+        described[source] = {"documents": len(keys), "questions": sum(len(g["questions"]) for g in got),
+                             "question_ids": question_ids(got), **stats}
     return train, dev, described
 
 
@@ -304,6 +368,14 @@ class AdapterTrainer:
                 if self.step % cfg.checkpoint_every == 0 or final:
                     self.save_checkpoint()
             if self.step < self.total_steps:  # stopped by --minutes
+                if self.dev and self.step and not (cfg.dev_every and self.step % cfg.dev_every == 0):
+                    # the steps since the last dev check count too: a short budget may hold no check
+                    last = self.dev_metrics()
+                    write_record(log_file, {"step": self.step, **{f"dev_{k}": v for k, v in last.items()}},
+                                 self.log, self.log_nested)
+                    if self.is_better(last):
+                        self.best = last
+                        self.save_best(last)
                 self.save_checkpoint()
         summary = {**self.summary(last), "seconds": round(time.perf_counter() - started, 1)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -25,12 +25,14 @@ from pathlib import Path
 import numpy as np
 from evsel.errors import InputError
 
-from .common import AdapterTrainer, check_sources, config_of, ignore_event, pick_recipe, question_groups
+from .common import (AdapterTrainer, check_sources, config_of, folded_dataset, ignore_event, pick_recipe,
+                     question_groups)
 
 
 @dataclass
 class DetectConfig:
     sources: list[str] = field(default_factory=lambda: ["fairytaleqa-train"])
+    fold: int | None = None  # the fold of LoCoMo / MuSiQue / HotpotQA drawn from (required for them)
     documents: int = 32  # documents sampled per source (FairytaleQA: stories)
     questions_per_document: int = 3
     max_questions: int | None = None  # over all sources (None: documents x questions_per_document)
@@ -46,18 +48,16 @@ class DetectConfig:
 def seed_set(config: DetectConfig, backbone, data_dir: Path | None, on_event=ignore_event) -> tuple[list[dict], dict]:
     """The seed questions: [{"id", "question", "texts": candidate texts in document order, "gold":
     indices into texts}], and a description of how they were drawn."""
-    from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.runner import build_corpus, gold_units
     from evsel.models.selectors import SelectorContext, get_selector
 
-    check_sources(config.sources)
+    check_sources(config.sources, config.fold, "detect heads")
     rng = random.Random(config.seed)
     bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
     items: list[dict] = []
     described: dict = {}
     for source in config.sources:
-        name = {"fairytaleqa-train": "fairytaleqa"}.get(source, source)
-        dataset = load_dataset(name, data_dir=data_dir, split="train" if name == "fairytaleqa" else None)
+        dataset = folded_dataset(source, data_dir, config.fold)
         keys = sorted(dataset.loaders)
         rng.shuffle(keys)
         by_doc: dict[str, list] = {}
@@ -173,6 +173,7 @@ def run_detection(engine, out: str, options: dict, command: str | None = None, d
     if unknown:
         raise InputError(f"unknown detection options {', '.join(unknown)}")
     config = DetectConfig(**{k: v for k, v in options.items() if v is not None})
+    check_sources(config.sources, config.fold, "detect heads")  # before the backbone loads
     result = detect(config, engine.backbone, Path(data_dir) if data_dir else None, on_event)
     result["command"] = command
     out_path = Path(out)
@@ -194,6 +195,7 @@ def run_detection(engine, out: str, options: dict, command: str | None = None, d
 class TrainConfig:
     out: str = ""  # run folder: adapter + heads.json + metrics (the best by dev recall), checkpoint/, log.jsonl
     sources: list[str] = field(default_factory=lambda: ["fairytaleqa-train"])
+    fold: int | None = None  # LoCoMo / MuSiQue / HotpotQA: train on this fold only (dev from it too)
     stories: int = 24  # FairytaleQA train stories trained on (documents per other source)
     dev_stories: int = 8  # FairytaleQA train stories held out for the dev recall log (never val)
     questions_per_story: int = 6
@@ -403,6 +405,15 @@ class ListwiseTrainer(AdapterTrainer):
         return {"steps": self.step, "total_steps": self.total_steps, "k": self.config.k, "best_dev": self.best,
                 "last_dev": last, "dev_bm25": self.bm25_dev(), "out": str(self.out)}
 
+    def trained_on(self) -> dict:
+        """The sources and fold the adapter learned from (a fold-trained adapter is evaluated on the other fold)."""
+        from evsel.evaluation.folds import other_fold
+
+        fold = self.config.fold
+        return {"sources": list(self.config.sources), "fold": fold,
+                "evaluate_on": None if fold is None else f"fold {other_fold(fold)} (evsel eval DATASET --fold {other_fold(fold)})",
+                "dev": (self.described.get("dev") or {}).get("source")}
+
     def save_best(self, dev: dict) -> None:
         """OUT/adapter.safetensors, adapter.json, heads.json and metrics.json: what EVSEL_QRRANKER_HEADS=OUT uses."""
         from evsel.models import qrranker as qr
@@ -415,9 +426,9 @@ class ListwiseTrainer(AdapterTrainer):
                  "encoding": self.config.encoding, "heads": [{"layer": l, "head": h} for l, h in self.heads],
                  "trained": "adapter.safetensors beside this file (LoRA on the read layers' q_proj/k_proj, "
                             "applied inside QR scoring only)",
-                 "detected": (self.heads_data or {}).get("command")}
+                 "detected": (self.heads_data or {}).get("command"), "trained_on": self.trained_on()}
         (self.out / qr.HEADS_FILE).write_text(json.dumps(heads, indent=1) + "\n")
-        metrics = {"step": self.step, "dev": dev, "dev_bm25": self.bm25_dev(), "data": self.described,
+        metrics = {"trained_on": self.trained_on(), "step": self.step, "dev": dev, "dev_bm25": self.bm25_dev(), "data": self.described,
                    "train_questions": len(self.train), "dev_questions": len(self.dev),
                    "config": asdict(self.config), "command": self.command}
         (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
@@ -432,6 +443,7 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
     from evsel.models import qrranker as qr
 
     config = config_of(TrainConfig, out, train_recipe(recipe_name), options)
+    check_sources(config.sources, config.fold)  # before the backbone loads
     backbone = engine.backbone
 
     def log(line: str) -> None:

@@ -34,7 +34,8 @@ import numpy as np
 
 from evsel.errors import EvselError, InputError
 
-from .common import FORBIDDEN, SOURCES, ignore_event, pick_recipe, write_record
+from .common import (FOLDED_SOURCES, FORBIDDEN, SOURCES, check_sources, fold_dev_split, folded_dataset, ignore_event,
+                     pick_recipe, write_record)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,8 +84,10 @@ class InvertedBM25:
 @dataclass
 class DataConfig:
     sources: list[str] = field(default_factory=lambda: ["fairytaleqa-train"])
+    fold: int | None = None  # LoCoMo / MuSiQue / HotpotQA: the fold trained on (required for them)
     stories: int | None = None  # FairytaleQA train stories used for training (None: all but dev)
     dev_stories: int = 10  # FairytaleQA train stories held out for the dev recall log
+    dev_questions: int = 10  # the first folded source's held-out questions when it is one corpus (MuSiQue)
     c0: int = 5  # BM25 chunks stored per query as its initial context
     negatives: int = 500  # hard negatives per query (BM25 seeded with the oracle texts)
     skip: int = 10  # top BM25 ranks skipped per seed: near-duplicates of the oracle
@@ -92,14 +95,10 @@ class DataConfig:
     seed: int = 0
 
 
-def _check_sources(sources: list[str]) -> None:
-    for source in sources:
-        if source in FORBIDDEN:
-            raise InputError(f"refusing to train on {source!r}: {FORBIDDEN[source]}",
-                             f"use one of: {', '.join(SOURCES)}, or a folder in the common format")
-        if source not in SOURCES and not Path(source).is_dir():
-            raise InputError(f"unknown training source {source!r}",
-                             f"use one of: {', '.join(SOURCES)}, or a folder in the common format")
+def _check_sources(sources: list[str], fold: int | None = None) -> None:
+    """common.check_sources over the named sources (a folder in the common format passes)."""
+    named = [s for s in sources if s in SOURCES or s in FORBIDDEN or not Path(s).is_dir()]
+    check_sources(named, fold)
 
 
 def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = None,
@@ -108,7 +107,6 @@ def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = Non
 
     C0 is what `evsel ask --select unreal` reads before the question: the first stage of the ask
     pipeline (BM25) over the question's document, so training sees the context asking will."""
-    from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.runner import build_corpus, gold_units
     from evsel.models.selectors import SelectorContext
     from evsel.pipeline import Pipeline, PipelineSpec
@@ -116,21 +114,27 @@ def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = Non
     first_stage = Pipeline(PipelineSpec.parse("bm25", top_n=config.c0),
                            SelectorContext(load_backbone=lambda: backbone, states=None))
 
-    _check_sources(config.sources)
+    _check_sources(config.sources, config.fold)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
     chunks: list[dict] = []
     queries: dict[str, list[dict]] = {"train": [], "dev": []}
     counts: dict[str, dict] = {}
+    # dev: held-out FairytaleQA train stories, and held-out data of the first folded source's fold
+    # (never the other fold: that one is evaluated)
+    dev_source = next((s for s in config.sources if s in FOLDED_SOURCES), None)
     for source in config.sources:
         if Path(source).is_dir():
             raise InputError(f"{source} is already in the common format", "pass it to --data instead")
-        name = {"fairytaleqa-train": "fairytaleqa"}.get(source, source)
-        dataset = load_dataset(name, data_dir=data_dir, split="train" if name == "fairytaleqa" else None)
+        dataset = folded_dataset(source, data_dir, config.fold)
         keys = sorted(dataset.loaders)
         split_of = {k: "train" for k in keys}
-        if name == "fairytaleqa":
+        dev_qids: set[str] = set()
+        if source == dev_source:
+            dev_keys, dev_qids = fold_dev_split(dataset, keys, rng, config.dev_questions)
+            split_of.update({k: "dev" for k in dev_keys})
+        if source == "fairytaleqa-train":
             rng.shuffle(keys)
             dev, rest = keys[: config.dev_stories], keys[config.dev_stories:]
             if config.stories is not None:
@@ -153,7 +157,7 @@ def convert(out: Path, config: DataConfig, backbone, data_dir: Path | None = Non
             units = gold_units(q, corpus, tally)
             if not units:
                 continue
-            split = split_of[q.docs[0]]
+            split = "dev" if q.qid in dev_qids else split_of[q.docs[0]]
             ranked, _ = first_stage.rank(q.question, corpus.chunks[q.docs[0]])
             queries[split].append({
                 "id": f"{source}/{q.qid}", "source": source, "doc": f"{source}/{q.docs[0]}",
@@ -286,6 +290,7 @@ class Trainer:
         self.on_event = on_event
         self.log = log
         self.out = Path(config.out)
+        self.trained_on: dict = {}  # the data folder's sources and fold, recorded with the adapter
 
     # setup
     def setup(self, chunks: list[dict], train: list[dict], dev: list[dict]) -> None:
@@ -447,7 +452,9 @@ class Trainer:
         import torch
 
         extra = {"backbone": self.backbone.name, "fingerprint": self.backbone.fingerprint,
-                 "train_config": asdict(self.config), "step": self.step}
+                 "train_config": asdict(self.config), "trained_on": self.trained_on, "step": self.step}
+        if metrics is not None:
+            metrics = {"trained_on": self.trained_on, **metrics}
         tmp = folder.with_name(folder.name + ".tmp")
         self.adapter.save(tmp, metrics=metrics, command=self.command, extra=extra)
         if folder.name == "checkpoint":
@@ -551,8 +558,20 @@ def train(config: TrainConfig, engine=None, on_event: Callable[[dict], None] = i
     engine = engine or Engine(device=config.device)
     chunks, train_queries, dev = load_data(Path(config.data))
     trainer = Trainer(config, engine, command or current_command(), on_event, log)
+    trainer.trained_on = trained_on(Path(config.data))
     trainer.setup(chunks, train_queries, dev)
     return trainer.run()
+
+
+def trained_on(data: Path) -> dict:
+    """What a data folder was converted from (meta.json): its sources, fold and dev counts."""
+    meta_file = Path(data) / "meta.json"
+    if not meta_file.is_file():
+        return {"data": str(data)}
+    meta = json.loads(meta_file.read_text())
+    config = meta.get("config") or {}
+    return {"sources": config.get("sources"), "fold": config.get("fold"), "data": str(data),
+            "train_questions": meta.get("train"), "dev_questions": meta.get("dev")}
 
 
 def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: list[str], options: dict,
@@ -567,6 +586,7 @@ def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: li
     data_keys = {"sources", "stories", "dev_stories"}
     data_settings = {k: settings.pop(k) for k in list(settings) if k in data_keys}
     options = dict(options)
+    fold = options.pop("fold", None)
     readout = options.pop("readout", None)
     if readout is not None:
         options["readout"] = list(readout)
@@ -578,8 +598,15 @@ def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: li
         data = str(out_path / "data")
         if not (Path(data) / "train.jsonl").is_file():
             data_settings["sources"] = list(sources) or data_settings.get("sources") or ["fairytaleqa-train"]
-            convert(Path(data), DataConfig(**data_settings), engine.backbone,
+            _check_sources(data_settings["sources"], fold)  # before the backbone loads
+            convert(Path(data), DataConfig(**data_settings, fold=fold), engine.backbone,
                     Path(data_dir) if data_dir else None, on_event)
+        elif sources or fold is not None:
+            made = trained_on(Path(data))
+            if (sources and made.get("sources") != list(sources)) or made.get("fold") != fold:
+                raise InputError(f"{data} was converted from {made.get('sources')} fold {made.get('fold')}, "
+                                 f"not {list(sources) or made.get('sources')} fold {fold}",
+                                 "use another --out, or the same --source and --fold")
     known = {f.name for f in fields(TrainConfig)}
     config = TrainConfig(data=str(data), out=str(out_path), device=engine.device,
                          **{k: v for k, v in settings.items() if k in known})

@@ -29,7 +29,12 @@ def _layers(value: str | None) -> list[int] | None:
 
 app = App(help="Train the adapters of model-internal selectors (the backbone stays frozen).")
 
-_source_help = "Training source (repeatable): fairytaleqa-train, musique, hotpotqa. LoCoMo and FairytaleQA val are refused."
+_source_help = ("Training source (repeatable): fairytaleqa-train (default); locomo, musique or hotpotqa with --fold "
+                "(their questions are evaluation questions). FairytaleQA val is refused.")
+FoldOption = Annotated[Optional[int], typer.Option(
+    "--fold", parser=INT,
+    help="With --source locomo, musique or hotpotqa: train (and pick the adapter) on this fixed fold only "
+         "(1 or 2); evaluate it on the other with evsel eval DATASET --fold N.")]
 
 
 @app.command("convert")
@@ -49,12 +54,13 @@ def convert_cmd(
         "--data-dir", parser=path(file_okay=False),
         help="Folder with the benchmark data (default: ../shared/data or $EVSEL_DATA).")] = None,
     seed: Annotated[int, typer.Option("--seed", parser=INT)] = 0,
+    fold: FoldOption = None,
     as_json: JsonOption = False,
 ):
     """Write training data in the common JSONL format (chunks, questions, gold chunk ids, BM25
     context C0 and hard negatives), chunked and gold-mapped exactly as `evsel eval` does."""
     options = {"sources": list(sources), "stories": stories, "dev_stories": dev_stories, "negatives": negatives,
-               "skip": skip, "seed": seed}
+               "skip": skip, "seed": seed, "fold": fold}
     engine = engine_from(ctx)  # runs where the model is resident: in the daemon when one runs
     with ProgressView(enabled=not as_json) as view:
         meta = engine.train_convert(str(Path(out).absolute()), options,
@@ -120,6 +126,7 @@ def train_unreal(
         "--init", parser=path(exists=True, file_okay=False),
         help="Start from this adapter folder (e.g. a run's checkpoint/ or the shipped adapter) "
              "instead of a fresh one; its shape and temperature are kept.")] = None,
+    fold: FoldOption = None,
     as_json: JsonOption = False,
 ):
     """Train UNREAL's adapter: soft prompt, retrieval tokens and layer weights (seed 000).
@@ -133,7 +140,7 @@ def train_unreal(
                "readout": _layers(readout), "tau": tau, "train_soft_prompt": train_soft_prompt, "batch": batch,
                "steps": steps, "minutes": minutes, "lr": lr, "warmup": warmup, "max_train": max_train,
                "dev_every": dev_every, "dev_queries": dev_queries, "threads": threads, "seed": seed,
-               "init": str(Path(init).absolute()) if init else None}
+               "init": str(Path(init).absolute()) if init else None, "fold": fold}
     # --device here is where to train: the engine (the daemon's, when one runs) for that device
     engine = engine_from(ctx, **({"device": train_device} if train_device else {}))
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
@@ -165,8 +172,9 @@ def train_qrranker(
         "--recipe", parser=choice(["smoke", "full"]),
         help="Training: smoke (minutes on a CPU, proves the path) or full (docs/QRRANKER.md's run).")] = "full",
     sources: Annotated[Optional[List[str]], typer.Option(
-        "--source", help="Seed-set / training source (repeatable): fairytaleqa-train (default), musique, hotpotqa. "
-                         "LoCoMo and FairytaleQA val are refused.")] = None,
+        "--source", help="Seed-set / training source (repeatable): fairytaleqa-train (default); locomo, musique "
+                         "or hotpotqa with --fold. FairytaleQA val is refused.")] = None,
+    fold: FoldOption = None,
     documents: Annotated[Optional[int], typer.Option(
         "--documents", parser=INT,
         help="Detection: documents sampled per source (default 32 FairytaleQA train stories).")] = None,
@@ -227,14 +235,14 @@ def train_qrranker(
                    "questions_per_document": questions_per_document, "max_questions": max_questions,
                    "candidates": candidates, "keep": keep,
                    "encodings": ["block", "causal"] if encoding == "both" else [encoding], "minutes": minutes,
-                   "threads": threads, "seed": seed}
+                   "threads": threads, "seed": seed, "fold": fold}
     else:
         if encoding == "causal":
             raise typer.BadParameter("training reads block-encoded candidates", param_hint="--encoding")
         options = {"sources": list(sources) if sources else None, "stories": stories, "dev_stories": dev_stories,
                    "questions_per_story": questions_per_document, "candidates": candidates, "heads": heads,
                    "rank": rank, "batch": batch, "steps": steps, "lr": lr, "dev_every": dev_every,
-                   "minutes": minutes, "threads": threads, "seed": seed}
+                   "minutes": minutes, "threads": threads, "seed": seed, "fold": fold}
     # training's --device is where to train: the engine (the daemon's, when one runs) for that device
     engine = engine_from(ctx, **({"device": train_device} if train_device and not detect_heads else {}))
     with ProgressView(enabled=not as_json) as view:
@@ -270,6 +278,7 @@ def train_blocksearch(
         help="smoke (a minute on a CPU, proves the path) or full (docs/BLOCKSEARCH.md's run).")] = "full",
     sources: Annotated[Optional[List[str]], typer.Option(
         "--source", help=_source_help)] = None,
+    fold: FoldOption = None,
     stories: Annotated[Optional[int], typer.Option(
         "--stories", parser=INT, help="FairytaleQA train stories trained on (full: 64).")] = None,
     dev_stories: Annotated[Optional[int], typer.Option(
@@ -308,7 +317,7 @@ def train_blocksearch(
     Loss: teacher-forced cross-entropy on the gold code plus the on-policy auxiliary loss (the
     model rolls a code out, each digit slot gets a teacher from the candidates matching the
     rollout's prefix, the rollout is replayed with gradients). Training splits only (FairytaleQA
-    train by default); LoCoMo and FairytaleQA val are refused. What trains is a LoRA adapter on
+    train by default; LoCoMo, MuSiQue, HotpotQA on one --fold); FairytaleQA val is refused. What trains is a LoRA adapter on
     q_proj and v_proj applied to the query block alone: the chunks' states and the answering
     backbone stay the frozen model's. The best adapter by dev recall@1 goes to OUT; use it with
     EVSEL_BLOCKSEARCH_DECODER=OUT and --select blocksearch:trained. Rerunning resumes from
@@ -318,7 +327,7 @@ def train_blocksearch(
     options = {"sources": list(sources) if sources else None, "stories": stories, "dev_stories": dev_stories,
                "questions_per_story": questions_per_story, "stories_per_context": stories_per_context,
                "rank": rank, "batch": batch, "steps": steps, "lr": lr, "aux_weight": aux_weight,
-               "dev_every": dev_every, "minutes": minutes, "threads": threads, "seed": seed, "router": router}
+               "dev_every": dev_every, "minutes": minutes, "threads": threads, "seed": seed, "router": router, "fold": fold}
     engine = engine_from(ctx, **({"device": train_device} if train_device else {}))
     with ProgressView(enabled=not as_json) as view:
         def on_event(event: dict) -> None:

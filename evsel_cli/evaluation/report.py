@@ -172,12 +172,21 @@ def git_commit() -> str | None:
     return commit or None
 
 
+# settings that change what a run measures (which model, which adapters): the command shows them
+RECORDED_ENV = ("EVSEL_THREADS", "EVSEL_MODEL", "EVSEL_QRRANKER_HEADS", "EVSEL_UNREAL_ADAPTER",
+                "EVSEL_BLOCKSEARCH_DECODER")
+
+
 def run_info(argv: list[str] | None = None) -> dict:
-    """Machine, commit, command and time of a run, for RESULTS.md."""
+    """Machine, commit, command (with the EVSEL_ settings that chose its model and adapters) and
+    time of a run, for RESULTS.md."""
+    import shlex
+
     import torch
 
+    env = [f"{k}={shlex.quote(os.environ[k])}" for k in RECORDED_ENV if os.environ.get(k)]
     return {
-        "command": " ".join(argv if argv is not None else sys.argv),
+        "command": " ".join(env + list(argv if argv is not None else sys.argv)),
         "commit": git_commit(),
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
