@@ -277,6 +277,8 @@ def encode_variants_section(result: dict) -> list[str]:
             "| | " + " | ".join(groups) + " | profiled (s) |", "|---|" + "---|" * (len(groups) + 1)]
     for name, shares in where.items():
         out.append(f"| {name} | " + " | ".join(f"{shares[g]:.0%}" for g in groups) + f" | {shares['profiled_s']:.2f} |")
+    out += ["", "Compiled, the profiler sees inductor's fused C++ kernels (norms, RoPE, SiLU·mul, residual adds) only "
+            "as the compiled region's own time, so the elementwise work is counted in the last column there."]
     out += ["", f"Peak RSS of the run: {result['peak_rss_mib']:,.0f} MiB.", ""]
     return out
 
