@@ -2,7 +2,7 @@
 
     python bench/make_results.py
 
-Reads eval-*.json (from `evsel eval ... --json`), scaling.json, throughput.json, bm25.json,
+Reads eval-*.json (from `evsel eval ... --json`), scaling.json, throughput.json, encode_variants.json, bm25.json,
 unreal.json, daemon.json, startup.json, generate.json and faults.json; every section
 states the machine, commit, date and exact command of the run it shows. Nothing here is typed in
 by hand: rerun a benchmark, then this script.
@@ -226,6 +226,61 @@ def throughput_section(result: dict) -> list[str]:
                  (f"{m['query_s_median'] * 1000:.1f}" if m and "query_s_median" in m else f"skipped: {m['skipped']}" if m else "–")]
         out.append("| " + " | ".join(cells) + " |")
     out += ["", f"Peak RSS of the whole run: {result['peak_rss_mib']:,.0f} MiB.", ""]
+    return out
+
+
+def encode_variants_section(result: dict) -> list[str]:
+    """Ways of running the chunk-encoding forward pass, each against the roofline of the same run."""
+    enc = result["encoding"]
+    out = ["## Encoding variants against the roofline (bench/throughput.py --only encode-variants)", ""]
+    out += provenance(result["run"])
+    roofs = ", ".join(f"{t} thread(s) {v / 1e9:.0f}" for t, v in enc["roofline_bf16_flops"].items())
+    out += [f"- load average (1 min) {enc['load_1m_before']:.1f} before, {enc['load_1m_after']:.1f} after, on 2 cores",
+            "", f"Each variant ran in each of {enc['rounds']} rounds, alternated with the others and with a bf16 "
+            f"matmul roofline measured in that round (best per thread count: {roofs} GFLOP/s); medians. "
+            f"Real-text batches of {enc['batch'][0]}×{enc['batch'][1]} tokens, {enc['dtype']}; speed-up is against "
+            "today's path at the first thread count, in the same run.", "",
+            "| variant | threads | layers run | tokens/s (median) | % of bf16 roofline | speed-up vs today |",
+            "|---|---|---|---|---|---|"]
+    for row in enc["variants"]:
+        out.append(f"| {row['variant']} | {row['threads']} | {row['layers']} | {row['tokens_per_s_median']:,.0f} | "
+                   f"{row['share_of_bf16_roofline']:.1%} | {row['speedup_vs_today']:.2f}x |")
+    comp = enc["compile"]
+
+    def spread(dev: dict) -> str:
+        return "; ".join(f"layer {k}: {v['median_rel_l2_per_token']:.2%} median / {v['max_rel_l2_per_token']:.2%} max "
+                         f"per token, {v.get('median_rel_l2_pooled', float('nan')):.2%} / "
+                         f"{v.get('max_rel_l2_pooled', float('nan')):.2%} per pooled vector" for k, v in dev.items())
+
+    cache = {True: " (inductor's on-disk cache was warm)", False: " (inductor's on-disk cache was cold)"}.get(
+        comp.get("inductor_cache_warm"), "")
+    out += ["", f"torch.compile (each decoder layer's forward, dynamic shapes): the first call took "
+            f"{comp['first_call_s']:.0f} s{cache}, a new batch shape {comp['new_shape_s']:.1f} s after it.", "",
+            "Relative L2 error against today's eager states of the same 16 rows (the sink token left out; a "
+            "pooled vector is one of the 7 segment means the state cache keeps):", "",
+            f"- torch.compile: {spread(enc['compiled_vs_eager'])}"]
+    if enc.get("eager_alone_vs_batched"):
+        out.append(f"- today's eager path, each row encoded alone instead of in the batch (the spread evsel already "
+                   f"has between batch shapes): {spread(enc['eager_alone_vs_batched'])}")
+    out.append("")
+    if enc.get("chunk_encoder"):
+        out += ["The real encode path (`ChunkEncoder`, chunks sorted into length buckets by `sink_batches`) on "
+                "the Sherlock Holmes book's first chunks, to layer 20:", "",
+                "| batch budget (tokens) | chunks | padding share | tokens/s (median) | % of bf16 roofline |",
+                "|---|---|---|---|---|"]
+        for row in enc["chunk_encoder"]:
+            out.append(f"| {row['batch_tokens']:,} | {row['chunks']} | {row['padding_share']:.1%} | "
+                       f"{row['tokens_per_s_median']:,.0f} | {row['share_of_bf16_roofline']:.1%} |")
+        out.append("")
+    where = enc["where_the_time_goes"]
+    groups = [k for k in where["eager"] if k != "profiled_s"]
+    out += ["Where one 16×140 batch's time goes to layer 20 (torch.profiler, share of self CPU time):", "",
+            "| | " + " | ".join(groups) + " | profiled (s) |", "|---|" + "---|" * (len(groups) + 1)]
+    for name, shares in where.items():
+        out.append(f"| {name} | " + " | ".join(f"{shares[g]:.0%}" for g in groups) + f" | {shares['profiled_s']:.2f} |")
+    out += ["", "Compiled, the profiler sees inductor's fused C++ kernels (norms, RoPE, SiLU·mul, residual adds) only "
+            "as the compiled region's own time, so the elementwise work is counted in the last column there."]
+    out += ["", f"Peak RSS of the run: {result['peak_rss_mib']:,.0f} MiB.", ""]
     return out
 
 
@@ -681,6 +736,8 @@ def main() -> int:
         lines += blocksearch_section(json.loads((RESULTS / "blocksearch.json").read_text()))
     if throughput:
         lines += throughput_section(throughput)
+    if (RESULTS / "encode_variants.json").exists():
+        lines += encode_variants_section(json.loads((RESULTS / "encode_variants.json").read_text()))
     if bm25_store:
         lines += bm25_store_section(bm25_store)
     if unreal_speed:

@@ -17,6 +17,11 @@
    today's rebuild (BM25Okapi from the chunk texts) against the index persisted at ingest (m004), in
    the same run, with identical scores; 10^3 .. 10^5 chunks.
 4. Peak RSS after each part.
+5. `--only encode-variants` (into bench/results/encode_variants.json): ways of running the encoding
+   forward pass alternated in rounds against the bf16 roofline of each round, at --threads and at 2
+   threads: today's (SDPA, 16x140), eager attention, 64x140 batches, torch.compile per decoder layer
+   (its compile time and its deviation from eager); the real ChunkEncoder path on the Sherlock Holmes
+   book's chunks at two batch budgets (padding share); and a profile of where the time goes.
 """
 
 from __future__ import annotations
@@ -146,6 +151,201 @@ def encoding(backbone, roof: dict, quick: bool) -> dict:
             "share_of_fp32_roofline": achieved / roof["fp32"]["flops"],
             "seconds_per_batch": times,
         }
+    return out
+
+
+# 1b. encoding variants (--only encode-variants) ----------------------------------------------------
+
+BOOK = HERE.parent.parent / "shared" / "data" / "nocha" / "books" / "the_adventures_of_sherlock_holmes_arthur_conan_doyle.txt"
+OP_GROUPS = {  # profiler op -> where the time goes
+    "matmul": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_softmax", "aten::softmax"),
+    "norms, rope, activations (elementwise)": ("aten::mul", "aten::add", "aten::pow", "aten::silu", "aten::cat",
+                                               "aten::neg", "aten::copy_", "aten::mean", "aten::rsqrt", "aten::sum",
+                                               "aten::div_", "aten::sub", "aten::add_", "aten::mul_"),
+}
+
+
+def book_chunk_texts(backbone, limit: int) -> list[str]:
+    """The first `limit` chunks of the Sherlock Holmes book as evsel ingests it (140-token chunks)."""
+    from evsel import chunker
+    from evsel.parsers import parse_file
+
+    if not BOOK.is_file():
+        return []
+    texts = []
+    for doc in parse_file(BOOK):
+        texts += [c.text for c in chunker.chunk_document(doc, backbone)]
+        if len(texts) >= limit:
+            break
+    return texts[:limit]
+
+
+def op_breakdown(run, x) -> dict:
+    """Share of the profiled self CPU time of one forward pass, by OP_GROUPS (the rest: overhead)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run(x)
+    totals = {name: 0.0 for name in OP_GROUPS}
+    whole = 0.0
+    for event in prof.key_averages():
+        whole += event.self_cpu_time_total
+        for name, ops in OP_GROUPS.items():
+            fused = name.startswith("norms") and "cpp_fused" in event.key  # torch.compile's fused kernels
+            if event.key in ops or fused:
+                totals[name] += event.self_cpu_time_total
+    out = {name: t / whole for name, t in totals.items()}
+    out["other (framework overhead, small ops)"] = 1.0 - sum(out.values())
+    out["profiled_s"] = whole / 1e6
+    return out
+
+
+def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
+    """Each way of running the chunk-encoding forward pass, alternated in rounds on the same real-text
+    16x140 batches (median per variant), each against the bf16 roofline measured in the same run, in
+    every round (the machine is shared: a roofline and its encodings are measured minutes apart at
+    most). Then the real encode path (ChunkEncoder, the Sherlock Holmes book's chunks, sorted into
+    length buckets by `sink_batches`) at today's and larger batch budgets, its padding share, and a
+    profile of where one batch's time goes, eager and compiled."""
+    from evsel.models.backbone import Backbone, run_layers
+    from evsel.models.unreal import ChunkEncoder, pool_states
+
+    from common import load_1m
+
+    torch.set_num_threads(thread_counts[0])
+    backbone = Backbone(threads=thread_counts[0])
+    model = backbone.model
+    config = model.config
+    rounds = 2 if quick else 3
+    batches = real_token_batches(backbone, 2)
+    big = torch.cat(real_token_batches(backbone, 8)[4:])  # 64 rows x 140: 4x the tokens per matmul
+    out: dict = {"threads": thread_counts, "batch": [BATCH, TOKENS], "rounds": rounds, "load_1m_before": load_1m(),
+                 "dtype": backbone.plan.dtype, "attention_default": config._attn_implementation}
+
+    def forward(x, layer):
+        with torch.inference_mode():
+            return run_layers(model, [layer], input_ids=x)[layer]
+
+    def set_attention(kind):
+        config._attn_implementation = kind
+
+    eager_forwards = {layer: layer.forward for layer in model.model.layers}
+    compiled_forwards: dict = {}
+
+    def use_compiled(on: bool):
+        for layer in model.model.layers:
+            layer.forward = compiled_forwards[layer] if on else eager_forwards[layer]
+
+    reference = {depth: forward(batches[0], depth).float() for depth in (20, config.num_hidden_layers)}
+    # torch.compile of each decoder layer's forward (hooks stay outside: the early stop still works)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    warm_cache = Path(cache_dir()).is_dir() and any(Path(cache_dir()).iterdir())
+    started = time.perf_counter()
+    for layer in model.model.layers:
+        compiled_forwards[layer] = torch.compile(eager_forwards[layer], dynamic=True)
+    use_compiled(True)
+    forward(batches[0], config.num_hidden_layers)
+    compile_s = time.perf_counter() - started
+    started = time.perf_counter()
+    forward(batches[0][:13, :97], 20)  # another shape: does it recompile?
+    out["compile"] = {"first_call_s": compile_s, "new_shape_s": time.perf_counter() - started,
+                      "inductor_cache_warm": warm_cache}
+    def deviation(got, ref):
+        """Per-token relative L2 error (sink left out) and that of the 7 pooled vectors the store keeps."""
+        rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1))[:, 1:]
+        lengths = [got.shape[1] - 1] * got.shape[0]
+        pg, pr = pool_states(got, lengths, 7), pool_states(ref, lengths, 7)
+        pooled = (pg - pr).norm(dim=-1) / pr.norm(dim=-1)
+        return {"max_rel_l2_per_token": rel.max().item(), "median_rel_l2_per_token": rel.median().item(),
+                "max_rel_l2_pooled": pooled.max().item(), "median_rel_l2_pooled": pooled.median().item()}
+
+    compiled_dev = {str(depth): deviation(forward(batches[0], depth).float(), ref) for depth, ref in reference.items()}
+    use_compiled(False)
+    # today's own spread: the same rows encoded one at a time instead of in a batch of 16
+    alone_dev = {str(depth): deviation(torch.cat([forward(row[None], depth) for row in batches[0]]).float(), ref)
+                 for depth, ref in reference.items()}
+    out["eager_alone_vs_batched"] = alone_dev
+    out["compiled_vs_eager"] = compiled_dev
+
+    variants = {  # name: (setup, input)
+        "today (sdpa, 16x140)": (lambda: None, batches),
+        "eager attention": (lambda: set_attention("eager"), batches),
+        "8x140 batches": (lambda: None, [half for x in batches for half in x.split(BATCH // 2)]),
+        "64x140 batch": (lambda: None, [big]),
+        "torch.compile per layer": (lambda: use_compiled(True), batches),
+    }
+    depths = (20, config.num_hidden_layers)
+    times: dict = {(t, name): {d: [] for d in depths} for t in thread_counts for name in variants}
+    roofs: dict = {t: [] for t in thread_counts}
+    for round_ in range(rounds):
+        for threads in thread_counts:  # alternate thread counts and variants within each round
+            torch.set_num_threads(threads)
+            roofs[threads].append(max(matmul_flops(torch.bfloat16, 2048, 2048, 2048, 0.5),
+                                      matmul_flops(torch.bfloat16, BATCH * TOKENS, 576, 1536, 0.5)))
+            for name, (setup, inputs) in variants.items():
+                setup()
+                try:
+                    for depth in depths:
+                        if round_ == 0:
+                            forward(inputs[0], depth)  # warm (a compiled shape, the allocator)
+                        for x in inputs:
+                            t = time.perf_counter()
+                            forward(x, depth)
+                            times[threads, name][depth].append((time.perf_counter() - t) / x.numel())
+                finally:
+                    set_attention(out["attention_default"])
+                    use_compiled(False)
+            print(f"round {round_ + 1}/{rounds}, {threads} thread(s): roofline {roofs[threads][-1] / 1e9:.0f} GFLOP/s; "
+                  + ", ".join(f"{n} {1 / statistics.median(times[threads, n][20]):.0f}" for n in variants)
+                  + " tok/s to layer 20", file=sys.stderr)
+    torch.set_num_threads(thread_counts[0])
+    out["roofline_bf16_flops"] = {str(t): max(r) for t, r in roofs.items()}
+    out["roofline_bf16_flops_per_round"] = {str(t): r for t, r in roofs.items()}
+    rows = []
+    for (threads, name), by_depth in times.items():
+        for depth, per_token in by_depth.items():
+            med = statistics.median(per_token)
+            flops = flops_per_token(config, depth, TOKENS)["flops_per_token"]
+            base = statistics.median(times[thread_counts[0], "today (sdpa, 16x140)"][depth])
+            rows.append({"variant": name, "threads": threads, "layers": depth, "tokens_per_s_median": 1 / med,
+                         "share_of_bf16_roofline": flops / med / max(roofs[threads]),
+                         "speedup_vs_today": base / med, "seconds_per_token": per_token})
+    out["variants"] = rows
+
+    # the real encode path on a book's chunks: length-bucketed batches, today's and larger budgets
+    roof = max(roofs[thread_counts[0]])
+    texts = book_chunk_texts(backbone, 48 if quick else 96)
+    if texts:
+        ids = backbone.text_ids(texts)
+        real = sum(len(i) + 1 for i in ids)
+        path_rows = []
+        for budget in (1280, 2560, 10240):
+            padded = sum(x.numel() for _, _, x in backbone.sink_batches(ids, budget))
+            per_round = []
+            for _ in range(rounds):
+                encoder = ChunkEncoder(backbone, [20], 7, batch_tokens=budget)
+                t = time.perf_counter()
+                encoder.encode(texts)
+                per_round.append(time.perf_counter() - t)
+            med = statistics.median(per_round)
+            mean_len = real / len(ids)
+            flops = flops_per_token(config, 20, round(mean_len))["flops_per_token"]
+            path_rows.append({"batch_tokens": budget, "chunks": len(texts), "tokens": real,
+                              "padding_share": 1 - real / padded, "tokens_per_s_median": real / med,
+                              "share_of_bf16_roofline": real * flops / med / roof, "seconds": per_round})
+            print(f"ChunkEncoder batch_tokens {budget}: {real / med:.0f} tok/s, padding {1 - real / padded:.1%}",
+                  file=sys.stderr)
+        out["chunk_encoder"] = path_rows
+
+    out["where_the_time_goes"] = {"eager": op_breakdown(lambda x: forward(x, 20), batches[0])}
+    use_compiled(True)
+    try:
+        out["where_the_time_goes"]["compiled"] = op_breakdown(lambda x: forward(x, 20), batches[0])
+    finally:
+        use_compiled(False)
+    out["load_1m_after"] = load_1m()
     return out
 
 
@@ -408,8 +608,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="chunks per synthetic document in the BM25 store benchmark (1000 ~ a novel)")
     parser.add_argument("--bm25-small-docs", type=int, default=10,
                         help="also run the largest BM25 store with documents of this many chunks (0: not)")
-    parser.add_argument("--only", choices=["bm25-store"], default=None,
-                        help="run one part alone: bm25-store writes bench/results/bm25.json (unless --out)")
+    parser.add_argument("--only", choices=["bm25-store", "encode-variants"], default=None,
+                        help="run one part alone: bm25-store writes bench/results/bm25.json, encode-variants "
+                             "bench/results/encode_variants.json (unless --out)")
     parser.add_argument("--out", type=Path, default=None,
                         help="default bench/results/throughput.json (bench/results/bm25.json with --only bm25-store)")
     args = parser.parse_args(argv)
@@ -421,6 +622,15 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         result = {"benchmark": "bm25-store", "run": info,
                   "bm25_store": bm25_store(store_sizes, args.bm25_doc_chunks, args.quick, args.bm25_small_docs),
+                  "peak_rss_mib": peak_rss_mib(), "seconds": time.perf_counter() - started}
+        write_result(out, result)
+        print(f"wrote {out}", file=sys.stderr)
+        return 0
+    if args.only == "encode-variants":
+        out = args.out or HERE / "results" / "encode_variants.json"
+        started = time.perf_counter()
+        result = {"benchmark": "encode-variants", "run": info,
+                  "encoding": encode_variants(args.quick, [args.threads] + ([2] if args.threads != 2 else [])),
                   "peak_rss_mib": peak_rss_mib(), "seconds": time.perf_counter() - started}
         write_result(out, result)
         print(f"wrote {out}", file=sys.stderr)

@@ -567,6 +567,33 @@ class Backbone:
                 x[row, 1:1 + lengths[row]] = torch.tensor(ids[i])
             yield batch, lengths, x.to(self.plan.device)
 
+    def compiled_layers(self):
+        """A context in which the decoder layers run compiled (torch.compile of each layer's forward,
+        dynamic shapes; the hooks of `run_layers` stay outside it, so the early stop still works).
+        Compiled once per Backbone, on first use: tens of seconds on a CPU, paid back only over a
+        long encode (bench/throughput.py --only encode-variants). Nothing else may use the model
+        meanwhile: the layers are swapped in place, under the backbone's lock."""
+        import contextlib
+
+        import torch
+
+        @contextlib.contextmanager
+        def swapped():
+            layers = self.model.model.layers
+            with self._lock:
+                if getattr(self, "_compiled_forwards", None) is None:
+                    self._compiled_forwards = [torch.compile(layer.forward, dynamic=True) for layer in layers]
+                eager = [layer.forward for layer in layers]
+                try:
+                    for layer, forward in zip(layers, self._compiled_forwards):
+                        layer.forward = forward
+                    yield
+                finally:
+                    for layer, forward in zip(layers, eager):
+                        layer.forward = forward
+
+        return swapped()
+
     def hidden_states_at(self, input_ids, attention_mask, layer: int):
         """Residual stream after `layer` decoder layers (1-based), without gradients, stopping the
         forward pass there: layers above it never run. Returns (B, T, d) on the model's device."""

@@ -146,8 +146,11 @@ def maxsim_torch(queries, keys):
 class ChunkEncoder:
     """Encodes chunk texts independently with the frozen backbone, several layers in one pass."""
 
-    def __init__(self, backbone, layers: list[int], pool: int, batch_tokens: int = 2560):
+    def __init__(self, backbone, layers: list[int], pool: int, batch_tokens: int = 2560, compiled: bool = False):
+        """`compiled`: run the layers through torch.compile (`Backbone.compiled_layers`); states
+        then differ from eager ones within bf16 rounding (tests/test_unreal.py pins the tolerance)."""
         self.backbone = backbone
+        self.compiled = compiled
         self.layers = sorted(set(layers))
         self.pool = pool
         self.batch_tokens = batch_tokens  # ~16 chunks of 160 tokens
@@ -165,7 +168,10 @@ class ChunkEncoder:
         ids = self.backbone.text_ids(texts)
         d = model.config.hidden_size
         out = {layer: np.zeros((len(texts), self.pool, d), np.float16) for layer in self.layers}
-        with torch.inference_mode():
+        import contextlib
+
+        compiled = self.backbone.compiled_layers() if self.compiled else contextlib.nullcontext()
+        with torch.inference_mode(), compiled:
             for batch, lengths, x in self.backbone.sink_batches(ids, self.batch_tokens):
                 states = run_layers(model, self.layers, input_ids=x)
                 for layer in self.layers:
