@@ -137,14 +137,18 @@ def fused_scores(pool_scores: np.ndarray, pool: np.ndarray, bm25: np.ndarray) ->
     return out
 
 
-def evaluate(pool_scores: list[np.ndarray], gold: list[np.ndarray], ks=(1, 3, 5, 10)) -> dict:
-    """Recall@k and MRR of ranking each pool by its scores, gold as a 0/1 vector per pool (a gold
-    chunk outside the pool counts as missed: the metrics are of the pool's order)."""
+def evaluate(pool_scores: list[np.ndarray], gold: list[np.ndarray], ks=(1, 3, 5, 10),
+             totals: list[int] | None = None) -> dict:
+    """Recall@k and MRR of ranking each pool by its scores, gold as a 0/1 vector per pool. With
+    `totals` (each question's gold chunks in its whole scope) recall is over all of them, and a
+    question whose gold missed the pool counts, with recall and MRR 0: the share of gold chunks
+    in the top k, as eval's chunk_recall@k (k <= 10 lies inside the pool). Without, only the
+    questions with gold in the pool count, over their pooled gold."""
     out = {f"recall@{k}": 0.0 for k in ks}
     out["mrr"] = 0.0
     counted = 0
-    for s, g in zip(pool_scores, gold):
-        total = g.sum() if g.ndim == 1 else 0
+    for i, (s, g) in enumerate(zip(pool_scores, gold)):
+        total = totals[i] if totals is not None else (g.sum() if g.ndim == 1 else 0)
         if not total:
             continue
         counted += 1

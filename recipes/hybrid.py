@@ -133,12 +133,14 @@ def fit_sets(train_rows: list[dict], dev_rows: list[dict], available: list[str])
     """The weight sets and the ablation (dev metrics of the full set without each group)."""
     xs, gs = arrays(train_rows)
     dxs, dgs = arrays(dev_rows)
+    # recall over every gold chunk of the scope, those the pool missed too (eval's chunk recall)
+    totals, dev_totals = [r["gold_total"] for r in train_rows], [r["gold_total"] for r in dev_rows]
     sets = []
     for name, groups in weight_set_groups(available).items():
         weights = [1.0] + [0.0] * (len(hy.columns(groups)) - 1) if name == "bm25" else hy.fit(xs, [g > 0 for g in gs], groups)
         ws = {"name": name, "groups": groups, "weights": weights}
-        ws["dev"] = hy.evaluate([hy.score_pool(x, ws) for x in dxs], dgs)
-        ws["train"] = hy.evaluate([hy.score_pool(x, ws) for x in xs], gs)
+        ws["dev"] = hy.evaluate([hy.score_pool(x, ws) for x in dxs], dgs, totals=dev_totals)
+        ws["train"] = hy.evaluate([hy.score_pool(x, ws) for x in xs], gs, totals=totals)
         sets.append(ws)
     full = sets[0]["groups"]
     ablation = {}
@@ -147,7 +149,7 @@ def fit_sets(train_rows: list[dict], dev_rows: list[dict], available: list[str])
             continue
         groups = [g for g in full if g != drop]
         ws = {"groups": groups, "weights": hy.fit(xs, [g > 0 for g in gs], groups)}
-        ablation[f"without {drop}"] = hy.evaluate([hy.score_pool(x, ws) for x in dxs], dgs)
+        ablation[f"without {drop}"] = hy.evaluate([hy.score_pool(x, ws) for x in dxs], dgs, totals=dev_totals)
     if "dialogue" in full:  # the position prior apart from the speaker cue: fitted with it zeroed
         at = hy.FEATURES.index("position")
 
@@ -155,10 +157,11 @@ def fit_sets(train_rows: list[dict], dev_rows: list[dict], available: list[str])
             return [np.where(np.arange(x.shape[1]) == at, 0.0, x) for x in rows]
 
         ws = {"groups": full, "weights": hy.fit(zeroed(xs), [g > 0 for g in gs], full)}
-        ablation["without position"] = hy.evaluate([hy.score_pool(x, ws) for x in zeroed(dxs)], dgs)
+        ablation["without position"] = hy.evaluate([hy.score_pool(x, ws) for x in zeroed(dxs)], dgs,
+                                                  totals=dev_totals)
     for group in full:  # each signal alone (its z-score), on the pool
         cols = hy.columns([group])
-        ablation[f"{group} alone"] = hy.evaluate([x[:, cols[0]] for x in dxs], dgs)
+        ablation[f"{group} alone"] = hy.evaluate([x[:, cols[0]] for x in dxs], dgs, totals=dev_totals)
     return sets, ablation
 
 

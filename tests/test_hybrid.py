@@ -212,3 +212,15 @@ def test_training_questions_are_spread_over_each_document():
     # few documents: more of each, still spread, so the limit is reached
     more = recipe.spread(questions, limit=8, per_document=3)
     assert [q.qid for q in more] == ["a/0", "a/3", "a/6", "a/9", "b/0", "b/3", "b/6", "b/9"]
+
+
+def test_recall_counts_the_gold_the_pool_missed():
+    """With each question's gold total, a question whose gold missed the pool counts as 0 and a
+    half-pooled gold as half: recall is over all gold chunks, as eval's chunk recall."""
+    import numpy as np
+
+    scores = [np.array([2.0, 1.0]), np.array([2.0, 1.0])]
+    gold = [np.array([1.0, 0.0]), np.array([0.0, 0.0])]
+    assert hy.evaluate(scores, gold, ks=(1,))["recall@1"] == 1.0  # pooled gold only: the 2nd is skipped
+    both = hy.evaluate(scores, gold, ks=(1,), totals=[2, 1])
+    assert both["questions"] == 2 and both["recall@1"] == 0.25 and both["mrr"] == 0.5
