@@ -32,7 +32,8 @@ from pathlib import Path
 
 from evsel import __version__, paths
 from evsel import settings as settings_module
-from evsel.engine import REQUESTS, Engine, IngestOptions, resume_arguments
+from evsel.engine import DEFAULT_SELECT, REQUESTS, Engine, IngestOptions, resume_arguments
+from evsel.models.selectors.default import resolve_select
 from evsel.errors import EvselError, InputError, NotFoundError, from_dict, user_message
 from evsel.parsers import collect_files
 from evsel.settings import Settings
@@ -657,7 +658,13 @@ class Daemon:
         """Does the job need no model, with no request ahead of it (background work aside)?"""
         params = job.params
         if job.method != "ask" or params.get("evidence_only") is not True or params.get("rerank") \
-                or params.get("memory") or (params.get("select") or "bm25") not in LIGHT_SELECTORS:
+                or params.get("memory"):
+            return False
+        try:
+            select = resolve_select(params.get("select") or DEFAULT_SELECT, job.settings)
+        except EvselError:  # a missing model: the worker reports it
+            return False
+        if select not in LIGHT_SELECTORS:
             return False
         with self.waiting_lock:
             return not any(not j.background for j in self.waiting) and (

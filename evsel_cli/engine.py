@@ -564,7 +564,10 @@ class Engine:
             timings["load_s"] = time.perf_counter() - t
         else:
             pipeline.load()  # what a selector loads apart from the backbone (MiniLM)
-        on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({spec.name})",
+        ran = spec.name  # `default` is named by what it runs (default>qrranker: bm25>qrranker)
+        if select == DEFAULT_SELECT and getattr(pipeline.first, "resolved", None):
+            ran = pipeline.first.resolved + spec.name[len(select):]
+        on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({ran})",
                   "done": 0, "total": 1})
         ranking = pipeline.ranking(question, chunks, pipeline.depth)
         ranked = ranking.scored

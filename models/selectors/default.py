@@ -35,6 +35,16 @@ def default_method(backbone, settings=None) -> tuple[str, str]:
     return record["method"], record.get("why", "")
 
 
+def resolve_select(select: str, settings) -> str:
+    """What an ask with --select `select` runs first: `default` resolved for the settings' model
+    (the daemon's check whether an ask needs the model); any other name as given."""
+    if select != "default":
+        return select
+    from evsel.models.backbone import Backbone
+
+    return default_method(Backbone(settings.model, settings.device), settings)[0]
+
+
 @register("default")
 class DefaultSelector(Selector):
     name = "default"
