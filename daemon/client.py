@@ -24,15 +24,11 @@ from evsel.api import REQUESTS, Requests
 from evsel.errors import EvselError, from_dict
 
 from . import runtime
+from .checks import PATH_PARAMS  # the params resolved against the client's working directory before sending
 from .protocol import PROTOCOL_VERSION, LineReader, ProtocolError, encode
 from .runtime import DaemonError, DaemonFiles
 
 START_TIMEOUT = settings.daemon_start_timeout()
-# request params that are paths: resolved against the client's working directory before sending
-PATH_PARAMS = {"ingest": ("targets",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
-               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",), "train_hybrid": ("out",),
-               "watch_add": ("path",),
-               "watch_remove": ("path",)}
 
 
 def _ignore(_event: dict) -> None:
