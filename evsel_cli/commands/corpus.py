@@ -7,7 +7,7 @@ import typer
 from evsel.defaults import DEFAULT_CHUNK_TOKENS
 from evsel.output import print_json, stderr
 
-from .base import INT, App, path
+from .base import FLOAT, INT, App, path
 from .common import JsonOption, settings
 
 app = App(help="A corpus index past one machine (pip install 'evsel[scale]'): built on a Ray cluster into Lance.")
@@ -44,6 +44,9 @@ def corpus_build(
         "--workers", parser=INT, metavar="N", help="Model-holding workers (default: one per Ray node).")] = None,
     batch_docs: Annotated[int, typer.Option("--batch-docs", parser=INT, metavar="N",
                                             help="Documents a worker parses and encodes per call.")] = 4,
+    commit_every: Annotated[float, typer.Option(
+        "--commit-every", metavar="SECONDS", parser=FLOAT,
+        help="How often finished documents are committed: the most work an interrupt loses.")] = 5.0,
     as_json: JsonOption = False,
 ):
     """Build a corpus from SOURCE on a Ray cluster: chunks, BM25 terms and statistics, dense and
@@ -60,7 +63,7 @@ def corpus_build(
 
     chosen = [s.strip() for s in states.split(",") if s.strip() and s.strip() != "none"]
     manifest = build(source, out, address=address, chunk_tokens=chunk_tokens, states=chosen, workers=workers,
-                     batch_docs=batch_docs, settings=settings(ctx))
+                     batch_docs=batch_docs, commit_every_s=commit_every, settings=settings(ctx))
     if as_json:
         print_json(manifest)
     else:

@@ -41,16 +41,23 @@ from . import rows as corpus_rows
 from . import schema
 
 STATES = ("dense", "unreal")
-COMMIT_EVERY_S = 5.0
+COMMIT_EVERY_S = 5.0  # the most finished work an interrupt can lose
 PROGRESS_EVERY_S = 2.0
 ENV_PREFIXES = ("EVSEL_", "HF_", "TRANSFORMERS_", "OMP_NUM_THREADS")
 
 
 class CorpusWorker:
-    """A Ray Data actor: turns a batch of items into Lance fragments of DIR/chunks.lance."""
+    """A Ray Data actor: turns a batch of items into Lance fragments of DIR/chunks.lance. Its
+    settings are class attributes of a subclass (`worker_class`), not constructor arguments: Ray
+    keeps those in the object store, where a restarted actor may no longer find them."""
 
-    def __init__(self, uri: str, chunk_tokens: int, states: list[str], dense_dim: int, unreal_hidden: int,
-                 pid_dir: str | None = None):
+    config: dict = {}
+
+    def __init__(self):
+        self._setup(**self.config)
+
+    def _setup(self, uri: str, chunk_tokens: int, states: list[str], dense_dim: int, unreal_hidden: int,
+               pid_dir: str | None = None):
         from evsel.models.backbone import Backbone
         from evsel.settings import Settings
 
@@ -104,6 +111,10 @@ class CorpusWorker:
             table = corpus_rows.rows_to_table(made, *self.dims)
             fragments = [pickle.dumps(f) for f, _ in write_fragment([table], self.uri, schema=self.schema)]
         return pa.table({"results": [json.dumps(results)], "fragments": [pickle.dumps(fragments)]})
+
+
+def worker_class(**config) -> type:
+    return type("CorpusWorker", (CorpusWorker,), {"config": config})
 
 
 class Progress:
@@ -216,7 +227,7 @@ def _sql_string(value: str) -> str:
 
 def build(source: str, out: str, address: str | None = None, chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
           states: list[str] | None = None, workers: int | None = None, batch_docs: int = 4,
-          settings=None, on_line: Callable[[str], None] | None = None) -> dict:
+          commit_every_s: float = COMMIT_EVERY_S, settings=None, on_line: Callable[[str], None] | None = None) -> dict:
     """Build (or resume building) the corpus of SOURCE in OUT. Returns the manifest, with
     "failed": [{"path", "error"}] for items that could not be read (the rest is built).
     `settings`: the request's (`--model`, `--device`, EVSEL_*), handed to the workers."""
@@ -289,8 +300,8 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
             work.append(entry)
     failed: list[dict] = []
     if work:
-        failed = _run(work, uri, out_dir, address, settings, chunk_tokens, states, dense_dim, unreal_hidden, workers, batch_docs,
-                      doc_paths, say)
+        failed = _run(work, uri, out_dir, address, settings, chunk_tokens, states, dense_dim, unreal_hidden, workers,
+                      batch_docs, commit_every_s, doc_paths, say)
     for failure in failed:
         say(f"evsel: {failure['path']}: {failure['error']}")
     manifest = _finish(out_dir, uri, say)
@@ -312,10 +323,17 @@ def _ray_env(settings) -> dict:
 
 def _run(work: list[dict], uri: str, out_dir: Path, address: str | None, settings, chunk_tokens: int, states: list[str],
          dense_dim: int, unreal_hidden: int, workers: int | None, batch_docs: int,
-         doc_paths: dict[str, set[str]], say) -> list[dict]:
-    import lance
+         commit_every_s: float, doc_paths: dict[str, set[str]], say) -> list[dict]:
+    import logging
+    import warnings
+
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # read when ray.data configures its logging
     import ray
 
+    # Ray's own notices (deprecations, "execution finished") are not this command's output
+    warnings.filterwarnings("ignore", category=ray.util.annotations.RayDeprecationWarning)
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")
+    logging.getLogger("ray").setLevel(logging.ERROR)
     env = {"env_vars": _ray_env(settings)}
     temp = None
     if address:
@@ -330,7 +348,7 @@ def _run(work: list[dict], uri: str, out_dir: Path, address: str | None, setting
                  logging_level="ERROR", log_to_driver=False)
     try:
         return _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden, workers, batch_docs,
-                         doc_paths, say)
+                         commit_every_s, doc_paths, say)
     finally:
         ray.shutdown()
         if temp:
@@ -339,8 +357,8 @@ def _run(work: list[dict], uri: str, out_dir: Path, address: str | None, setting
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden, workers, batch_docs, doc_paths,
-              say) -> list[dict]:
+def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden, workers, batch_docs, commit_every_s,
+              doc_paths, say) -> list[dict]:
     import lance
     import ray
 
@@ -350,10 +368,11 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
     pool = workers or max(1, len(nodes))
     by_key = {w["key"]: w for w in work}
     ds = ray.data.from_items(work, override_num_blocks=max(1, min(len(work), len(work) // batch_docs or 1)))
+    worker = worker_class(uri=uri, chunk_tokens=chunk_tokens, states=states, dense_dim=dense_dim,
+                          unreal_hidden=unreal_hidden, pid_dir=str(out_dir / ".build" / "workers"))
     ds = ds.map_batches(
-        CorpusWorker, batch_size=batch_docs, batch_format="pyarrow", concurrency=pool, num_cpus=1,
-        fn_constructor_kwargs={"uri": uri, "chunk_tokens": chunk_tokens, "states": states, "dense_dim": dense_dim,
-                               "unreal_hidden": unreal_hidden, "pid_dir": str(out_dir / ".build" / "workers")},
+        worker, batch_size=batch_docs, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=pool),
+        num_cpus=1,
         scheduling_strategy="SPREAD", max_restarts=4, max_task_retries=4)
     progress = Progress(len(work))
     progress.show()
@@ -391,16 +410,17 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
                             progress.add(1, 0)
                     pending.extend(pickle.loads(f) for f in pickle.loads(fragments))
                     pending_items.extend(r for r in results if "error" not in r)
-                if time.perf_counter() - last_commit >= COMMIT_EVERY_S:
+                if time.perf_counter() - last_commit >= commit_every_s:
                     with interrupts.critical():
                         commit()
             with interrupts.critical():
                 commit()
+            if progress.shown < last_commit:
+                progress.show()
         except KeyboardInterrupt:
             with interrupts.critical():  # what arrived whole is kept: the resume starts after it
                 commit()
             raise
-    progress.show()
     return failed
 
 

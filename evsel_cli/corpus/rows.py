@@ -289,7 +289,8 @@ def write_bm25_stats(directory: str | Path, df: Counter) -> None:
 
     terms = sorted(df)
     table = pa.Table.from_pydict({"term": terms, "df": [df[t] for t in terms]}, schema=schema.bm25_stats_schema())
-    lance.write_dataset(table, str(Path(directory) / schema.BM25_STATS), mode="overwrite")
+    path = Path(directory) / schema.BM25_STATS
+    lance.write_dataset(table, str(path), mode="overwrite" if path.exists() else "create")
 
 
 def refresh_stats(directory: str | Path) -> dict:
