@@ -102,6 +102,15 @@ def _ports() -> list[int]:
             return ports
 
 
+def ray_env() -> dict:
+    """This process' environment for Ray processes of the test cluster: no inherited RAY_*
+    settings, no usage stats, and no token authentication (its token file is per user, shared
+    by every Ray instance of that user on this machine; the cluster listens on loopback only)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    return env
+
+
 class Cluster:
     def __init__(self, root: Path):
         self.root = root
@@ -109,41 +118,45 @@ class Cluster:
         self.address = ""
 
     def _start(self, args: list[str], log: str) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env = ray_env()
         handle = open(self.root / log, "w")
         proc = subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats",
-                                 "--include-dashboard=false", "--object-store-memory=200000000", *args],
+                                 "--object-store-memory=200000000", *args],
                                 stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.procs.append(proc)
         return proc
 
     def start(self) -> None:
-        gcs, client = _free_ports(2)
+        gcs, dashboard = _free_ports(2)
         self.address = f"127.0.0.2:{gcs}"
-        self._start(["--head", "--node-ip-address=127.0.0.2", f"--port={gcs}", "--num-cpus=4",
-                     f"--ray-client-server-port={client}", f"--temp-dir={self.root / 'r'}", *_node_args(_ports())],
-                    "head.log")
-        self._wait_for(1)
+        self._start(["--head", "--include-dashboard=false", "--node-ip-address=127.0.0.2", f"--port={gcs}", "--num-cpus=4",
+                     f"--dashboard-port={dashboard}",
+                     f"--temp-dir={self.root / 'r'}", *_node_args(_ports())], "head.log")
+        self._wait_started("head.log")
         self._start([f"--address={self.address}", "--node-ip-address=127.0.0.3", "--num-cpus=4",
                      *_node_args(_ports())], "worker.log")
-        self._wait_for(2)
-
-    def _wait_for(self, nodes: int, timeout: float = 120.0) -> None:
+        self._wait_started("worker.log")
         code = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
                 "print(sum(n['Alive'] for n in ray.nodes()))")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for proc in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"ray start exited {proc.returncode}: "
-                                       + "".join(p.read_text()[-2000:] for p in self.root.glob("*.log")))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the worker node registers with the head
             got = subprocess.run([sys.executable, "-c", code, self.address], capture_output=True, text=True,
-                                 timeout=60)
-            if got.returncode == 0 and got.stdout.strip().isdigit() and int(got.stdout.strip()) >= nodes:
+                                 timeout=90, env=ray_env())
+            if got.stdout.strip() == "2":
                 return
             time.sleep(2)
-        raise RuntimeError(f"the Ray cluster did not reach {nodes} nodes")
+        raise RuntimeError(f"the Ray cluster did not reach 2 nodes: {got.stdout} {got.stderr[-2000:]}")
+
+    def _wait_started(self, log: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = (self.root / log).read_text()
+            if "Ray runtime started" in text:
+                return
+            if any(proc.poll() is not None for proc in self.procs):
+                raise RuntimeError(f"ray start exited: {text[-2000:]}")
+            time.sleep(1)
+        raise RuntimeError(f"ray start did not come up: {(self.root / log).read_text()[-2000:]}")
 
     def stop(self) -> None:
         """SIGTERM to each `ray start --block` (it stops its node's processes), worker node first;
@@ -176,7 +189,7 @@ def cluster():
 
 
 def _cli_env(home: Path, model_cache: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env = ray_env()
     env.update(EVSEL_HOME=str(home), EVSEL_MODEL_CACHE=str(model_cache), EVSEL_THREADS="1", EVSEL_NO_DAEMON="1",
                PYTHONUNBUFFERED="1")
     return env
@@ -218,7 +231,7 @@ def scenario(cluster, tmp_path_factory, model_cache):
                             and _chunks_in(l) > 0)
         assert seen, "".join(log1)[-3000:]
         first.send_signal(signal.SIGINT)
-        rest, _ = first.communicate(timeout=120)
+        _, rest = first.communicate(timeout=120)
         log1.append(rest)
     finally:
         if first.poll() is None:
@@ -244,7 +257,7 @@ def scenario(cluster, tmp_path_factory, model_cache):
         killed = int(fresh[0])
         os.kill(killed, signal.SIGKILL)
         facts["killed_at"] = seen
-        rest, _ = second.communicate(timeout=400)
+        _, rest = second.communicate(timeout=400)
         log2.append(rest)
     finally:
         if second.poll() is None:
