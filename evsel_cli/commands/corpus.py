@@ -17,9 +17,14 @@ SCALE_HINT = "install the extra: pip install 'evsel[scale]'"
 
 def require_scale() -> None:
     """Exit with one line when the `scale` extra is not installed."""
-    import importlib.util
+    import importlib
 
-    missing = [m for m in ("ray", "lance", "lance_ray", "pyarrow") if importlib.util.find_spec(m) is None]
+    missing = []
+    for name in ("pyarrow", "lance", "lance_ray", "ray"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
     if missing:
         from evsel.errors import EvselError
 

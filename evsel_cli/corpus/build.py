@@ -300,8 +300,14 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
             work.append(entry)
     failed: list[dict] = []
     if work:
-        failed = _run(work, uri, out_dir, address, settings, chunk_tokens, states, dense_dim, unreal_hidden, workers,
-                      batch_docs, commit_every_s, doc_paths, say)
+        try:
+            failed = _run(work, uri, out_dir, address, settings, chunk_tokens, states, dense_dim, unreal_hidden,
+                          workers, batch_docs, commit_every_s, doc_paths, say)
+        except KeyboardInterrupt:
+            done = len(_committed(uri)[0])
+            say(f"corpus build: interrupted with {done} of {len(items)} documents committed; "
+                "the same command resumes")
+            raise
     for failure in failed:
         say(f"evsel: {failure['path']}: {failure['error']}")
     manifest = _finish(out_dir, uri, say)
@@ -437,29 +443,7 @@ def _finish(out_dir: Path, uri: str, say) -> dict:
     if extra:
         say(f"corpus build: {len(extra)} files repeat an earlier file's bytes; kept once")
     manifest = corpus_rows.refresh_stats(out_dir)
-    manifest["indexes"] = build_indexes(out_dir, manifest)
+    manifest["indexes"] = corpus_rows.build_indexes(out_dir, manifest)
     manifest["complete"] = True
     schema.write_manifest(out_dir, manifest)
     return manifest
-
-
-def build_indexes(out_dir: Path, manifest: dict) -> dict:
-    """The full-text index on `text`, and on `dense` an IVF index (dot product) at IVF_MIN_ROWS
-    rows or more; none below (a flat scan is exact and quick)."""
-    import math
-
-    import lance
-
-    dataset = lance.dataset(str(Path(out_dir) / schema.CHUNKS))
-    made = {}
-    n = dataset.count_rows()
-    if n:
-        dataset.create_scalar_index("text", "INVERTED", replace=True)
-        made["fts"] = "text"
-    made["dense"] = "none"
-    if "dense" in manifest.get("methods", []) and n >= schema.IVF_MIN_ROWS:
-        dim = manifest["dims"]["dense"]
-        dataset.create_index("dense", "IVF_PQ", metric="dot", replace=True,
-                             num_partitions=max(1, int(math.sqrt(n))), num_sub_vectors=dim // 8)
-        made["dense"] = "IVF_PQ"
-    return made

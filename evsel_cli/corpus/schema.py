@@ -7,7 +7,9 @@ DIR/manifest.json (written atomically; `read_manifest`/`write_manifest`)
     "unreal": [pool, hidden]}), `configs` (each method's state key as the local state cache names
     it: model fingerprint + config string, so a local state and a corpus state compare 1:1),
     `created`, `source`, `n_chunks`, `n_docs`, `bm25` ({"n_chunks", "total_len"}) and `indexes`
-    (what `build_indexes` made: {"fts": "text", "dense": "IVF_PQ" | "IVF_FLAT" | "none"}).
+    (what `build_indexes` made: {"fts": "text", "dense": "IVF_PQ" | "none"}), and `complete`:
+    false while a build runs or after one was interrupted (the table then holds whole documents,
+    but not all of them, and the statistics and indexes may be stale), true once it finished.
 
 DIR/chunks.lance (`CHUNKS`), one row per chunk, columns `COLUMNS` (see `arrow_schema`):
     chunk_id      f"{doc_sha256}:{seq}", or f"{doc_sha256}:{doc_part}:{seq}" for one of several
@@ -127,7 +129,7 @@ def new_manifest(*, backbone: str, chunk_tokens: int, source: str, methods: list
         "format": FORMAT, "version": VERSION, "backbone": backbone, "chunk_tokens": chunk_tokens,
         "methods": methods, "dims": dims, "configs": configs,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source": source,
-        "n_chunks": 0, "n_docs": 0, "bm25": {"n_chunks": 0, "total_len": 0}, "indexes": {},
+        "n_chunks": 0, "n_docs": 0, "bm25": {"n_chunks": 0, "total_len": 0}, "indexes": {}, "complete": False,
     }
 
 
