@@ -166,7 +166,7 @@ class Cluster:
                 proc.send_signal(signal.SIGTERM)
         for proc in reversed(self.procs):
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
             try:
