@@ -33,11 +33,13 @@ pytestmark = pytest.mark.skipif(
     reason="the scale extra is not installed (pip install '.[scale]')")
 
 N_DOCS = 50
-# dense: MiniLM run in another process (and batch) than the local one; float16-stored unit
-# vectors agree to float16 rounding of values < 1 (measured max |diff| ~5e-4)
-DENSE_ATOL = 2e-3
-# UNREAL: the same ChunkEncoder on the same texts, batched alike: equal up to float16 rounding
-UNREAL_RTOL, UNREAL_ATOL = 1e-2, 2e-2
+# dense: MiniLM in another process and batch than the local one; both store float16. Measured on
+# 44 chunks: max |diff| 9.5e-7 (one float16 step of a small component: batching moves float32
+# sums in the last bits). The bound allows one float16 step of any component (<= 2.4e-4 below 0.5)
+DENSE_ATOL = 5e-4
+# UNREAL: the same ChunkEncoder on the same texts. Measured, a local-Ray build of 3 stories (20
+# chunks) against a local ingest's cached states: max |diff| 3.8e-6, states up to ~240 in size
+UNREAL_RTOL, UNREAL_ATOL = 1e-3, 1e-3
 BIN = Path(sys.executable).parent
 
 

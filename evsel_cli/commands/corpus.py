@@ -63,6 +63,10 @@ def corpus_build(
     duplicates; a worker that dies is restarted and its documents redone. Progress goes to stderr.
     A file that fails is reported on stderr and the others are built; the exit code is then 1.
     """
+    import os
+
+    # read once, when ray.data is first imported (lance_ray imports it): Ray's notices are not this command's output
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")
     require_scale()
     from evsel.corpus.build import build
 

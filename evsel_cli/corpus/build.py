@@ -18,7 +18,12 @@ documents, and a batch whose documents are committed already is dropped.
 At the end: documents of identical bytes under two paths are kept once (under the first path),
 the BM25 statistics are counted, the full-text and vector indexes built, and the manifest marked
 complete. SOURCE and DIR must be paths every node of the cluster can read and write (a shared
-file system); the workers import evsel, so it must be installed on every node.
+file system); the workers import evsel, so it must be installed on every node. Give each node at
+least 4 CPUs in Ray (`ray start --num-cpus=4`): with fewer, Ray Data's actor pool and its other
+operators wait on each other (seen on a 2-core loopback cluster).
+
+A rerun on a finished corpus adds SOURCE's new files (a file whose doc_path is in the table is
+not read again, even if it changed: delete its document first) and recounts the statistics.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from evsel import chunker
-from evsel.errors import EvselError, InputError
+from evsel.errors import EvselError, InputError, known_error
 
 from . import rows as corpus_rows
 from . import schema
@@ -48,8 +53,7 @@ ENV_PREFIXES = ("EVSEL_", "HF_", "TRANSFORMERS_", "OMP_NUM_THREADS")
 
 class CorpusWorker:
     """A Ray Data actor: turns a batch of items into Lance fragments of DIR/chunks.lance. Its
-    settings are class attributes of a subclass (`worker_class`), not constructor arguments: Ray
-    keeps those in the object store, where a restarted actor may no longer find them."""
+    settings are class attributes of a subclass (`worker_class`), shipped with the class."""
 
     config: dict = {}
 
@@ -93,10 +97,15 @@ class CorpusWorker:
                     found = corpus_rows.rows_of_file(item["path"], item["root"], self.backbone, self.chunk_tokens,
                                                      warnings=warnings)
             except EvselError as exc:
-                results.append({"key": item["key"], "error": f"{exc.message} ({exc.hint})" if exc.hint else exc.message})
+                results.append({"key": item["key"], "error": _one_line(exc)})
                 continue
             except OSError as exc:
                 results.append({"key": item["key"], "error": f"cannot read the file: {exc.strerror or exc}"})
+                continue
+            except Exception as exc:  # a library or parser failure on one file must not stop the others
+                error = known_error(exc)
+                results.append({"key": item["key"], "error": _one_line(error) if error else
+                                f"unexpected {type(exc).__name__} while reading it: {exc}"})
                 continue
             docs = {}
             for r in found:
@@ -111,6 +120,10 @@ class CorpusWorker:
             table = corpus_rows.rows_to_table(made, *self.dims)
             fragments = [pickle.dumps(f) for f, _ in write_fragment([table], self.uri, schema=self.schema)]
         return pa.table({"results": [json.dumps(results)], "fragments": [pickle.dumps(fragments)]})
+
+
+def _one_line(error: EvselError) -> str:
+    return f"{error.message}; {error.hint}" if error.hint else error.message
 
 
 def worker_class(**config) -> type:
@@ -333,7 +346,7 @@ def _run(work: list[dict], uri: str, out_dir: Path, address: str | None, setting
     import logging
     import warnings
 
-    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # read when ray.data configures its logging
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # read when ray.data is first imported
     import ray
 
     # Ray's own notices (deprecations, "execution finished") are not this command's output
@@ -373,7 +386,7 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     pool = workers or max(1, len(nodes))
     by_key = {w["key"]: w for w in work}
-    ds = ray.data.from_items(work, override_num_blocks=max(1, min(len(work), len(work) // batch_docs or 1)))
+    ds = ray.data.from_items(work, override_num_blocks=max(1, min(200_000, len(work) // batch_docs or 1)))
     worker = worker_class(uri=uri, chunk_tokens=chunk_tokens, states=states, dense_dim=dense_dim,
                           unreal_hidden=unreal_hidden, pid_dir=str(out_dir / ".build" / "workers"))
     ds = ds.map_batches(
@@ -390,6 +403,9 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
 
     def commit() -> None:
         nonlocal pending, pending_items, last_commit
+        last_commit = time.perf_counter()
+        if not pending and not pending_items:
+            return
         if pending:
             dataset = lance.dataset(uri)
             lance.LanceDataset.commit(uri, lance.LanceOperation.Append(pending), read_version=dataset.version)
@@ -399,7 +415,6 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
                 doc_paths.setdefault(doc, set()).add(r["key"])
         progress.add(len(pending_items), sum(r["chunks"] for r in pending_items))
         pending, pending_items = [], []
-        last_commit = time.perf_counter()
 
     with _DeferredInterrupt() as interrupts:
         try:
@@ -414,6 +429,7 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
                         if "error" in r:
                             failed.append({"path": by_key[r["key"]]["path"] or r["key"], "error": r["error"]})
                             progress.add(1, 0)
+                            committed_keys.add(r["key"])
                     pending.extend(pickle.loads(f) for f in pickle.loads(fragments))
                     pending_items.extend(r for r in results if "error" not in r)
                 if time.perf_counter() - last_commit >= commit_every_s:
@@ -421,8 +437,6 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
                         commit()
             with interrupts.critical():
                 commit()
-            if progress.shown < last_commit:
-                progress.show()
         except KeyboardInterrupt:
             with interrupts.critical():  # what arrived whole is kept: the resume starts after it
                 commit()
