@@ -344,7 +344,7 @@ def test_the_corpus_equals_a_local_ingest(scenario, evsel_home):
     manifest = schema.read_manifest(scenario["out"])
     assert manifest["complete"] and manifest["n_chunks"] == len(expected) and manifest["n_docs"] == N_DOCS
     assert manifest["bm25"]["total_len"] == sum(len(chunk_tokens(c.text)) for c, _ in expected.values())
-    assert manifest["indexes"]["fts"] == "text"
+    assert manifest["indexes"]["fts"] == "text" and manifest["indexes"]["terms"] == "bm25_terms"
     # dense: the first 40 chunks, against what the local dense method stores and scores with
     some = local[:40]
     selector = get_selector("dense", engine.selector_context())
@@ -444,10 +444,10 @@ def test_indexes_ivf_at_enough_rows(tmp_path, monkeypatch):
     manifest = schema.new_manifest(backbone="x", chunk_tokens=140, source="synthetic", methods=["bm25", "dense"],
                                    dims={"dense": schema.DENSE_DIM}, configs={})
     flat = rows.write_local(made[:100], tmp_path / "small", manifest, index=True)
-    assert flat["indexes"] == {"fts": "text", "dense": "none"}
+    assert flat["indexes"] == {"fts": "text", "terms": "bm25_terms", "dense": "none"}
     monkeypatch.setattr(schema, "IVF_MIN_ROWS", 500)
     ivf = rows.write_local(made, tmp_path / "big", manifest, index=True)
-    assert ivf["indexes"] == {"fts": "text", "dense": "IVF_PQ"} and ivf["complete"]
+    assert ivf["indexes"] == {"fts": "text", "terms": "bm25_terms", "dense": "IVF_PQ"} and ivf["complete"]
     dataset = lance.dataset(str(tmp_path / "big" / schema.CHUNKS))
     query = made[7]["dense"]
     hits = dataset.to_table(nearest={"column": "dense", "q": query, "k": 5, "refine_factor": 20},
@@ -455,6 +455,12 @@ def test_indexes_ivf_at_enough_rows(tmp_path, monkeypatch):
     assert hits[0] == made[7]["chunk_id"]
     assert made[42]["chunk_id"] in dataset.to_table(full_text_query="item42", columns=["chunk_id"]).column(
         "chunk_id").to_pylist()
+    # the terms index finds a local term exactly (stemmed "keeper" -> "keep" is not re-stemmed or cut)
+    from lance.query import MatchQuery
+
+    term = made[3]["bm25_terms"][0]
+    found = dataset.to_table(full_text_query=MatchQuery(term, "bm25_terms"), columns=["chunk_id"])
+    assert set(found.column("chunk_id").to_pylist()) == {r["chunk_id"] for r in made if term in r["bm25_terms"]}
 
 
 @pytest.mark.model

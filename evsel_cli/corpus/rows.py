@@ -355,8 +355,9 @@ def committed_ids(directory: str | Path) -> set[str]:
 
 
 def build_indexes(out_dir: Path, manifest: dict) -> dict:
-    """The full-text index on `text`, and on `dense` an IVF index (dot product) at IVF_MIN_ROWS
-    rows or more; none below (a flat scan is exact and quick)."""
+    """The full-text indexes on `text` and on `bm25_terms` (`schema.TERMS_INDEX`), and on `dense`
+    an IVF index (dot product) at IVF_MIN_ROWS rows or more; none below (a flat scan is exact and
+    quick)."""
     import math
 
     import lance
@@ -367,6 +368,8 @@ def build_indexes(out_dir: Path, manifest: dict) -> dict:
     if n:
         dataset.create_scalar_index("text", "INVERTED", replace=True)
         made["fts"] = "text"
+        dataset.create_scalar_index("bm25_terms", "INVERTED", replace=True, **schema.TERMS_INDEX)
+        made["terms"] = "bm25_terms"
     made["dense"] = "none"
     if "dense" in manifest.get("methods", []) and n >= schema.IVF_MIN_ROWS:
         dim = manifest["dims"]["dense"]
