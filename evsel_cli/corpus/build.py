@@ -426,6 +426,8 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
                     if len(fresh) < len(results):  # a retried batch delivered twice: its rows are in already
                         continue
                     for r in results:
+                        for warning in r.get("warnings", []):
+                            say(f"evsel: warning: {by_key[r['key']]['path'] or r['key']}: {warning}")
                         if "error" in r:
                             failed.append({"path": by_key[r["key"]]["path"] or r["key"], "error": r["error"]})
                             progress.add(1, 0)
