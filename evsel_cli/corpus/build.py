@@ -427,7 +427,7 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
                         continue
                     for r in results:
                         for warning in r.get("warnings", []):
-                            say(f"evsel: warning: {by_key[r['key']]['path'] or r['key']}: {warning}")
+                            say(f"evsel: warning: {warning}")  # parsers name the file
                         if "error" in r:
                             failed.append({"path": by_key[r["key"]]["path"] or r["key"], "error": r["error"]})
                             progress.add(1, 0)
