@@ -131,7 +131,8 @@ class Cluster:
     def start(self) -> None:
         gcs, dashboard = _free_ports(2)
         self.address = f"127.0.0.2:{gcs}"
-        self._start(["--head", "--include-dashboard=false", "--node-ip-address=127.0.0.2", f"--port={gcs}", "--num-cpus=4",
+        self._start(["--head", "--include-dashboard=false", "--node-ip-address=127.0.0.2", f"--port={gcs}",
+                     "--num-cpus=4",
                      f"--dashboard-port={dashboard}",
                      f"--temp-dir={self.root / 'r'}", *_node_args(_ports())], "head.log")
         self._wait_started("head.log")
@@ -197,16 +198,56 @@ def _cli_env(home: Path, model_cache: Path) -> dict:
     return env
 
 
-def _lines_until(proc: subprocess.Popen, log: list[str], test, timeout: float = 240.0) -> str | None:
-    """Read proc's stderr lines into `log` until `test(line)`; that line, or None at EOF."""
-    deadline = time.monotonic() + timeout
-    for line in proc.stderr:
-        log.append(line)
-        if test(line):
-            return line
-        if time.monotonic() > deadline:
-            break
-    return None
+class Lines:
+    """A process' stderr lines, read by a thread, so every wait on them has a deadline (a hung
+    build fails the test instead of hanging the suite)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        import queue
+        import threading
+
+        self.proc = proc
+        self.log: list[str] = []
+        self.queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def until(self, test, timeout: float) -> str | None:
+        """Lines until `test(line)`: that line; None at the end of the output or the deadline."""
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.queue.get(timeout=left)
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            self.log.append(line)
+            if test(line):
+                return line
+        return None
+
+    def finish(self, timeout: float) -> int | None:
+        """Read to the end; the exit code, or None (the process killed) past the deadline."""
+        self.until(lambda _line: False, timeout)
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return None
+
+    def text(self) -> str:
+        return "".join(self.log)
+
+
+def _progress(line: str) -> bool:
+    return line.startswith("corpus build: ") and " chunks," in line and _chunks_in(line) > 0
 
 
 def _chunks_in(line: str) -> int:
@@ -229,19 +270,16 @@ def scenario(cluster, tmp_path_factory, model_cache):
     facts: dict = {"files": files, "out": out, "root": root}
 
     first = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    log1: list[str] = []
+    lines = Lines(first)
     try:
-        seen = _lines_until(first, log1, lambda l: l.startswith("corpus build: ") and " chunks," in l
-                            and _chunks_in(l) > 0)
-        assert seen, "".join(log1)[-3000:]
+        seen = lines.until(_progress, 300)
+        assert seen, lines.text()[-3000:]
         first.send_signal(signal.SIGINT)
-        _, rest = first.communicate(timeout=120)
-        log1.append(rest)
+        facts["first_rc"] = lines.finish(120)
     finally:
         if first.poll() is None:
             first.kill()
-    facts["first_rc"] = first.returncode
-    facts["first_log"] = "".join(log1)
+    facts["first_log"] = lines.text()
     table = lance.dataset(str(out / "chunks.lance")).to_table(columns=["chunk_id", "doc_path"])
     facts["after_interrupt"] = table.column("chunk_id").to_pylist()
     facts["docs_after_interrupt"] = set(table.column("doc_path").to_pylist())
@@ -249,26 +287,23 @@ def scenario(cluster, tmp_path_factory, model_cache):
     pid_dir = out / ".build" / "workers"
     before = set(os.listdir(pid_dir)) if pid_dir.is_dir() else set()
     second = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    log2: list[str] = []
+    lines = Lines(second)
     killed = None
     try:
         # a worker of this build, once it has delivered work (so it is mid-build), is killed
-        seen = _lines_until(second, log2, lambda l: l.startswith("corpus build: ") and " chunks," in l
-                            and _chunks_in(l) > 0)
-        assert seen, "".join(log2)[-3000:]
+        seen = lines.until(_progress, 300)
+        assert seen, lines.text()[-3000:]
         fresh = sorted(set(os.listdir(pid_dir)) - before)
         assert fresh, "no worker of the second build recorded its pid"
         killed = int(fresh[0])
         os.kill(killed, signal.SIGKILL)
         facts["killed_at"] = seen
-        _, rest = second.communicate(timeout=400)
-        log2.append(rest)
+        facts["second_rc"] = lines.finish(400)
     finally:
         if second.poll() is None:
             second.kill()
     facts["killed"] = killed
-    facts["second_rc"] = second.returncode
-    facts["second_log"] = "".join(log2)
+    facts["second_log"] = lines.text()
     facts["workers_after"] = sorted(set(os.listdir(pid_dir)) - before)
     return facts
 

@@ -10,7 +10,7 @@ metadata. The driver commits the fragments it has received to chunks.lance every
 Resume: a file's chunks are written by one worker call and committed in one Append, so a
 document is in the table whole or not at all; a build that finds chunks.lance from an unfinished
 build (manifest "complete": false, same settings) skips the doc_paths committed already and does
-the rest. A Ray SIGINT lands between commits (the handler defers it during one), and fragments
+the rest. A SIGINT lands between commits (the handler defers it during one), and fragments
 written but not committed are left unreferenced, never read. A worker that dies is restarted by
 Ray and its batch retried (`max_restarts`, `max_task_retries`); a retried batch is the same
 documents, and a batch whose documents are committed already is dropped.
@@ -19,8 +19,8 @@ At the end: documents of identical bytes under two paths are kept once (under th
 the BM25 statistics are counted, the full-text and vector indexes built, and the manifest marked
 complete. SOURCE and DIR must be paths every node of the cluster can read and write (a shared
 file system); the workers import evsel, so it must be installed on every node. Give each node at
-least 4 CPUs in Ray (`ray start --num-cpus=4`): with fewer, Ray Data's actor pool and its other
-operators wait on each other (seen on a 2-core loopback cluster).
+least 4 CPUs in Ray (`ray start --num-cpus=4`): a 2-core loopback cluster with its real CPU
+count deadlocked (Ray Data's actor pool and its other operators waiting on each other).
 
 A rerun on a finished corpus adds SOURCE's new files (a file whose doc_path is in the table is
 not read again, even if it changed: delete its document first) and recounts the statistics.
@@ -419,7 +419,8 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
     with _DeferredInterrupt() as interrupts:
         try:
             for batch in ds.iter_batches(batch_size=1, batch_format="pyarrow"):
-                for results, fragments in zip(batch.column("results").to_pylist(), batch.column("fragments").to_pylist()):
+                columns = batch.column("results").to_pylist(), batch.column("fragments").to_pylist()
+                for results, fragments in zip(*columns):
                     results = json.loads(results)
                     fresh = [r for r in results if r["key"] not in committed_keys
                              and r["key"] not in {p["key"] for p in pending_items}]

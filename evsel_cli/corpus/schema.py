@@ -50,10 +50,11 @@ DIR/bm25_stats.lance (`BM25_STATS`): the corpus' document frequencies, one row p
 Indexes on chunks.lance: an inverted (full-text) index on `text` (Lance's own tokenizer: its
 ranking is a first stage, not the local BM25 score), one on `bm25_terms` with `TERMS_INDEX` (the
 local terms as they are: a query's local terms find exactly the chunks that hold them; rescore
-candidates from `bm25_terms` and bm25_stats for the local scores), and on `dense` an IVF index (metric "dot") once the table has at
-least `IVF_MIN_ROWS` rows; below that no vector index: a flat (exact) scan is fast enough. The
-`unreal` column is never ANN-indexed here (LanceDB's multivector index is cosine-only and
-approximate); exact MaxSim over it, or over the dense/BM25 candidates, is the query side's choice.
+candidates from `bm25_terms` and bm25_stats for the local scores), and on `dense` an IVF index
+(IVF_PQ, metric "dot") once the table has at least `IVF_MIN_ROWS` rows; below that no vector
+index: a flat (exact) scan is fast enough. The `unreal` column is never ANN-indexed here
+(LanceDB's multivector index is cosine-only and approximate); exact MaxSim over it, or over the
+dense/BM25 candidates, is the query side's choice.
 
 pyarrow is imported inside `arrow_schema`: this module loads without the `scale` extra.
 """
