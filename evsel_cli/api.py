@@ -39,7 +39,7 @@ class Requests:
     def ask(self, question: str, doc_ids: list[int] | None = None, collection: str | None = None, top_n: int = 5,
             select: str = DEFAULT_SELECT, evidence_only: bool = False, max_new_tokens: int = 96,
             rerank: str | None = None, rerank_top: int = RERANK_TOP, style: str = "short", memory: bool = False,
-            on_event: EventSink = _ignore) -> dict: ...
+            corpus: str | None = None, on_event: EventSink = _ignore) -> dict: ...
 
     def eval(self, dataset: str, methods: list[str], ks: list[int] | None = None, generate: bool = False,
              limit: int | None = None, split: str | None = None, concat: int = 0, fold: int | None = None,
