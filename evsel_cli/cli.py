@@ -10,7 +10,7 @@ import typer
 from typer._click.exceptions import ClickException, UsageError
 
 from . import __version__, settings
-from .commands import daemon, docs, models, train
+from .commands import corpus, daemon, docs, models, train
 from .commands.ask import ask
 from .commands.base import BOOL, CONTEXT_SETTINGS, App, choice, show_usage_error
 from .commands.eval import eval_command
@@ -66,6 +66,7 @@ app.add_typer(models.app, name="models")
 app.command("sample")(models.sample)
 app.add_typer(train.app, name="train")
 app.add_typer(daemon.app, name="daemon")
+app.add_typer(corpus.app, name="corpus")
 app.command("watch")(daemon.watch)
 app.command("man")(man)
 

@@ -1,0 +1,71 @@
+# annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
+
+from typing import Annotated, Optional
+
+import typer
+
+from evsel.defaults import DEFAULT_CHUNK_TOKENS
+from evsel.output import print_json, stderr
+
+from .base import INT, App, path
+from .common import JsonOption, settings
+
+app = App(help="A corpus index past one machine (pip install 'evsel[scale]'): built on a Ray cluster into Lance.")
+
+SCALE_HINT = "install the extra: pip install 'evsel[scale]'"
+
+
+def require_scale() -> None:
+    """Exit with one line when the `scale` extra is not installed."""
+    import importlib.util
+
+    missing = [m for m in ("ray", "lance", "lance_ray", "pyarrow") if importlib.util.find_spec(m) is None]
+    if missing:
+        from evsel.errors import EvselError
+
+        raise EvselError(f"evsel corpus needs {', '.join(missing)}", SCALE_HINT)
+
+
+@app.command("build")
+def corpus_build(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(parser=path(), metavar="SOURCE")],
+    out: Annotated[str, typer.Option("--out", metavar="DIR", help="The corpus directory (new, or one to resume).")],
+    address: Annotated[Optional[str], typer.Option(
+        "--address", metavar="RAY_ADDRESS",
+        help="A running Ray cluster (HOST:PORT of its head); default: a local Ray instance of its own.")] = None,
+    chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", parser=INT,
+                                              help="Target chunk size in backbone tokens.")] = DEFAULT_CHUNK_TOKENS,
+    states: Annotated[str, typer.Option(
+        "--states", metavar="LIST",
+        help="Per-chunk states to compute: dense, unreal (comma-separated; 'none' for BM25 only). UNREAL's "
+             "need the adapter of the backbone.")] = "dense,unreal",
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", parser=INT, metavar="N", help="Model-holding workers (default: one per Ray node).")] = None,
+    batch_docs: Annotated[int, typer.Option("--batch-docs", parser=INT, metavar="N",
+                                            help="Documents a worker parses and encodes per call.")] = 4,
+    as_json: JsonOption = False,
+):
+    """Build a corpus from SOURCE on a Ray cluster: chunks, BM25 terms and statistics, dense and
+    UNREAL states in DIR/chunks.lance, with a full-text and a vector index.
+
+    SOURCE is a folder of files (what evsel ingest reads) or a JSONL file of documents, one
+    {"id": ..., "text": ..., "title": ...} a line. Chunks and their content hashes are those of a
+    local evsel ingest. Interrupted (Ctrl-C, a crash), the same command resumes without
+    duplicates; a worker that dies is restarted and its documents redone. Progress goes to stderr.
+    A file that fails is reported on stderr and the others are built; the exit code is then 1.
+    """
+    require_scale()
+    from evsel.corpus.build import build
+
+    chosen = [s.strip() for s in states.split(",") if s.strip() and s.strip() != "none"]
+    manifest = build(source, out, address=address, chunk_tokens=chunk_tokens, states=chosen, workers=workers,
+                     batch_docs=batch_docs, settings=settings(ctx))
+    if as_json:
+        print_json(manifest)
+    else:
+        stderr.print(f"built {out}: {manifest['n_docs']} documents, {manifest['n_chunks']} chunks; "
+                     f"states: {', '.join(m for m in manifest['methods'] if m != 'bm25') or 'none'}",
+                     emoji=False, highlight=False, markup=False)
+    if manifest.get("failed"):
+        ctx.exit(1)
