@@ -15,7 +15,7 @@ from evsel.corpus import schema
 
 def write_corpus(directory: Path, batches: Iterable[list[dict]], *, backbone: str = "synthetic",
                  methods: tuple[str, ...] = ("bm25", "dense"), dense_dim: int = schema.DENSE_DIM,
-                 unreal_dims: tuple[int, int] | None = None, fts_column: str = "bm25_terms",
+                 unreal_dims: tuple[int, int] | None = None, fts_column: str = "text",
                  ivf: str | None = "auto", ivf_partitions: int | None = None, ivf_sub_vectors: int = 48,
                  configs: dict | None = None) -> dict:
     """Write the corpus; returns the manifest with the seconds each part took (`timings`)."""

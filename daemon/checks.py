@@ -16,7 +16,7 @@ from evsel.errors import EvselError, InputError
 PATH_PARAMS = {"ingest": ("targets",), "ask": ("corpus",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
                "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",), "train_hybrid": ("out",),
                "watch_add": ("path",),
-               "watch_remove": ("path",)}
+               "watch_remove": ("path",), "corpus_add": ("corpus", "targets"), "corpus_rm": ("corpus",)}
 _HINTS: dict[str, dict] = {}
 
 

@@ -17,7 +17,7 @@ __all__ = ["REQUESTS", "Requests"]
 # The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
 REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
             "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "train_hybrid", "watch_add", "watch_remove",
-            "watch_list")
+            "watch_list", "corpus_add", "corpus_rm")
 
 EventSink = Callable[[dict], None]
 
@@ -77,3 +77,7 @@ class Requests:
     def watch_list(self) -> list[dict]: ...
 
     def models_info(self, load: bool = True) -> dict: ...
+
+    def corpus_add(self, corpus: str, targets: list[str], on_event: EventSink = _ignore) -> dict: ...
+
+    def corpus_rm(self, corpus: str, docs: list[str]) -> dict: ...

@@ -650,6 +650,19 @@ class Engine:
         return opened, query.CorpusStage(opened, first, self.selector_context(on_event, for_eval=True),
                                          bm25_candidates=self.settings.corpus_bm25_candidates)
 
+    def corpus_add(self, corpus: str, targets: list[str], on_event: EventSink = _ignore) -> dict:
+        """`evsel corpus add`: append the documents of `targets` to a corpus, with the states and
+        BM25 statistics a build gives them (evsel/corpus/update.py)."""
+        from .corpus import update
+
+        return update.add(corpus, targets, self.backbone, self.settings, on_event)
+
+    def corpus_rm(self, corpus: str, docs: list[str]) -> dict:
+        """`evsel corpus rm`: delete documents (by sha256 or doc_path) from a corpus."""
+        from .corpus import update
+
+        return update.remove(corpus, docs)
+
     # evaluation and training: engine requests, so they run where the model is resident
     def eval(
         self,

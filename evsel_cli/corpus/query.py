@@ -155,9 +155,11 @@ class Corpus:
         value = math.log(self.n_chunks - df + 0.5) - math.log(df + 0.5)
         return EPSILON * self.average_idf() if value < 0 else value
 
-    def bm25(self, query: list[str], depth: int, candidates: int | None = None) -> list[Hit]:
+    def bm25(self, query: list[str], depth: int, candidates: int | None = None, words: list[str] = ()) -> list[Hit]:
         """The top `depth` chunks by local BM25 for query terms `query` (tokenized as locally).
-        `candidates`: how many full-text matches to rescore (None: all of them, exact)."""
+        `candidates`: how many full-text matches to rescore (None: all of them, exact).
+        `words`: the question's own words, searched too where the index is on `text`: Lance
+        stems them as it stemmed the chunks, where a local stem may be stemmed otherwise."""
         import lance.query as lq
         import numpy as np
 
@@ -167,7 +169,8 @@ class Corpus:
         if column is None:
             raise InputError(f"{self.path} has no full-text index", "rebuild it: " + BUILD_HINT.split(": ")[1])
         terms = list(dict.fromkeys(query))
-        match = lq.MatchQuery(" ".join(terms), column)
+        searched = terms if column == "bm25_terms" else list(dict.fromkeys([*terms, *words]))
+        match = lq.MatchQuery(" ".join(searched), column)
         table = self.dataset.scanner(columns=["bm25_terms"], full_text_query=match, limit=candidates,
                                      with_row_id=True, disable_scoring_autoprojection=True).to_table()
         if table.num_rows == 0:
@@ -259,6 +262,13 @@ class Corpus:
         """The first `n` chunks with score 0 (what a question sharing no word with the corpus gets)."""
         table = self.dataset.to_table(columns=["seq"], limit=n, with_row_id=True)
         return [Hit(int(r), 0.0) for r in table.column("_rowid").to_numpy()]
+
+
+def question_words(question: str) -> list[str]:
+    """The question's words as BM25 reads them before stemming (stop words left out)."""
+    from evsel.bm25_index import _WORD, STOPWORDS
+
+    return [w for w in _WORD.findall(question.lower()) if w not in STOPWORDS]
 
 
 def chunk_record(row: dict):
@@ -376,7 +386,7 @@ class CorpusStage:
 
         depth = top_n or 10
         if self.name == "bm25":
-            hits = self.corpus.bm25(tokenize(question), depth, self.bm25_candidates)
+            hits = self.corpus.bm25(tokenize(question), depth, self.bm25_candidates, question_words(question))
             if not hits:  # no chunk shares a word with the question
                 from evsel.models.selectors.bm25 import NO_MATCH
 
@@ -397,8 +407,8 @@ class CorpusStage:
         self.load()
         selector = self._unreal
         config = selector.adapter.config
-        c0 = [s.chunk.text for s in self.corpus.records(self.corpus.bm25(tokenize(question), config.c0,
-                                                                          self.bm25_candidates))]
+        c0 = [s.chunk.text for s in self.corpus.records(self.corpus.bm25(
+            tokenize(question), config.c0, self.bm25_candidates, question_words(question)))]
         queries = selector.query.encode_question(question, c0)  # (G, d)
         search = queries
         if config.standardize:
