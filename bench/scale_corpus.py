@@ -13,9 +13,14 @@ from typing import Iterable
 from evsel.corpus import schema
 
 
+# the local BM25 terms as they are: split on spaces, nothing stemmed, dropped or folded
+TERMS_INDEX = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
+                   ascii_folding=False, with_position=False, max_token_length=None)
+
+
 def write_corpus(directory: Path, batches: Iterable[list[dict]], *, backbone: str = "synthetic",
                  methods: tuple[str, ...] = ("bm25", "dense"), dense_dim: int = schema.DENSE_DIM,
-                 unreal_dims: tuple[int, int] | None = None, fts_column: str = "text",
+                 unreal_dims: tuple[int, int] | None = None, fts_columns: tuple[str, ...] = ("text",),
                  ivf: str | None = "auto", ivf_partitions: int | None = None, ivf_sub_vectors: int = 48,
                  configs: dict | None = None) -> dict:
     """Write the corpus; returns the manifest with the seconds each part took (`timings`)."""
@@ -51,13 +56,11 @@ def write_corpus(directory: Path, batches: Iterable[list[dict]], *, backbone: st
     stats = pa.table({"term": list(df), "df": list(df.values())}, schema=schema.bm25_stats_schema())
     lance.write_dataset(stats, str(directory / schema.BM25_STATS), mode="create")
     timings["stats_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    fts_options = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
-                       ascii_folding=False, with_position=False, max_token_length=None) \
-        if fts_column == "bm25_terms" else {}
-    dataset.create_scalar_index(fts_column, "INVERTED", **fts_options)
-    timings["fts_index_s"] = time.perf_counter() - t
-    indexes = {"fts": fts_column, "dense": "none"}
+    for column in fts_columns:
+        t = time.perf_counter()
+        dataset.create_scalar_index(column, "INVERTED", **(TERMS_INDEX if column == "bm25_terms" else {}))
+        timings[f"fts_{column}_index_s"] = time.perf_counter() - t
+    indexes = {"fts": fts_columns[0], "dense": "none"}
     n = totals["n_chunks"]
     if "dense" in methods and (ivf == "auto" and n >= schema.IVF_MIN_ROWS or ivf not in ("auto", None)):
         kind = "IVF_PQ" if ivf == "auto" else ivf

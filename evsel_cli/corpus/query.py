@@ -106,14 +106,25 @@ class Corpus:
 
     @property
     def fts_column(self) -> str | None:
-        return (self.manifest.get("indexes") or {}).get("fts") or self._indexed("Inverted")
+        """The column of the full-text index the BM25 candidates come from: `bm25_terms` where it
+        has one (its tokens are the local terms: every chunk sharing a term with the question is a
+        match, so the exact top-n is the local one), else the manifest's (`text`: Lance stems
+        words its own way, so a chunk whose local term equals a question's by another stem, e.g.
+        "nilly" and "nils" both "nil", can be missed)."""
+        indexed = self._inverted()
+        if "bm25_terms" in indexed:
+            return "bm25_terms"
+        named = (self.manifest.get("indexes") or {}).get("fts")
+        return named if named in indexed or not indexed else indexed[0]
 
-    def _indexed(self, kind: str) -> str | None:
-        for index in self.dataset.describe_indices() if hasattr(self.dataset, "describe_indices") else []:
-            info = index if isinstance(index, dict) else getattr(index, "__dict__", {})
-            if str(info.get("type", "")).lower().startswith(kind.lower()) and info.get("fields"):
-                return info["fields"][0]
-        return None
+    def _inverted(self) -> list[str]:
+        """Columns with an inverted (full-text) index."""
+        out = []
+        for index in self.dataset.describe_indices():
+            names = list(getattr(index, "field_names", None) or [])
+            if "inverted" in str(getattr(index, "type_url", "")).lower() and names and names[0] not in out:
+                out.append(names[0])
+        return out
 
     def is_current(self) -> bool:
         """Still the latest dataset version and manifest (appends and deletes make new ones)."""
@@ -155,17 +166,19 @@ class Corpus:
         value = math.log(self.n_chunks - df + 0.5) - math.log(df + 0.5)
         return EPSILON * self.average_idf() if value < 0 else value
 
-    def bm25(self, query: list[str], depth: int, candidates: int | None = None, words: list[str] = ()) -> list[Hit]:
+    def bm25(self, query: list[str], depth: int, candidates: int | None = None, words: list[str] = (),
+             column: str | None = None) -> list[Hit]:
         """The top `depth` chunks by local BM25 for query terms `query` (tokenized as locally).
         `candidates`: how many full-text matches to rescore (None: all of them, exact).
         `words`: the question's own words, searched too where the index is on `text`: Lance
-        stems them as it stemmed the chunks, where a local stem may be stemmed otherwise."""
+        stems them as it stemmed the chunks, where a local stem may be stemmed otherwise.
+        `column`: the full-text index to read (default `fts_column`)."""
         import lance.query as lq
         import numpy as np
 
         if not query:
             return []
-        column = self.fts_column
+        column = column or self.fts_column
         if column is None:
             raise InputError(f"{self.path} has no full-text index", "rebuild it: " + BUILD_HINT.split(": ")[1])
         terms = list(dict.fromkeys(query))
