@@ -179,7 +179,8 @@ def recall(found: list, exact: list) -> float:
     return len(set(found) & set(exact)) / max(1, len(exact))
 
 
-def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs: np.ndarray) -> dict:
+def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs: np.ndarray,
+               text_index: bool = True, partitions: int | None = None, local: bool = True) -> dict:
     from scale_corpus import write_corpus
 
     from evsel.bm25_index import tokenize
@@ -190,14 +191,16 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
     from evsel.store import Store, connect
 
     seed = 1000 + n
-    out: dict = {"chunks": n, "load_1m_start": load_1m()}
+    out: dict = {"chunks": n, "load_1m_start": load_1m(), "questions": len(questions), "text_index": text_index,
+                 "ivf_partitions": partitions or max(1, int(n ** 0.5))}
     directory = work / f"corpus-{n}"
     shutil.rmtree(directory, ignore_errors=True)
     vectors: list[np.ndarray] = []
     t = time.perf_counter()
     manifest = write_corpus(directory, corpus_rows(n, seed, words, p, bases, vectors), backbone="synthetic",
                             methods=("bm25", "dense"), ivf="IVF_PQ" if n >= schema.IVF_MIN_ROWS else None,
-                            fts_columns=("text", "bm25_terms"),
+                            fts_columns=("text", "bm25_terms") if text_index else ("bm25_terms",),
+                            ivf_partitions=partitions,
                             ivf_sub_vectors=48)
     out["corpus_build"] = {"total_s": round(time.perf_counter() - t, 2),
                            **{k: round(v, 2) for k, v in manifest["timings"].items()}}
@@ -209,13 +212,14 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
              "bm25_stats": du(directory / schema.BM25_STATS)}
     print(f"[{n}] corpus written: {out['corpus_build']}", file=sys.stderr, flush=True)
     db = work / f"local-{n}.db"
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    out["local_ingest_s"] = round(local_store(db, n, seed, words, p, bases), 2)
-    sizes["local_sqlite"] = du(db)
+    if local:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        out["local_ingest_s"] = round(local_store(db, n, seed, words, p, bases), 2)
+        sizes["local_sqlite"] = du(db)
     out["bytes"] = sizes
     out["bytes_per_chunk"] = {k: round(v / n, 1) for k, v in sizes.items()}
-    print(f"[{n}] local store written in {out['local_ingest_s']} s; bytes {sizes}", file=sys.stderr, flush=True)
+    print(f"[{n}] bytes {sizes}", file=sys.stderr, flush=True)
 
     corpus = open_corpus(directory)
     t = time.perf_counter()
@@ -227,6 +231,7 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
     matches: list[int] = []
     local_equal = 0
     mismatches: list[dict] = []
+    top10: dict[str, list] = {"corpus_exact": []}
     cold: dict = {}
     context = SelectorContext(load_backbone=lambda: None, states=None)
     scale = np.abs(matrix).max(axis=1, keepdims=True) / 127.0
@@ -246,11 +251,14 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
         capped = corpus.bm25(terms, 10, BM25_CAP, qwords)
         timing["bm25_capped"].append(time.perf_counter() - t)
         recalls["bm25_capped"].append(recall([h.row_id for h in capped], [h.row_id for h in exact]))
-        t = time.perf_counter()
-        on_text = corpus.bm25(terms, 10, None, qwords, column="text")
-        timing["bm25_text_index"].append(time.perf_counter() - t)
-        recalls["bm25_text_index"].append(recall([h.row_id for h in on_text], [h.row_id for h in exact]))
-        if n <= 1_000_000:
+        if text_index:
+            t = time.perf_counter()
+            on_text = corpus.bm25(terms, 10, None, qwords, column="text")
+            timing["bm25_text_index"].append(time.perf_counter() - t)
+            recalls["bm25_text_index"].append(recall([h.row_id for h in on_text], [h.row_id for h in exact]))
+        exact_records = corpus.records(exact)
+        top10["corpus_exact"].append([(int(r.chunk.path[3:-4]), r.chunk.seq, r.score) for r in exact_records])
+        if local:
             t = time.perf_counter()
             store = Store(connect(db))
             chunks = store.chunks()
@@ -259,7 +267,6 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
                 question, chunks, 10)
             timing["local_bm25_ask"].append(time.perf_counter() - t)
             timing["local_bm25_scope"].append(scope)
-            exact_records = corpus.records(exact)
             same = [round(s.score, 9) for s in local] == [round(s.score, 9) for s in exact_records] and \
                 [(s.chunk.doc_id - 1, s.chunk.seq) for s in local] == \
                 [(int(s.chunk.path[3:-4]), s.chunk.seq) for s in exact_records]
@@ -301,10 +308,52 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
     out["bm25_full_text_matches_median"] = int(statistics.median(matches))
     out["local_bm25_top10_equal"] = f"{local_equal}/{len(questions)}" if timing["local_bm25_ask"] else None
     out["local_bm25_mismatches"] = mismatches
+    out["bm25_top10"] = top10
     out["load_1m_end"] = load_1m()
     out["peak_rss_mib"] = round(peak_rss_mib(), 1)
     del matrix, int8, corpus
     gc.collect()
+    return out
+
+
+def local_only(n: int, work: Path, words, p, bases, questions: list[str]) -> dict:
+    """The local store's side of `query_size` alone (a process of its own at 10^6, beside the
+    corpus run): ingest, then per question an in-process ask's scope read and persisted BM25."""
+    from evsel.models.selectors import SelectorContext
+    from evsel.models.selectors.bm25 import BM25Selector
+    from evsel.store import Store, connect
+
+    seed = 1000 + n
+    db = work / f"local-{n}.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    out: dict = {"chunks": n, "load_1m_start": load_1m(), "questions": len(questions)}
+    out["local_ingest_s"] = round(local_store(db, n, seed, words, p, bases), 2)
+    out["bytes_per_chunk"] = {"local_sqlite": round(du(db) / n, 1)}
+    print(f"[{n}] local store written in {out['local_ingest_s']} s", file=sys.stderr, flush=True)
+    timing: dict[str, list[float]] = {"local_bm25_ask": [], "local_bm25_scope": []}
+    top10 = []
+    for question in questions:
+        t = time.perf_counter()
+        store = Store(connect(db))
+        chunks = store.chunks()
+        scope = time.perf_counter() - t
+        local = BM25Selector(SelectorContext(load_backbone=lambda: None, states=None, store=store)).rank(
+            question, chunks, 10)
+        timing["local_bm25_ask"].append(time.perf_counter() - t)
+        timing["local_bm25_scope"].append(scope)
+        top10.append([(s.chunk.doc_id - 1, s.chunk.seq, s.score) for s in local])
+        store.db.conn.close()
+        del chunks, store
+        gc.collect()
+        print(f"[{n}] local ask {timing['local_bm25_ask'][-1]:.2f} s", file=sys.stderr, flush=True)
+    out["cold_first_query_ms"] = {k: round(1000 * v[0], 3) for k, v in timing.items()}
+    out["latency"] = {k: summary(v[1:]) for k, v in timing.items()}
+    out["bm25_top10"] = {"local": top10}
+    out["load_1m_end"] = load_1m()
+    out["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
     return out
 
 
@@ -325,11 +374,21 @@ def run_query(args) -> None:
     questions = fairytale_questions(QUESTIONS)
     bases, qvecs = embeddings(work / "minilm.npz", questions)
     for n in [int(x) for x in args.sizes.split(",")]:
+        light = n >= args.light_from  # the largest size: fewer questions, no text index, fewer partitions
         result = {"benchmark": "scale-query", "run": run_info(["python", "bench/scale.py", *sys.argv[1:]]),
                   "setup": {"doc_chunks": DOC_CHUNKS, "words_per_chunk": WORDS, "questions": questions,
                             "dense": f"normalize(e_j + 0.5 e_k + {NOISE} g) of {BASES} MiniLM embeddings",
                             "ann_candidates": ANN_CANDIDATES, "bm25_cap": BM25_CAP},
-                  "size": query_size(n, work, words, p, bases, questions, qvecs)}
+                  "size": None if args.local_only else query_size(n, work, words, p, bases, questions[:args.light_questions] if light else questions,
+                                     qvecs[:args.light_questions] if light else qvecs, text_index=not light,
+                                     partitions=args.light_partitions if light else None,
+                                     local=not args.no_local)}
+        if args.local_only:
+            result["benchmark"] = "scale-query-local"
+            qs = questions[:args.light_questions] if light else questions
+            result["size"] = local_only(n, work, words, p, bases, qs)
+            write_result(HERE / "results" / f"scale-query-local-{n}.json", result)
+            continue
         write_result(HERE / "results" / f"scale-query-{n}.json", result)
         print(json.dumps(result["size"], indent=1), file=sys.stderr, flush=True)
         if not args.keep:
@@ -404,6 +463,12 @@ def main() -> None:
     q.add_argument("--sizes", default="10000,100000,1000000")
     q.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "evsel-scale"))
     q.add_argument("--keep", action="store_true", help="keep the corpora and stores")
+    q.add_argument("--light-from", type=int, default=1_000_000,
+                   help="from this size on: --light-questions questions, no index on text, --light-partitions")
+    q.add_argument("--light-questions", type=int, default=10)
+    q.add_argument("--no-local", action="store_true", help="no local store (run it apart with --local-only)")
+    q.add_argument("--local-only", action="store_true", help="the local store's side alone")
+    q.add_argument("--light-partitions", type=int, default=256)
     b = sub.add_parser("build", help="build throughput: 1 vs 2 workers, and the local encoder")
     b.add_argument("--docs", type=int, default=12)
     b.add_argument("--states", default="dense")

@@ -13,9 +13,7 @@ from typing import Iterable
 from evsel.corpus import schema
 
 
-# the local BM25 terms as they are: split on spaces, nothing stemmed, dropped or folded
-TERMS_INDEX = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
-                   ascii_folding=False, with_position=False, max_token_length=None)
+from evsel.corpus.query import TERMS_INDEX
 
 
 def write_corpus(directory: Path, batches: Iterable[list[dict]], *, backbone: str = "synthetic",
@@ -42,7 +40,15 @@ def write_corpus(directory: Path, batches: Iterable[list[dict]], *, backbone: st
                 totals["n_chunks"] += 1
                 totals["total_len"] += len(terms)
                 totals["docs"].add(row["doc_sha256"])
-            columns = {name: [row.get(name) for row in rows] for name in schema.COLUMNS}
+            columns = {name: [row.get(name) for row in rows] for name in schema.COLUMNS if name != "dense"}
+            if rows and rows[0].get("dense") is not None:  # one flat array: far quicker than lists
+                import numpy as np
+
+                flat = np.stack([row["dense"] for row in rows]).astype(np.float32).reshape(-1)
+                columns["dense"] = pa.FixedSizeListArray.from_arrays(pa.array(flat), dense_dim)
+            else:
+                columns["dense"] = [None] * len(rows)
+            columns = {name: columns[name] for name in schema.COLUMNS}
             batch = pa.RecordBatch.from_pydict(columns, schema=arrow)
             timings["write_s"] += time.perf_counter() - t
             yield batch

@@ -646,8 +646,7 @@ class Engine:
             raise EvselError("--doc and --collection choose documents of the local store, not of a corpus",
                              "drop them, or ask the local store without --corpus")
         opened = query.open_corpus(corpus)
-        first = "bm25" if select == DEFAULT_SELECT else select
-        return opened, query.CorpusStage(opened, first, self.selector_context(on_event, for_eval=True),
+        return opened, query.CorpusStage(opened, select, self.selector_context(on_event, for_eval=True),
                                          bm25_candidates=self.settings.corpus_bm25_candidates)
 
     def corpus_add(self, corpus: str, targets: list[str], on_event: EventSink = _ignore) -> dict:

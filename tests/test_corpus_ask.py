@@ -27,7 +27,7 @@ STORIES = DATA / "fairytaleqa" / "section-stories"
 QUESTIONS = DATA / "fairytaleqa" / "questions"
 N_DOCS = 50
 DENSE_DOCS = 6  # MiniLM states for these first stories only: encoding on a CPU costs seconds per story
-UNREAL_DOCS = 2
+UNREAL_DOCS = 1  # the shortest of the first stories
 DENSE_TOLERANCE = 1e-5  # the same float16 vectors read back as float32 locally and in the corpus
 UNREAL_TOLERANCE = 0.05  # MaxSim of bf16 states encoded in other batches (padding changes the rounding)
 
@@ -66,6 +66,7 @@ def world(tmp_path_factory, model_cache):
     from evsel.corpus import rows as corpus_rows
     from evsel.corpus import schema
     from evsel.corpus.build import build_indexes
+    from evsel.corpus.query import index_terms
     from evsel.engine import Engine
     from evsel.settings import Settings
 
@@ -79,7 +80,8 @@ def world(tmp_path_factory, model_cache):
         engine = Engine(Settings.resolve())
         engine.ingest([str(p) for p in docs], collection="all")
         engine.ingest([str(p) for p in docs[:DENSE_DOCS]], collection="dense")
-        engine.ingest([str(p) for p in docs[:UNREAL_DOCS]], collection="unreal")
+        unreal_docs = sorted(docs[:8], key=lambda p: p.stat().st_size)[:UNREAL_DOCS]
+        engine.ingest([str(p) for p in unreal_docs], collection="unreal")
         backbone = engine.backbone  # its tokenizer chunks; no weights are loaded for it
 
         def corpus(name: str, files: list[Path], dense: bool = False, unreal: bool = False) -> Path:
@@ -97,10 +99,12 @@ def world(tmp_path_factory, model_cache):
             manifest["indexes"] = build_indexes(out, manifest)
             manifest["complete"] = True
             schema.write_manifest(out, manifest)
+            index_terms(out)  # BM25's candidates: every chunk sharing a local term with the question
             return out
 
         corpora = {"all": corpus("corpus-all", docs), "dense": corpus("corpus-dense", docs[:DENSE_DOCS], dense=True)}
         yield {"root": root, "docs": docs, "stories": stories, "engine": engine, "corpus": corpora,
+               "unreal_docs": unreal_docs,
                "make_corpus": corpus}
     finally:
         for key, value in saved.items():
@@ -173,29 +177,32 @@ def _cli_json(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-def test_cli_ask_corpus_bm25_and_dense_show_provenance(world):
+def test_cli_ask_corpus_bm25_and_dense_show_provenance(world, capsys):
     question = _questions(world["stories"][:1], 1)[0]
     for select, corpus in (("bm25", "all"), ("dense", "dense")):
-        result = _cli_json(question, "--corpus", str(world["corpus"][corpus]), "--select", select,
-                           "--evidence-only", "--top-n", "3")
+        code, out, err = _main(capsys, "ask", "--json", question, "--corpus", str(world["corpus"][corpus]),
+                               "--select", select, "--evidence-only", "--top-n", "3")
+        assert code == 0, err
+        result = json.loads(out)
         assert result["method"]["select"] == select and result["method"]["corpus"] == str(world["corpus"][corpus])
         assert len(result["evidence"]) == 3
         for item in result["evidence"]:
             assert item["title"] and item["path"].endswith(".txt") and ":" in item["chunk_id"]
             assert item["chunk_id"].startswith(item["doc_id"])
-    human = _cli("ask", question, "--corpus", str(world["corpus"]["all"]), "--evidence-only", "--top-n", "2")
-    assert human.returncode == 0, human.stderr
-    assert "Evidence (bm25, 2 of" in human.stdout
+    code, out, err = _main(capsys, "ask", question, "--corpus", str(world["corpus"]["all"]), "--evidence-only",
+                           "--top-n", "2")
+    assert code == 0, err
+    assert "Evidence (bm25, 2 of" in out
 
 
 @pytest.mark.model
 def test_unreal_corpus_matches_local_and_answers_through_the_cli(world):
     """UNREAL states encoded for the corpus score as the local store's (exact MaxSim over the
     multivector search's candidates); then the whole ask, with the real model's answer."""
-    docs = world["docs"][:UNREAL_DOCS]
+    docs = world["unreal_docs"]
     corpus = world["make_corpus"]("corpus-unreal", docs, unreal=True)
     engine = world["engine"]
-    question = _questions(world["stories"][:1], 1)[0]
+    question = _questions([world["stories"][world["docs"].index(docs[0])]], 1)[0]
     local = engine.ask(question, collection="unreal", select="unreal", evidence_only=True, top_n=10)
     far = engine.ask(question, select="unreal", evidence_only=True, top_n=10, corpus=str(corpus))
     _same_top(_pairs(local), _pairs(far), UNREAL_TOLERANCE)
@@ -205,7 +212,7 @@ def test_unreal_corpus_matches_local_and_answers_through_the_cli(world):
     assert "generate_s" in result["timings"]
 
 
-def test_append_then_delete(world, tmp_path):
+def test_append_then_delete(world, tmp_path, capsys):
     """An added document is found by the next ask; a deleted one is never returned again; the
     BM25 statistics follow both (equal to a recount)."""
     from evsel.corpus import rows as corpus_rows
@@ -218,26 +225,27 @@ def test_append_then_delete(world, tmp_path):
     extra.write_text("The keeper of the Quillon lighthouse kept a brass telescope named Orvandel.\n\n"
                      "Every night he polished Orvandel and watched the herring boats come home.\n", encoding="utf-8")
     question = "What was the name of the keeper's brass telescope?"
-    added = _cli("corpus", "add", str(corpus), str(extra), "--json")
-    assert added.returncode == 0, added.stderr
-    outcome = json.loads(added.stdout)
+    code, out, err = _main(capsys, "corpus", "add", str(corpus), str(extra), "--json")
+    assert code == 0, err
+    outcome = json.loads(out)
     assert [f["status"] for f in outcome["files"]] == ["added"]
-    result = _cli_json(question, "--corpus", str(corpus), "--evidence-only", "--top-n", "3")
+    engine = world["engine"]
+    result = engine.ask(question, corpus=str(corpus), evidence_only=True, top_n=3)
     assert result["evidence"][0]["path"] == str(extra.resolve())
     sha = outcome["files"][0]["sha256"]
-    again = json.loads(_cli("corpus", "add", str(corpus), str(extra), "--json").stdout)
+    again = json.loads(_main(capsys, "corpus", "add", str(corpus), str(extra), "--json")[1])
     assert [f["status"] for f in again["files"]] == ["unchanged"]
     manifest = schema.read_manifest(corpus)
     df, n, total = corpus_rows.scan_bm25_counts(corpus)
     assert manifest["bm25"] == {"n_chunks": n, "total_len": total}
-    removed = _cli("corpus", "rm", str(corpus), sha[:12], "--json")
-    assert removed.returncode == 0, removed.stderr
-    assert json.loads(removed.stdout)["removed_chunks"] == outcome["added_chunks"]
+    code, out, err = _main(capsys, "corpus", "rm", str(corpus), sha[:12], "--json")
+    assert code == 0, err
+    assert json.loads(out)["removed_chunks"] == outcome["added_chunks"]
     first_doc = world["docs"][0].name
-    gone = _cli("corpus", "rm", str(corpus), first_doc)
+    gone = _cli("corpus", "rm", str(corpus), first_doc)  # once through a process of its own
     assert gone.returncode == 0, gone.stderr
     for q in (question, *_questions(world["stories"][:1], 3)):
-        result = _cli_json(q, "--corpus", str(corpus), "--evidence-only", "--top-n", "10")
+        result = engine.ask(q, corpus=str(corpus), evidence_only=True, top_n=10)
         assert all(not e["chunk_id"].startswith(sha) and e["path"] != first_doc for e in result["evidence"])
     import lance
 
@@ -247,19 +255,29 @@ def test_append_then_delete(world, tmp_path):
     assert schema.read_manifest(corpus)["bm25"] == {"n_chunks": n, "total_len": total}
 
 
-def _one_line_error(args: list[str], needle: str) -> None:
-    result = _cli(*args)
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and needle in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """`evsel ARGS` in this process: (exit code, stdout, stderr)."""
+    from evsel.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_bad_input_is_one_line(world, tmp_path):
+def _one_line_error(capsys, args: list[str], needle: str) -> None:
+    code, _, err = _main(capsys, *args)
+    assert code != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_bad_input_is_one_line(world, tmp_path, capsys):
     good = world["corpus"]["all"]
-    _one_line_error(["ask", "q", "--corpus", str(tmp_path / "missing"), "--evidence-only"], "does not exist")
+    _one_line_error(capsys, ["ask", "q", "--corpus", str(tmp_path / "missing"), "--evidence-only"], "does not exist")
     (tmp_path / "empty").mkdir()
-    _one_line_error(["ask", "q", "--corpus", str(tmp_path / "empty"), "--evidence-only"], "not an evsel corpus")
+    _one_line_error(capsys, ["ask", "q", "--corpus", str(tmp_path / "empty"), "--evidence-only"], "not an evsel corpus")
     for name, change, needle in (("version", {"version": 99}, "version 99"),
                                  ("backbone", {"backbone": "0" * 64}, "built with backbone 0000")):
         copy = tmp_path / name
@@ -267,8 +285,8 @@ def test_bad_input_is_one_line(world, tmp_path):
         manifest = json.loads((copy / "manifest.json").read_text())
         manifest.update(change)
         (copy / "manifest.json").write_text(json.dumps(manifest))
-        _one_line_error(["ask", "who?", "--corpus", str(copy)], needle)
-    _one_line_error(["ask", "q", "--corpus", str(good), "--select", "intrinsic", "--evidence-only"], "cannot read a corpus")
-    _one_line_error(["ask", "q", "--corpus", str(good), "--select", "dense", "--evidence-only"], "holds no dense")
-    _one_line_error(["ask", "q", "--corpus", str(good), "--doc", "1", "--evidence-only"], "not of a corpus")
-    _one_line_error(["corpus", "rm", str(good), "no-such-doc.txt"], "no document")
+        _one_line_error(capsys, ["ask", "who?", "--corpus", str(copy)], needle)
+    _one_line_error(capsys, ["ask", "q", "--corpus", str(good), "--select", "intrinsic", "--evidence-only"], "cannot read a corpus")
+    _one_line_error(capsys, ["ask", "q", "--corpus", str(good), "--select", "dense", "--evidence-only"], "holds no dense")
+    _one_line_error(capsys, ["ask", "q", "--corpus", str(good), "--doc", "1", "--evidence-only"], "not of a corpus")
+    _one_line_error(capsys, ["corpus", "rm", str(good), "no-such-doc.txt"], "no document")

@@ -36,6 +36,11 @@ ANN_CANDIDATES = 200  # chunks the vector search returns for the exact rescore
 BUILD_HINT = "build one with: evsel corpus build SOURCE --out DIR"
 EXTRA_HINT = "install the extra: pip install 'evsel[scale]'"
 
+# the inverted index on `bm25_terms` that makes BM25's candidates exact: the local terms as they are,
+# split on spaces, nothing stemmed, dropped, folded or cut
+TERMS_INDEX = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
+                   ascii_folding=False, with_position=False, max_token_length=None)
+
 # the columns a chunk's provenance needs (ChunkRecord), read for the ranked chunks only
 RECORD_COLUMNS = ["chunk_id", "doc_sha256", "doc_path", "doc_title", "doc_kind", "seq", "text", "content_hash",
                   "n_tokens", "char_start", "char_end", "page_start", "page_end", "speakers", "session",
@@ -277,11 +282,21 @@ class Corpus:
         return [Hit(int(r), 0.0) for r in table.column("_rowid").to_numpy()]
 
 
+def index_terms(directory: str | Path) -> None:
+    """Add the full-text index on `bm25_terms` (TERMS_INDEX) to a corpus that lacks it."""
+    import lance
+
+    path, _ = check_directory(directory)
+    dataset = lance.dataset(str(path / schema.CHUNKS))
+    if dataset.count_rows() and "bm25_terms" not in Corpus(path, {}, dataset, 0.0)._inverted():
+        dataset.create_scalar_index("bm25_terms", "INVERTED", **TERMS_INDEX)
+
+
 def question_words(question: str) -> list[str]:
     """The question's words as BM25 reads them before stemming (stop words left out)."""
-    from evsel.bm25_index import _WORD, STOPWORDS
+    from evsel.bm25_index import words
 
-    return [w for w in _WORD.findall(question.lower()) if w not in STOPWORDS]
+    return words(question)
 
 
 def chunk_record(row: dict):
@@ -356,6 +371,9 @@ class CorpusStage:
 
     def __init__(self, corpus: Corpus, select: str, context, bm25_candidates: int | None = None,
                  candidates: int = ANN_CANDIDATES):
+        from evsel.defaults import DEFAULT_SELECT
+
+        select = "bm25" if select == DEFAULT_SELECT else select  # the default over a corpus: words
         if select not in FIRST_STAGES:
             raise EvselError(f"--select {select} cannot read a corpus",
                              f"use --select {', '.join(FIRST_STAGES[:-1])} or {FIRST_STAGES[-1]} with --corpus "

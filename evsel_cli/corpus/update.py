@@ -23,7 +23,7 @@ from evsel.errors import EvselError, InputError, NotFoundError
 
 from . import rows as corpus_rows
 from . import schema
-from .query import check_directory, require_extra
+from .query import check_directory, index_terms, require_extra
 
 HEX = set("0123456789abcdef")
 
@@ -85,10 +85,13 @@ def _delete(dataset, predicate_docs: list[tuple[str, str]]) -> tuple[Counter, in
     return removed, n, length
 
 
-def _refresh_indexes(dataset, timings: dict) -> None:
+def _refresh_indexes(directory: Path, dataset, timings: dict) -> None:
+    """Fold new rows into the indexes; a corpus without the index on bm25_terms gets it (exact
+    BM25 candidates, evsel/corpus/query.py)."""
     t = time.perf_counter()
     if dataset.describe_indices():
         dataset.optimize.optimize_indices()
+    index_terms(directory)
     timings["index_s"] = round(time.perf_counter() - t, 4)
 
 
@@ -170,7 +173,7 @@ def add(directory: str, targets: list[str], backbone, settings, on_event=None) -
         dataset = lance.write_dataset(table, str(path / schema.CHUNKS), mode="append")
     timings["write_s"] = round(time.perf_counter() - t, 4)
     if new_rows or replaced:
-        _refresh_indexes(dataset, timings)
+        _refresh_indexes(path, dataset, timings)
         docs_delta = len({(r["doc_sha256"], r["doc_part"]) for r in new_rows}) - len(set(replaced))
         manifest = _update_stats(path, manifest, added, removed, n_added - n_removed, len_added - len_removed,
                                  docs_delta)
