@@ -225,10 +225,15 @@ def test_append_then_delete(world, tmp_path, capsys):
     extra.write_text("The keeper of the Quillon lighthouse kept a brass telescope named Orvandel.\n\n"
                      "Every night he polished Orvandel and watched the herring boats come home.\n", encoding="utf-8")
     question = "What was the name of the keeper's brass telescope?"
+    from evsel.corpus.query import open_corpus
+
+    before = open_corpus(corpus)
+    assert open_corpus(corpus) is before  # held open between asks (the daemon's case)
     code, out, err = _main(capsys, "corpus", "add", str(corpus), str(extra), "--json")
     assert code == 0, err
     outcome = json.loads(out)
     assert [f["status"] for f in outcome["files"]] == ["added"]
+    assert open_corpus(corpus) is not before  # a new version: reopened
     engine = world["engine"]
     result = engine.ask(question, corpus=str(corpus), evidence_only=True, top_n=3)
     assert result["evidence"][0]["path"] == str(extra.resolve())

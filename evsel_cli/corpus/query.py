@@ -258,6 +258,7 @@ class Corpus:
         import numpy as np
 
         pool, hidden = self.manifest["dims"]["unreal"]
+        # by row id (what the searches return; stable across deletes): pylance 14 has no public name for it
         table = self.dataset._take_rows(list(map(int, row_ids)), columns=["unreal"])
         return _flat(table.column("unreal"), np.float16).reshape(len(row_ids), pool, hidden)
 
