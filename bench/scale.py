@@ -180,7 +180,8 @@ def recall(found: list, exact: list) -> float:
 
 
 def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs: np.ndarray,
-               text_index: bool = True, partitions: int | None = None, local: bool = True) -> dict:
+               text_index: bool = True, partitions: int | None = None, local: bool = True,
+               existing: bool = False) -> dict:
     from scale_corpus import write_corpus
 
     from evsel.bm25_index import tokenize
@@ -194,8 +195,19 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
     out: dict = {"chunks": n, "load_1m_start": load_1m(), "questions": len(questions), "text_index": text_index,
                  "ivf_partitions": partitions or max(1, int(n ** 0.5))}
     directory = work / f"corpus-{n}"
-    shutil.rmtree(directory, ignore_errors=True)
     vectors: list[np.ndarray] = []
+    if existing:  # measure a corpus written by an earlier run (its vectors read back)
+        import lance
+
+        dataset = lance.dataset(str(directory / schema.CHUNKS))
+        matrix = np.concatenate([np.asarray(b.column(0).flatten().to_numpy(), dtype=np.float32).reshape(-1, 384)
+                                 for b in dataset.to_batches(columns=["dense"])])
+        out["existing"] = True
+        out["indexes"] = [getattr(i, "name", "") for i in dataset.describe_indices()]
+        return _queries(out, n, directory, matrix, {"chunks_lance": du(directory / schema.CHUNKS) - du(
+            directory / schema.CHUNKS / "_indices"), "indexes": du(directory / schema.CHUNKS / "_indices"),
+            "bm25_stats": du(directory / schema.BM25_STATS)}, work, questions, qvecs, text_index, False)
+    shutil.rmtree(directory, ignore_errors=True)
     t = time.perf_counter()
     manifest = write_corpus(directory, corpus_rows(n, seed, words, p, bases, vectors), backbone="synthetic",
                             methods=("bm25", "dense"), ivf="IVF_PQ" if n >= schema.IVF_MIN_ROWS else None,
@@ -217,9 +229,20 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
             Path(f"{db}{suffix}").unlink(missing_ok=True)
         out["local_ingest_s"] = round(local_store(db, n, seed, words, p, bases), 2)
         sizes["local_sqlite"] = du(db)
+    print(f"[{n}] bytes {sizes}", file=sys.stderr, flush=True)
+    return _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_index, local)
+
+
+def _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_index, local) -> dict:
+    from evsel.bm25_index import tokenize
+    from evsel.corpus.query import open_corpus, question_words
+    from evsel.models.selectors import SelectorContext
+    from evsel.models.selectors.bm25 import BM25Selector
+    from evsel.store import Store, connect
+
+    db = work / f"local-{n}.db"
     out["bytes"] = sizes
     out["bytes_per_chunk"] = {k: round(v / n, 1) for k, v in sizes.items()}
-    print(f"[{n}] bytes {sizes}", file=sys.stderr, flush=True)
 
     corpus = open_corpus(directory)
     t = time.perf_counter()
@@ -382,7 +405,7 @@ def run_query(args) -> None:
                   "size": None if args.local_only else query_size(n, work, words, p, bases, questions[:args.light_questions] if light else questions,
                                      qvecs[:args.light_questions] if light else qvecs, text_index=not light,
                                      partitions=args.light_partitions if light else None,
-                                     local=not args.no_local)}
+                                     local=not args.no_local, existing=args.existing)}
         if args.local_only:
             result["benchmark"] = "scale-query-local"
             qs = questions[:args.light_questions] if light else questions
@@ -391,7 +414,7 @@ def run_query(args) -> None:
             continue
         write_result(HERE / "results" / f"scale-query-{n}.json", result)
         print(json.dumps(result["size"], indent=1), file=sys.stderr, flush=True)
-        if not args.keep:
+        if not args.keep and not args.existing:
             shutil.rmtree(work / f"corpus-{n}", ignore_errors=True)
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{work / f'local-{n}.db'}{suffix}").unlink(missing_ok=True)
@@ -435,7 +458,7 @@ def run_build(args) -> None:
     del encoder, backbone
     gc.collect()
     result["build"] = []
-    for workers in (1, 2):
+    for workers in [int(w) for w in args.workers_list.split(",")]:
         out = work / f"corpus-{workers}"
         env = dict(os.environ, EVSEL_THREADS="1")
         t = time.perf_counter()
@@ -453,7 +476,7 @@ def run_build(args) -> None:
         result["build"].append(entry)
         print(f"build: {entry}", file=sys.stderr, flush=True)
     result["load_1m_end"] = load_1m()
-    write_result(HERE / "results" / "scale-build.json", result)
+    write_result(HERE / "results" / args.out, result)
 
 
 def main() -> None:
@@ -468,10 +491,13 @@ def main() -> None:
     q.add_argument("--light-questions", type=int, default=10)
     q.add_argument("--no-local", action="store_true", help="no local store (run it apart with --local-only)")
     q.add_argument("--local-only", action="store_true", help="the local store's side alone")
+    q.add_argument("--existing", action="store_true", help="measure the corpus an earlier run left in --work")
     q.add_argument("--light-partitions", type=int, default=256)
     b = sub.add_parser("build", help="build throughput: 1 vs 2 workers, and the local encoder")
     b.add_argument("--docs", type=int, default=12)
     b.add_argument("--states", default="dense")
+    b.add_argument("--workers-list", default="1,2")
+    b.add_argument("--out", default="scale-build.json", help="file name in bench/results")
     b.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "evsel-scale"))
     args = parser.parse_args()
     run_query(args) if args.part == "query" else run_build(args)

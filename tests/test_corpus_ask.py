@@ -171,12 +171,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           env=os.environ.copy(), timeout=900)
 
 
-def _cli_json(*args: str) -> dict:
-    result = _cli("ask", "--json", *args)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
 def test_cli_ask_corpus_bm25_and_dense_show_provenance(world, capsys):
     question = _questions(world["stories"][:1], 1)[0]
     for select, corpus in (("bm25", "all"), ("dense", "dense")):
@@ -196,7 +190,7 @@ def test_cli_ask_corpus_bm25_and_dense_show_provenance(world, capsys):
 
 
 @pytest.mark.model
-def test_unreal_corpus_matches_local_and_answers_through_the_cli(world):
+def test_unreal_corpus_matches_local_and_answers_through_the_cli(world, capsys):
     """UNREAL states encoded for the corpus score as the local store's (exact MaxSim over the
     multivector search's candidates); then the whole ask, with the real model's answer."""
     docs = world["unreal_docs"]
@@ -206,7 +200,10 @@ def test_unreal_corpus_matches_local_and_answers_through_the_cli(world):
     local = engine.ask(question, collection="unreal", select="unreal", evidence_only=True, top_n=10)
     far = engine.ask(question, select="unreal", evidence_only=True, top_n=10, corpus=str(corpus))
     _same_top(_pairs(local), _pairs(far), UNREAL_TOLERANCE)
-    result = _cli_json(question, "--corpus", str(corpus), "--select", "unreal", "--top-n", "3")
+    code, out, err = _main(capsys, "ask", "--json", question, "--corpus", str(corpus), "--select", "unreal",
+                           "--top-n", "3")
+    assert code == 0, err
+    result = json.loads(out)
     assert result["method"]["select"] == "unreal" and len(result["evidence"]) == 3
     assert result["grounding"]["kind"] in ("grounded", "abstained", "span")
     assert "generate_s" in result["timings"]

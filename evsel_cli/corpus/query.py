@@ -260,7 +260,7 @@ class Corpus:
         pool, hidden = self.manifest["dims"]["unreal"]
         # by row id (what the searches return; stable across deletes): pylance 14 has no public name for it
         table = self.dataset._take_rows(list(map(int, row_ids)), columns=["unreal"])
-        return _flat(table.column("unreal"), np.float16).reshape(len(row_ids), pool, hidden)
+        return _flat(table.column("unreal"), np.float16).reshape(len(row_ids), pool, hidden).copy()  # writable
 
     def unreal_candidates(self, query, candidates: int) -> list[int]:
         row_ids, _ = self.nearest("unreal", query, candidates)
