@@ -1,6 +1,6 @@
 """`evsel ask --corpus DIR` against a local `evsel ingest` of the same documents, and a corpus that
 grows (`evsel corpus add` / `rm`). The corpora are written with the Ray-free writer
-(`evsel.corpus.rows.write_local` + the build's `build_indexes`), so no cluster is needed here.
+(`evsel.corpus.rows.write_local` with its indexes), so no cluster is needed here.
 
 Documents: 50 FairytaleQA stories (train and val, in name order) from ../shared/data, each written
 as a .txt file of its sections; questions: the FairytaleQA questions of those stories.
@@ -65,8 +65,6 @@ def world(tmp_path_factory, model_cache):
     """The documents, a local store of them (collections all, dense, unreal) and the corpora."""
     from evsel.corpus import rows as corpus_rows
     from evsel.corpus import schema
-    from evsel.corpus.build import build_indexes
-    from evsel.corpus.query import index_terms
     from evsel.engine import Engine
     from evsel.settings import Settings
 
@@ -95,11 +93,7 @@ def world(tmp_path_factory, model_cache):
                 methods=encoder.methods() if encoder else ["bm25"], dims=encoder.dims() if encoder else {},
                 configs=encoder.configs() if encoder else {})
             out = root / name
-            manifest = corpus_rows.write_local(rows, out, manifest)
-            manifest["indexes"] = build_indexes(out, manifest)
-            manifest["complete"] = True
-            schema.write_manifest(out, manifest)
-            index_terms(out)  # BM25's candidates: every chunk sharing a local term with the question
+            corpus_rows.write_local(rows, out, manifest, index=True)
             return out
 
         corpora = {"all": corpus("corpus-all", docs), "dense": corpus("corpus-dense", docs[:DENSE_DOCS], dense=True)}

@@ -7,7 +7,7 @@ import typer
 from evsel.defaults import DEFAULT_CHUNK_TOKENS
 from evsel.output import print_json, stderr, stdout
 
-from .base import INT, App, path
+from .base import FLOAT, INT, App, path
 from .common import JsonOption, engine_from, settings
 
 app = App(help="A corpus index past one machine (pip install 'evsel[scale]'): built on a Ray cluster into Lance.")
@@ -17,9 +17,14 @@ SCALE_HINT = "install the extra: pip install 'evsel[scale]'"
 
 def require_scale() -> None:
     """Exit with one line when the `scale` extra is not installed."""
-    import importlib.util
+    import importlib
 
-    missing = [m for m in ("ray", "lance", "lance_ray", "pyarrow") if importlib.util.find_spec(m) is None]
+    missing = []
+    for name in ("pyarrow", "lance", "lance_ray", "ray"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
     if missing:
         from evsel.errors import EvselError
 
@@ -44,6 +49,9 @@ def corpus_build(
         "--workers", parser=INT, metavar="N", help="Model-holding workers (default: one per Ray node).")] = None,
     batch_docs: Annotated[int, typer.Option("--batch-docs", parser=INT, metavar="N",
                                             help="Documents a worker parses and encodes per call.")] = 4,
+    commit_every: Annotated[float, typer.Option(
+        "--commit-every", metavar="SECONDS", parser=FLOAT,
+        help="How often finished documents are committed: the most work an interrupt loses.")] = 5.0,
     as_json: JsonOption = False,
 ):
     """Build a corpus from SOURCE on a Ray cluster: chunks, BM25 terms and statistics, dense and
@@ -55,12 +63,16 @@ def corpus_build(
     duplicates; a worker that dies is restarted and its documents redone. Progress goes to stderr.
     A file that fails is reported on stderr and the others are built; the exit code is then 1.
     """
+    import os
+
+    # read once, when ray.data is first imported (lance_ray imports it): Ray's notices are not this command's output
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")
     require_scale()
     from evsel.corpus.build import build
 
     chosen = [s.strip() for s in states.split(",") if s.strip() and s.strip() != "none"]
     manifest = build(source, out, address=address, chunk_tokens=chunk_tokens, states=chosen, workers=workers,
-                     batch_docs=batch_docs, settings=settings(ctx))
+                     batch_docs=batch_docs, commit_every_s=commit_every, settings=settings(ctx))
     if as_json:
         print_json(manifest)
     else:

@@ -10,7 +10,7 @@ metadata. The driver commits the fragments it has received to chunks.lance every
 Resume: a file's chunks are written by one worker call and committed in one Append, so a
 document is in the table whole or not at all; a build that finds chunks.lance from an unfinished
 build (manifest "complete": false, same settings) skips the doc_paths committed already and does
-the rest. A Ray SIGINT lands between commits (the handler defers it during one), and fragments
+the rest. A SIGINT lands between commits (the handler defers it during one), and fragments
 written but not committed are left unreferenced, never read. A worker that dies is restarted by
 Ray and its batch retried (`max_restarts`, `max_task_retries`); a retried batch is the same
 documents, and a batch whose documents are committed already is dropped.
@@ -18,7 +18,12 @@ documents, and a batch whose documents are committed already is dropped.
 At the end: documents of identical bytes under two paths are kept once (under the first path),
 the BM25 statistics are counted, the full-text and vector indexes built, and the manifest marked
 complete. SOURCE and DIR must be paths every node of the cluster can read and write (a shared
-file system); the workers import evsel, so it must be installed on every node.
+file system); the workers import evsel, so it must be installed on every node. Give each node at
+least 4 CPUs in Ray (`ray start --num-cpus=4`): a 2-core loopback cluster with its real CPU
+count deadlocked (Ray Data's actor pool and its other operators waiting on each other).
+
+A rerun on a finished corpus adds SOURCE's new files (a file whose doc_path is in the table is
+not read again, even if it changed: delete its document first) and recounts the statistics.
 """
 
 from __future__ import annotations
@@ -35,22 +40,28 @@ from pathlib import Path
 from typing import Callable
 
 from evsel import chunker
-from evsel.errors import EvselError, InputError
+from evsel.errors import EvselError, InputError, known_error
 
 from . import rows as corpus_rows
 from . import schema
 
 STATES = ("dense", "unreal")
-COMMIT_EVERY_S = 5.0
+COMMIT_EVERY_S = 5.0  # the most finished work an interrupt can lose
 PROGRESS_EVERY_S = 2.0
 ENV_PREFIXES = ("EVSEL_", "HF_", "TRANSFORMERS_", "OMP_NUM_THREADS")
 
 
 class CorpusWorker:
-    """A Ray Data actor: turns a batch of items into Lance fragments of DIR/chunks.lance."""
+    """A Ray Data actor: turns a batch of items into Lance fragments of DIR/chunks.lance. Its
+    settings are class attributes of a subclass (`worker_class`), shipped with the class."""
 
-    def __init__(self, uri: str, chunk_tokens: int, states: list[str], dense_dim: int, unreal_hidden: int,
-                 pid_dir: str | None = None):
+    config: dict = {}
+
+    def __init__(self):
+        self._setup(**self.config)
+
+    def _setup(self, uri: str, chunk_tokens: int, states: list[str], dense_dim: int, unreal_hidden: int,
+               pid_dir: str | None = None):
         from evsel.models.backbone import Backbone
         from evsel.settings import Settings
 
@@ -86,10 +97,15 @@ class CorpusWorker:
                     found = corpus_rows.rows_of_file(item["path"], item["root"], self.backbone, self.chunk_tokens,
                                                      warnings=warnings)
             except EvselError as exc:
-                results.append({"key": item["key"], "error": f"{exc.message} ({exc.hint})" if exc.hint else exc.message})
+                results.append({"key": item["key"], "error": _one_line(exc)})
                 continue
             except OSError as exc:
                 results.append({"key": item["key"], "error": f"cannot read the file: {exc.strerror or exc}"})
+                continue
+            except Exception as exc:  # a library or parser failure on one file must not stop the others
+                error = known_error(exc)
+                results.append({"key": item["key"], "error": _one_line(error) if error else
+                                f"unexpected {type(exc).__name__} while reading it: {exc}"})
                 continue
             docs = {}
             for r in found:
@@ -104,6 +120,14 @@ class CorpusWorker:
             table = corpus_rows.rows_to_table(made, *self.dims)
             fragments = [pickle.dumps(f) for f, _ in write_fragment([table], self.uri, schema=self.schema)]
         return pa.table({"results": [json.dumps(results)], "fragments": [pickle.dumps(fragments)]})
+
+
+def _one_line(error: EvselError) -> str:
+    return f"{error.message}; {error.hint}" if error.hint else error.message
+
+
+def worker_class(**config) -> type:
+    return type("CorpusWorker", (CorpusWorker,), {"config": config})
 
 
 class Progress:
@@ -216,7 +240,7 @@ def _sql_string(value: str) -> str:
 
 def build(source: str, out: str, address: str | None = None, chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
           states: list[str] | None = None, workers: int | None = None, batch_docs: int = 4,
-          settings=None, on_line: Callable[[str], None] | None = None) -> dict:
+          commit_every_s: float = COMMIT_EVERY_S, settings=None, on_line: Callable[[str], None] | None = None) -> dict:
     """Build (or resume building) the corpus of SOURCE in OUT. Returns the manifest, with
     "failed": [{"path", "error"}] for items that could not be read (the rest is built).
     `settings`: the request's (`--model`, `--device`, EVSEL_*), handed to the workers."""
@@ -289,8 +313,14 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
             work.append(entry)
     failed: list[dict] = []
     if work:
-        failed = _run(work, uri, out_dir, address, settings, chunk_tokens, states, dense_dim, unreal_hidden, workers, batch_docs,
-                      doc_paths, say)
+        try:
+            failed = _run(work, uri, out_dir, address, settings, chunk_tokens, states, dense_dim, unreal_hidden,
+                          workers, batch_docs, commit_every_s, doc_paths, say)
+        except KeyboardInterrupt:
+            done = len(_committed(uri)[0])
+            say(f"corpus build: interrupted with {done} of {len(items)} documents committed; "
+                "the same command resumes")
+            raise
     for failure in failed:
         say(f"evsel: {failure['path']}: {failure['error']}")
     manifest = _finish(out_dir, uri, say)
@@ -312,10 +342,17 @@ def _ray_env(settings) -> dict:
 
 def _run(work: list[dict], uri: str, out_dir: Path, address: str | None, settings, chunk_tokens: int, states: list[str],
          dense_dim: int, unreal_hidden: int, workers: int | None, batch_docs: int,
-         doc_paths: dict[str, set[str]], say) -> list[dict]:
-    import lance
+         commit_every_s: float, doc_paths: dict[str, set[str]], say) -> list[dict]:
+    import logging
+    import warnings
+
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # read when ray.data is first imported
     import ray
 
+    # Ray's own notices (deprecations, "execution finished") are not this command's output
+    warnings.filterwarnings("ignore", category=ray.util.annotations.RayDeprecationWarning)
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")
+    logging.getLogger("ray").setLevel(logging.ERROR)
     env = {"env_vars": _ray_env(settings)}
     temp = None
     if address:
@@ -330,7 +367,7 @@ def _run(work: list[dict], uri: str, out_dir: Path, address: str | None, setting
                  logging_level="ERROR", log_to_driver=False)
     try:
         return _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden, workers, batch_docs,
-                         doc_paths, say)
+                         commit_every_s, doc_paths, say)
     finally:
         ray.shutdown()
         if temp:
@@ -339,8 +376,8 @@ def _run(work: list[dict], uri: str, out_dir: Path, address: str | None, setting
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden, workers, batch_docs, doc_paths,
-              say) -> list[dict]:
+def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden, workers, batch_docs, commit_every_s,
+              doc_paths, say) -> list[dict]:
     import lance
     import ray
 
@@ -349,11 +386,12 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     pool = workers or max(1, len(nodes))
     by_key = {w["key"]: w for w in work}
-    ds = ray.data.from_items(work, override_num_blocks=max(1, min(len(work), len(work) // batch_docs or 1)))
+    ds = ray.data.from_items(work, override_num_blocks=max(1, min(200_000, len(work) // batch_docs or 1)))
+    worker = worker_class(uri=uri, chunk_tokens=chunk_tokens, states=states, dense_dim=dense_dim,
+                          unreal_hidden=unreal_hidden, pid_dir=str(out_dir / ".build" / "workers"))
     ds = ds.map_batches(
-        CorpusWorker, batch_size=batch_docs, batch_format="pyarrow", concurrency=pool, num_cpus=1,
-        fn_constructor_kwargs={"uri": uri, "chunk_tokens": chunk_tokens, "states": states, "dense_dim": dense_dim,
-                               "unreal_hidden": unreal_hidden, "pid_dir": str(out_dir / ".build" / "workers")},
+        worker, batch_size=batch_docs, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=pool),
+        num_cpus=1,
         scheduling_strategy="SPREAD", max_restarts=4, max_task_retries=4)
     progress = Progress(len(work))
     progress.show()
@@ -365,6 +403,9 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
 
     def commit() -> None:
         nonlocal pending, pending_items, last_commit
+        last_commit = time.perf_counter()
+        if not pending and not pending_items:
+            return
         if pending:
             dataset = lance.dataset(uri)
             lance.LanceDataset.commit(uri, lance.LanceOperation.Append(pending), read_version=dataset.version)
@@ -374,24 +415,27 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
                 doc_paths.setdefault(doc, set()).add(r["key"])
         progress.add(len(pending_items), sum(r["chunks"] for r in pending_items))
         pending, pending_items = [], []
-        last_commit = time.perf_counter()
 
     with _DeferredInterrupt() as interrupts:
         try:
             for batch in ds.iter_batches(batch_size=1, batch_format="pyarrow"):
-                for results, fragments in zip(batch.column("results").to_pylist(), batch.column("fragments").to_pylist()):
+                columns = batch.column("results").to_pylist(), batch.column("fragments").to_pylist()
+                for results, fragments in zip(*columns):
                     results = json.loads(results)
                     fresh = [r for r in results if r["key"] not in committed_keys
                              and r["key"] not in {p["key"] for p in pending_items}]
                     if len(fresh) < len(results):  # a retried batch delivered twice: its rows are in already
                         continue
                     for r in results:
+                        for warning in r.get("warnings", []):
+                            say(f"evsel: warning: {warning}")  # parsers name the file
                         if "error" in r:
                             failed.append({"path": by_key[r["key"]]["path"] or r["key"], "error": r["error"]})
                             progress.add(1, 0)
+                            committed_keys.add(r["key"])
                     pending.extend(pickle.loads(f) for f in pickle.loads(fragments))
                     pending_items.extend(r for r in results if "error" not in r)
-                if time.perf_counter() - last_commit >= COMMIT_EVERY_S:
+                if time.perf_counter() - last_commit >= commit_every_s:
                     with interrupts.critical():
                         commit()
             with interrupts.critical():
@@ -400,7 +444,6 @@ def _pipeline(work, uri, out_dir, chunk_tokens, states, dense_dim, unreal_hidden
             with interrupts.critical():  # what arrived whole is kept: the resume starts after it
                 commit()
             raise
-    progress.show()
     return failed
 
 
@@ -417,29 +460,7 @@ def _finish(out_dir: Path, uri: str, say) -> dict:
     if extra:
         say(f"corpus build: {len(extra)} files repeat an earlier file's bytes; kept once")
     manifest = corpus_rows.refresh_stats(out_dir)
-    manifest["indexes"] = build_indexes(out_dir, manifest)
+    manifest["indexes"] = corpus_rows.build_indexes(out_dir, manifest)
     manifest["complete"] = True
     schema.write_manifest(out_dir, manifest)
     return manifest
-
-
-def build_indexes(out_dir: Path, manifest: dict) -> dict:
-    """The full-text index on `text`, and on `dense` an IVF index (dot product) at IVF_MIN_ROWS
-    rows or more; none below (a flat scan is exact and quick)."""
-    import math
-
-    import lance
-
-    dataset = lance.dataset(str(Path(out_dir) / schema.CHUNKS))
-    made = {}
-    n = dataset.count_rows()
-    if n:
-        dataset.create_scalar_index("text", "INVERTED", replace=True)
-        made["fts"] = "text"
-    made["dense"] = "none"
-    if "dense" in manifest.get("methods", []) and n >= schema.IVF_MIN_ROWS:
-        dim = manifest["dims"]["dense"]
-        dataset.create_index("dense", "IVF_PQ", metric="dot", replace=True,
-                             num_partitions=max(1, int(math.sqrt(n))), num_sub_vectors=dim // 8)
-        made["dense"] = "IVF_PQ"
-    return made

@@ -36,10 +36,8 @@ ANN_CANDIDATES = 200  # chunks the vector search returns for the exact rescore
 BUILD_HINT = "build one with: evsel corpus build SOURCE --out DIR"
 EXTRA_HINT = "install the extra: pip install 'evsel[scale]'"
 
-# the inverted index on `bm25_terms` that makes BM25's candidates exact: the local terms as they are,
-# split on spaces, nothing stemmed, dropped, folded or cut
-TERMS_INDEX = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
-                   ascii_folding=False, with_position=False, max_token_length=None)
+# the inverted index on `bm25_terms` that makes BM25's candidates exact (the build makes it too)
+TERMS_INDEX = schema.TERMS_INDEX
 
 # the columns a chunk's provenance needs (ChunkRecord), read for the ranked chunks only
 RECORD_COLUMNS = ["chunk_id", "doc_sha256", "doc_path", "doc_title", "doc_kind", "seq", "text", "content_hash",

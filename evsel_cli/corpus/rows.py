@@ -289,7 +289,8 @@ def write_bm25_stats(directory: str | Path, df: Counter) -> None:
 
     terms = sorted(df)
     table = pa.Table.from_pydict({"term": terms, "df": [df[t] for t in terms]}, schema=schema.bm25_stats_schema())
-    lance.write_dataset(table, str(Path(directory) / schema.BM25_STATS), mode="overwrite")
+    path = Path(directory) / schema.BM25_STATS
+    lance.write_dataset(table, str(path), mode="overwrite" if path.exists() else "create")
 
 
 def refresh_stats(directory: str | Path) -> dict:
@@ -310,11 +311,11 @@ def refresh_stats(directory: str | Path) -> dict:
     return manifest
 
 
-def write_local(rows: list[dict], directory: str | Path, manifest: dict | None = None) -> dict:
-    """Append rows to DIR/chunks.lance without Ray (made with `manifest` when DIR is new; an
-    existing corpus keeps its own). Rows whose chunk_id is there already are skipped, so a
-    rerun adds nothing twice. Then the BM25 statistics and counts are recounted. Returns the
-    manifest."""
+def write_local(rows: list[dict], directory: str | Path, manifest: dict | None = None, index: bool = False) -> dict:
+    """Append rows to DIR/chunks.lance without Ray (made with `manifest` when DIR is new, and then
+    marked complete; an existing corpus keeps its own). Rows whose chunk_id is there already are
+    skipped, so a rerun adds nothing twice. Then the BM25 statistics and counts are recounted,
+    and with `index` the indexes rebuilt (`build_indexes`). Returns the manifest."""
     import lance
 
     directory = Path(directory)
@@ -324,7 +325,7 @@ def write_local(rows: list[dict], directory: str | Path, manifest: dict | None =
     elif manifest is None:
         raise ValueError(f"{directory} is not a corpus yet: give the manifest to create it with")
     else:
-        schema.write_manifest(directory, manifest)
+        schema.write_manifest(directory, dict(manifest, complete=True))
     dims = manifest.get("dims", {})
     unreal_hidden = dims.get("unreal", [0, schema.UNREAL_HIDDEN])[1]
     if path.exists():
@@ -333,7 +334,11 @@ def write_local(rows: list[dict], directory: str | Path, manifest: dict | None =
     if rows:
         table = rows_to_table(rows, dims.get("dense", schema.DENSE_DIM), unreal_hidden)
         lance.write_dataset(table, str(path), mode="append" if path.exists() else "create")
-    return refresh_stats(directory)
+    manifest = refresh_stats(directory)
+    if index:
+        manifest["indexes"] = build_indexes(directory, manifest)
+        schema.write_manifest(directory, manifest)
+    return manifest
 
 
 def committed_ids(directory: str | Path) -> set[str]:
@@ -347,3 +352,28 @@ def committed_ids(directory: str | Path) -> set[str]:
     for batch in lance.dataset(str(path)).to_batches(columns=["chunk_id"]):
         ids.update(batch.column(0).to_pylist())
     return ids
+
+
+def build_indexes(out_dir: Path, manifest: dict) -> dict:
+    """The full-text indexes on `text` and on `bm25_terms` (`schema.TERMS_INDEX`), and on `dense`
+    an IVF index (dot product) at IVF_MIN_ROWS rows or more; none below (a flat scan is exact and
+    quick)."""
+    import math
+
+    import lance
+
+    dataset = lance.dataset(str(Path(out_dir) / schema.CHUNKS))
+    made = {}
+    n = dataset.count_rows()
+    if n:
+        dataset.create_scalar_index("text", "INVERTED", replace=True)
+        made["fts"] = "text"
+        dataset.create_scalar_index("bm25_terms", "INVERTED", replace=True, **schema.TERMS_INDEX)
+        made["terms"] = "bm25_terms"
+    made["dense"] = "none"
+    if "dense" in manifest.get("methods", []) and n >= schema.IVF_MIN_ROWS:
+        dim = manifest["dims"]["dense"]
+        dataset.create_index("dense", "IVF_PQ", metric="dot", replace=True,
+                             num_partitions=max(1, int(math.sqrt(n))), num_sub_vectors=dim // 8)
+        made["dense"] = "IVF_PQ"
+    return made

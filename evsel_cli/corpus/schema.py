@@ -7,7 +7,10 @@ DIR/manifest.json (written atomically; `read_manifest`/`write_manifest`)
     "unreal": [pool, hidden]}), `configs` (each method's state key as the local state cache names
     it: model fingerprint + config string, so a local state and a corpus state compare 1:1),
     `created`, `source`, `n_chunks`, `n_docs`, `bm25` ({"n_chunks", "total_len"}) and `indexes`
-    (what `build_indexes` made: {"fts": "text", "dense": "IVF_PQ" | "IVF_FLAT" | "none"}).
+    (what `build_indexes` made: {"fts": "text", "terms": "bm25_terms", "dense": "IVF_PQ" | "none"}),
+    and `complete`:
+    false while a build runs or after one was interrupted (the table then holds whole documents,
+    but not all of them, and the statistics and indexes may be stale), true once it finished.
 
 DIR/chunks.lance (`CHUNKS`), one row per chunk, columns `COLUMNS` (see `arrow_schema`):
     chunk_id      f"{doc_sha256}:{seq}", or f"{doc_sha256}:{doc_part}:{seq}" for one of several
@@ -45,11 +48,13 @@ DIR/bm25_stats.lance (`BM25_STATS`): the corpus' document frequencies, one row p
     idf over this whole vocabulary) then gives the local scores of a whole-store scope.
 
 Indexes on chunks.lance: an inverted (full-text) index on `text` (Lance's own tokenizer: its
-ranking is a first stage, not the local BM25 score; rescore candidates from `bm25_terms` and
-bm25_stats for local scores), and on `dense` an IVF index (metric "dot") once the table has at
-least `IVF_MIN_ROWS` rows; below that no vector index: a flat (exact) scan is fast enough. The
-`unreal` column is never ANN-indexed here (LanceDB's multivector index is cosine-only and
-approximate); exact MaxSim over it, or over the dense/BM25 candidates, is the query side's choice.
+ranking is a first stage, not the local BM25 score), one on `bm25_terms` with `TERMS_INDEX` (the
+local terms as they are: a query's local terms find exactly the chunks that hold them; rescore
+candidates from `bm25_terms` and bm25_stats for the local scores), and on `dense` an IVF index
+(IVF_PQ, metric "dot") once the table has at least `IVF_MIN_ROWS` rows; below that no vector
+index: a flat (exact) scan is fast enough. The `unreal` column is never ANN-indexed here
+(LanceDB's multivector index is cosine-only and approximate); exact MaxSim over it, or over the
+dense/BM25 candidates, is the query side's choice.
 
 pyarrow is imported inside `arrow_schema`: this module loads without the `scale` extra.
 """
@@ -70,6 +75,10 @@ BM25_STATS = "bm25_stats.lance"
 DENSE_DIM = 384  # all-MiniLM-L6-v2 (models/selectors/dense.py)
 UNREAL_HIDDEN = 576  # SmolLM2-135M; the manifest's dims["unreal"] says what a corpus holds
 IVF_MIN_ROWS = 10_000  # below this a flat scan of `dense` is exact and quick; no ANN index
+# the inverted index on `bm25_terms`: the local BM25 terms as they are, split on spaces, nothing
+# stemmed, dropped, folded or cut (create_scalar_index("bm25_terms", "INVERTED", **TERMS_INDEX))
+TERMS_INDEX = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
+                   ascii_folding=False, with_position=False, max_token_length=None)
 
 COLUMNS = (
     "chunk_id", "doc_sha256", "doc_path", "doc_part", "doc_title", "doc_kind", "seq", "text", "content_hash",
@@ -127,7 +136,7 @@ def new_manifest(*, backbone: str, chunk_tokens: int, source: str, methods: list
         "format": FORMAT, "version": VERSION, "backbone": backbone, "chunk_tokens": chunk_tokens,
         "methods": methods, "dims": dims, "configs": configs,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source": source,
-        "n_chunks": 0, "n_docs": 0, "bm25": {"n_chunks": 0, "total_len": 0}, "indexes": {},
+        "n_chunks": 0, "n_docs": 0, "bm25": {"n_chunks": 0, "total_len": 0}, "indexes": {}, "complete": False,
     }
 
 
