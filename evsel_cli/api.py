@@ -17,7 +17,7 @@ __all__ = ["REQUESTS", "Requests"]
 # The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
 REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
             "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "train_hybrid", "watch_add", "watch_remove",
-            "watch_list")
+            "watch_list", "corpus_add", "corpus_rm")
 
 EventSink = Callable[[dict], None]
 
@@ -39,7 +39,7 @@ class Requests:
     def ask(self, question: str, doc_ids: list[int] | None = None, collection: str | None = None, top_n: int = 5,
             select: str = DEFAULT_SELECT, evidence_only: bool = False, max_new_tokens: int = 96,
             rerank: str | None = None, rerank_top: int = RERANK_TOP, style: str = "short", memory: bool = False,
-            on_event: EventSink = _ignore) -> dict: ...
+            corpus: str | None = None, on_event: EventSink = _ignore) -> dict: ...
 
     def eval(self, dataset: str, methods: list[str], ks: list[int] | None = None, generate: bool = False,
              limit: int | None = None, split: str | None = None, concat: int = 0, fold: int | None = None,
@@ -77,3 +77,7 @@ class Requests:
     def watch_list(self) -> list[dict]: ...
 
     def models_info(self, load: bool = True) -> dict: ...
+
+    def corpus_add(self, corpus: str, targets: list[str], on_event: EventSink = _ignore) -> dict: ...
+
+    def corpus_rm(self, corpus: str, docs: list[str]) -> dict: ...

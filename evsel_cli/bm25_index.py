@@ -67,8 +67,13 @@ def _stem(word: str) -> str:
     return word
 
 
+def words(text: str) -> list[str]:
+    """The words BM25 reads, before stemming (stop words left out)."""
+    return [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+
+
 def tokenize(text: str) -> list[str]:
-    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+    return [_stem(w) for w in words(text)]
 
 
 def chunk_tokens(text: str) -> list[str]:

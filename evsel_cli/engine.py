@@ -541,8 +541,11 @@ class Engine:
         rerank_top: int = RERANK_TOP,
         style: str = "short",
         memory: bool = False,
+        corpus: str | None = None,
         on_event: EventSink = _ignore,
     ) -> dict:
+        """`corpus`: a directory written by `evsel corpus build`; its indexes give the first stage
+        (bm25, dense or unreal) instead of the local store, and the rest runs as for the store."""
         question = question.strip()
         if not question:
             raise EvselError("the question is empty", 'ask something, e.g. evsel ask "who killed the count?"')
@@ -553,10 +556,21 @@ class Engine:
         spec = PipelineSpec(method_spec, rerank_top=rerank_top, top_n=top_n)
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        chunks = self.scope_chunks(doc_ids, collection)
+        first = opened = None
+        if corpus is not None:
+            chunks: list[ChunkRecord] = []
+            opened, first = self._corpus_stage(corpus, select, doc_ids, collection, on_event)
+            context = first.context
+        else:
+            chunks = self.scope_chunks(doc_ids, collection)
+            context = self.selector_context(on_event)
         timings["scope_s"] = time.perf_counter() - started
 
-        pipeline = Pipeline(spec, self.selector_context(on_event))
+        pipeline = Pipeline(spec, context, first=first)
+        if opened is not None and (pipeline.needs_model or not evidence_only):
+            from .corpus.query import check_backbone
+
+            check_backbone(opened, self.backbone.fingerprint)  # before anything loads
         if pipeline.needs_model:  # a prose answer needs no model; a dialogue one loads it when it generates
             on_event({"type": "progress", "task": "load", "label": "loading the model", "done": 0, "total": 1})
             t = time.perf_counter()
@@ -598,7 +612,9 @@ class Engine:
         timings["total_s"] = time.perf_counter() - started
         # `default` reports the method it ran (bm25, or the measured best)
         method = {"select": getattr(pipeline.first, "resolved", None) or select, "top_n": top_n,
-                  "candidates": len(chunks)}
+                  "candidates": len(chunks) if opened is None else opened.n_chunks}
+        if opened is not None:
+            method.update(select=pipeline.first.name, corpus=str(opened.path))
         if rerank is not None:
             method.update(rerank=rerank, rerank_top=rerank_top)
         if no_match:
@@ -620,6 +636,31 @@ class Engine:
             result["method"]["fingerprint"] = self.backbone.fingerprint
             result["method"]["device"] = self.backbone.plan.device
         return result
+
+    def _corpus_stage(self, corpus: str, select: str, doc_ids, collection, on_event: EventSink):
+        """The open corpus and the first stage that reads it (`ask --corpus`). The candidates'
+        states for a reranker go to the cache eval keeps for chunks outside the store."""
+        from .corpus import query
+
+        if doc_ids or collection is not None:
+            raise EvselError("--doc and --collection choose documents of the local store, not of a corpus",
+                             "drop them, or ask the local store without --corpus")
+        opened = query.open_corpus(corpus)
+        return opened, query.CorpusStage(opened, select, self.selector_context(on_event, for_eval=True),
+                                         bm25_candidates=self.settings.corpus_bm25_candidates)
+
+    def corpus_add(self, corpus: str, targets: list[str], on_event: EventSink = _ignore) -> dict:
+        """`evsel corpus add`: append the documents of `targets` to a corpus, with the states and
+        BM25 statistics a build gives them (evsel/corpus/update.py)."""
+        from .corpus import update
+
+        return update.add(corpus, targets, self.backbone, self.settings, on_event)
+
+    def corpus_rm(self, corpus: str, docs: list[str]) -> dict:
+        """`evsel corpus rm`: delete documents (by sha256 or doc_path) from a corpus."""
+        from .corpus import update
+
+        return update.remove(corpus, docs)
 
     # evaluation and training: engine requests, so they run where the model is resident
     def eval(

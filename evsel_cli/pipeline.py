@@ -43,10 +43,12 @@ class Pipeline:
     """Selectors for one spec, built once per request (or once per eval method) on a context;
     building is cheap: `load()` loads what they need from the model (else their first use does)."""
 
-    def __init__(self, spec: PipelineSpec, context):
+    def __init__(self, spec: PipelineSpec, context, first=None):
+        """`first`: a first stage given ready-made (a corpus' indexes, evsel/corpus/query.py) in the
+        place of the spec's selector over a chunk list."""
         self.spec = spec
         self.context = context
-        self.first = build(spec.method.first, context)
+        self.first = first if first is not None else build(spec.method.first, context)
         self.reranker = build(spec.method.rerank, context) if spec.method.rerank else None
 
     @property

@@ -57,6 +57,15 @@ def _threads(env: Mapping[str, str]) -> int | None:
     return int(raw)
 
 
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise EvselError(f"{name}={raw!r} is not a positive whole number", f"unset it or set e.g. {name}=1000")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class Settings:
     """What one request runs with. Paths are absolute (resolved where the user typed them)."""
@@ -80,6 +89,9 @@ class Settings:
     # EVSEL_BLOCKSEARCH_ROUTER: a folder from `evsel train blocksearch --router` instead of the shipped router
     blocksearch_router: str | None = None
     data_dir: str | None = None  # EVSEL_DATA: benchmark data for eval and train
+    # EVSEL_CORPUS_BM25_CANDIDATES: ask --corpus rescores only the full-text index's top N matches
+    # for BM25 (None: every match, the local store's exact top-n)
+    corpus_bm25_candidates: int | None = None
     debug: bool = False  # EVSEL_DEBUG: tracebacks instead of one-line errors
 
     @classmethod
@@ -112,6 +124,7 @@ class Settings:
             blocksearch_decoder=_absolute(env.get("EVSEL_BLOCKSEARCH_DECODER"), cwd),
             blocksearch_router=_absolute(env.get("EVSEL_BLOCKSEARCH_ROUTER"), cwd),
             data_dir=_absolute(env.get("EVSEL_DATA"), cwd),
+            corpus_bm25_candidates=_count(env, "EVSEL_CORPUS_BM25_CANDIDATES"),
             debug=_flag(env, "EVSEL_DEBUG", False),
         )
 

@@ -80,6 +80,11 @@ def ask(
         "--style", parser=choice(list(STYLES)),
         help="short: a short answer grounded in one evidence sentence, or none when the evidence does not "
              "support one; span: always the exact evidence text; sentence: free-form from all passages.")] = "short",
+    corpus: Annotated[Optional[str], typer.Option(
+        "--corpus", metavar="DIR",
+        help="Ask a corpus built by evsel corpus build instead of the local store: its full-text and "
+             "vector indexes give the first stage (--select bm25, dense or unreal); reranking and the "
+             "answer run here.")] = None,
     as_json: JsonOption = False,
     list_methods: Annotated[Optional[bool], typer.Option(
         "--list-methods", callback=_list_methods, is_eager=True, expose_value=False,
@@ -102,7 +107,8 @@ def ask(
     with ProgressView(enabled=not as_json) as view:
         result = engine.ask(question, doc_ids=list(doc_ids or ()) or None, collection=collection, top_n=top_n,
                             select=select, rerank=rerank, rerank_top=rerank_top, evidence_only=evidence_only,
-                            max_new_tokens=max_new_tokens, style=style, memory=memory, on_event=view)
+                            max_new_tokens=max_new_tokens, style=style, memory=memory,
+                            corpus=corpus, on_event=view)
     for number, item in enumerate(result["evidence"], 1):
         item["passage"] = number  # the number the human display shows and grounding.span.passage cites
     result["timings"] = wall_timings(engine, result.get("timings") or {})

@@ -1,14 +1,14 @@
 # annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
 from evsel.defaults import DEFAULT_CHUNK_TOKENS
-from evsel.output import print_json, stderr
+from evsel.output import print_json, stderr, stdout
 
 from .base import FLOAT, INT, App, path
-from .common import JsonOption, settings
+from .common import JsonOption, engine_from, settings
 
 app = App(help="A corpus index past one machine (pip install 'evsel[scale]'): built on a Ray cluster into Lance.")
 
@@ -81,3 +81,63 @@ def corpus_build(
                      emoji=False, highlight=False, markup=False)
     if manifest.get("failed"):
         ctx.exit(1)
+
+
+@app.command("add")
+def corpus_add(
+    ctx: typer.Context,
+    corpus: Annotated[str, typer.Argument(metavar="DIR", help="A corpus directory (evsel corpus build --out).")],
+    targets: Annotated[List[str], typer.Argument(metavar="FILES...", help="Files or folders to add.")],
+    as_json: JsonOption = False,
+):
+    """Append documents to a corpus without rebuilding it: parsed, chunked and encoded as the
+    build does (the same backbone, states and chunk size), folded into its indexes and BM25
+    statistics. A file whose bytes are in the corpus already is left as it is; a file stored
+    under the same path with other bytes is replaced."""
+    from evsel.corpus.query import require_extra
+
+    require_extra()
+    from evsel.output import ProgressView
+
+    engine = engine_from(ctx)
+    with ProgressView(enabled=not as_json) as view:
+        result = engine.corpus_add(corpus, list(targets), on_event=view)
+    if as_json:
+        print_json(result)
+    else:
+        for item in result["files"]:
+            if item["status"] == "failed":
+                stderr.print(f"evsel: {item['path']}: {item['error']['message']}", emoji=False, highlight=False,
+                             markup=False)
+            else:
+                stdout.print(f"{item['status']}: {item['path']}" + (f" ({item['chunks']} chunks, "
+                             f"{item['sha256'][:12]})" if item["status"] == "added" else ""),
+                             emoji=False, highlight=False, markup=False)
+        stdout.print(f"{result['corpus']}: {result['n_docs']} documents, {result['n_chunks']} chunks",
+                     emoji=False, highlight=False, markup=False)
+    if any(item["status"] == "failed" for item in result["files"]):
+        ctx.exit(1)
+
+
+@app.command("rm")
+def corpus_rm(
+    ctx: typer.Context,
+    corpus: Annotated[str, typer.Argument(metavar="DIR", help="A corpus directory (evsel corpus build --out).")],
+    docs: Annotated[List[str], typer.Argument(
+        metavar="DOC...", help="Documents by doc_path or sha256 (the first 12 digits ask --corpus shows will do).")],
+    as_json: JsonOption = False,
+):
+    """Delete documents from a corpus without rebuilding it; its BM25 statistics follow. Nothing
+    is deleted when one of the names matches no document."""
+    from evsel.corpus.query import require_extra
+
+    require_extra()
+    result = engine_from(ctx).corpus_rm(corpus, list(docs))
+    if as_json:
+        print_json(result)
+        return
+    for item in result["removed"]:
+        stdout.print(f"removed: {item['path']} ({item['chunks']} chunks, {item['sha256'][:12]})",
+                     emoji=False, highlight=False, markup=False)
+    stdout.print(f"{result['corpus']}: {result['n_docs']} documents, {result['n_chunks']} chunks",
+                 emoji=False, highlight=False, markup=False)
