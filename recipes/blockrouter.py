@@ -4,9 +4,12 @@ routing score itself with QRRanker's listwise loss (the seed trains the layers b
 attention loss): per question, its gold chunks (at most `gold_per_question`) and `negatives`
 others of its story, the hardest first (BM25's top non-gold chunks, then random ones), scored as
 the router scores them (prefix mode, calibrated mass of the QR heads at L). Training splits only
-(recipes/common.py's sources; LoCoMo and FairytaleQA val are refused). Dev: the router itself,
-with the adapter, over each held-out FairytaleQA train story's whole chunk list (recall@1/5, MRR;
-BM25's on the same questions), so the best adapter is chosen by what `blocksearch:router` does.
+(recipes/common.py's sources; FairytaleQA val is refused, LoCoMo / MuSiQue / HotpotQA train on one
+`--fold` only). Dev: the router itself, with the adapter, over each held-out document's whole chunk
+list (recall@1/5, MRR; BM25's on the same questions), so the best adapter is chosen by what
+`blocksearch:router` does: held-out FairytaleQA train stories, or with a fold a held-out
+conversation of that same fold (LoCoMo: questions over whole conversations, gold = the evidence
+turns' chunks, negatives from the same conversation).
 """
 
 from __future__ import annotations

@@ -155,3 +155,66 @@ def test_the_default_uses_a_router_where_one_is_set_and_untrained_never(gqa_mode
     monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(tmp_path / "none"))
     with pytest.raises(Exception, match="no trained BlockSearch router"):
         selector("blocksearch").router  # a folder named and missing is an error, not a silent fallback
+
+
+def test_train_cli_router_on_a_locomo_fold_reads_that_fold_only(gqa_model_dir, tmp_path, capsys, monkeypatch):
+    """`--source locomo --fold 1`: training and dev questions are all of fold 1's conversations,
+    over whole-conversation chunk lists, dev from a held-out conversation of the same fold; with
+    the fold ignored, most documents (and so questions) would be fold 2's."""
+    import sys
+
+    from conftest import shared_data
+    from evsel.cli import main
+    from evsel.evaluation.folds import LOCOMO_FOLDS
+
+    shared_data("locomo", "locomo10.json")
+    shared_data("fairytaleqa", "questions", "train")
+    out = tmp_path / "router"
+    args = ["--model", str(gqa_model_dir), "--device", "cpu", "train", "blocksearch", "--router", "--recipe",
+            "smoke", "--source", "locomo", "--fold", "1", "--out", str(out), "--json"]
+    monkeypatch.setattr(sys, "argv", ["evsel", *args])
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 2 and "recall@5" in summary["best_dev"]
+    data = json.loads((out / "metrics.json").read_text())["data"]
+
+    def conversation(qid: str) -> str:  # "locomo/conv-26/5"
+        source, conv, _ = qid.split("/")
+        assert source == "locomo"
+        return conv
+
+    fold, other = set(LOCOMO_FOLDS[1]), set(LOCOMO_FOLDS[2])
+    trained = {conversation(q) for q in data["locomo"]["question_ids"]}
+    dev = {conversation(q) for q in data["dev"]["question_ids"]}
+    assert data["fold"] == 1 and "fairytaleqa-train" not in data
+    assert trained and trained <= fold and not trained & other
+    assert len(data["locomo"]["question_ids"]) >= 3  # spread over the fold's training conversations
+    assert data["dev"]["documents"] == sorted(dev) and len(dev) == 1 and dev <= fold
+    assert not dev & trained  # the held-out conversation is never trained on
+    assert data["locomo"]["documents"] == len(fold) - 1
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0, 1, 2] and all(np.isfinite(r["loss"]) for r in log[1:])
+    assert main(args[:-1] + ["--fold", "3"]) == 1  # typer keeps the last --fold
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_shipped_names_the_shipped_router_even_where_another_is_set(gqa_model_dir, tmp_path, monkeypatch):
+    from evsel.models.backbone import Backbone
+    from evsel.models.selectors import SelectorContext, get_selector
+
+    backbone = Backbone(str(gqa_model_dir), "cpu")
+    shipped, other = tmp_path / "shipped", tmp_path / "other"
+    br.new_router_adapter(backbone.model, [1, 2], rank=4).save(shipped)
+    br.new_router_adapter(backbone.model, [0, 1, 2], rank=4).save(other)
+    monkeypatch.setattr(br, "shipped_router_dir", lambda fingerprint: shipped)
+    monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(other))
+
+    def selector(spec):
+        return get_selector(spec, SelectorContext(load_backbone=lambda: backbone, states=None))
+
+    assert selector("blocksearch").router.adapter.config.layers == [0, 1, 2]  # the one set
+    assert selector("blocksearch:router").router.adapter.config.layers == [0, 1, 2]
+    chosen = selector("blocksearch:shipped")
+    assert chosen.name == "blocksearch:shipped" and chosen.router.adapter.config.layers == [1, 2]
+    with pytest.raises(Exception, match="contradict"):
+        selector("blocksearch:shipped+untrained")

@@ -34,6 +34,8 @@ METHODS = (
     ("blocksearch:seed+mass+ssmax", "... the seed's attention mass with SSMax"),
     ("blocksearch:faithful", "... routing as the full model attends (slower)"),
     ("blocksearch:router", "... through the trained router (EVSEL_BLOCKSEARCH_ROUTER or the shipped one)"),
+    ("blocksearch:shipped", "... through the router shipped for the backbone, even where EVSEL_BLOCKSEARCH_ROUTER "
+                            "names another"),
     ("blocksearch:trained", "... its top 256 chunks' codes decoded by the trained decoder"),
     ("blocksearch:trained+top64", "... the same on its top 64"),
     ("blocksearch:decode", "... decoded by the untouched backbone"),

@@ -15,7 +15,8 @@ the layers up to L, from `evsel train blocksearch --router --out DIR`; EVSEL_BLO
 else the one shipped for the backbone); its keys are cached apart from the untrained ones. The
 plain `blocksearch` uses that router too when one is there (EVSEL_BLOCKSEARCH_ROUTER or shipped) and
 the scoring is the default one in prefix mode, what it was trained for (measured best,
-docs/BLOCKSEARCH.md); `blocksearch:untrained` never does.
+docs/BLOCKSEARCH.md); `blocksearch:untrained` never does. `blocksearch:shipped` is the router
+shipped for the backbone even where EVSEL_BLOCKSEARCH_ROUTER names another (to compare the two).
 
 The key files of chunks deleted from a store are deleted with them (`delete_key_files`, a cleanup
 the store runs after the deletion commits); this module registers it when the selectors package
@@ -41,8 +42,8 @@ SCORING = {"question": {"query_tokens": "question"}, "span": {"query_tokens": "s
            "qr": {"heads": "qr"}, "allheads": {"heads": "all"}, "nosink": {"skip_tokens": 1},
            "seed": {"variant": "maxsim", "query_tokens": "last", "calibrate": False, "heads": "all"},
            "heads": {"variant": "mass", "query_tokens": "span", "calibrate": True, "heads": "qr"}}
-VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", "router", "untrained", *SCORING,
-            *TOP_B)
+VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", "router", "shipped", "untrained",
+            *SCORING, *TOP_B)
 
 
 def parse_variants(text: str | None) -> list[str]:
@@ -71,7 +72,7 @@ class BlockSearchSelector(Selector):
     def __init__(self, context, ssmax: bool = False, variant: str | None = None, query_mode: str = "prefix",
                  layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
                  variants: str | None = None, trained: bool = False, decode: bool = False,
-                 router: bool | None = None, **_):
+                 router: bool | None = None, shipped: bool = False, **_):
         """`variant`: maxsim (R^sum of per-head QK-MaxSim) or mass (the query's softmax attention
         onto each chunk at the routing layer); `query_mode`: prefix (the fast path: the query block
         reads the prefix only) or faithful (it reads every chunk below the routing layer, as in the
@@ -93,6 +94,8 @@ class BlockSearchSelector(Selector):
                 decode = True
             elif option == "router":
                 router = True
+            elif option == "shipped":  # the router shipped for the backbone, whatever is set
+                router = shipped = True
             elif option == "untrained":
                 router = False
             elif option in TOP_B:
@@ -111,14 +114,17 @@ class BlockSearchSelector(Selector):
             raise EvselError("blocksearch:trained and :decode are two decoders", "choose one of them")
         self.trained = bool(trained)
         self.decode = bool(decode)
-        if "router" in chosen and "untrained" in chosen:
+        if {"router", "shipped"} & set(chosen) and "untrained" in chosen:
             from evsel.errors import EvselError
 
-            raise EvselError("blocksearch:router and :untrained contradict each other", "choose one of them")
+            raise EvselError(f"blocksearch:{'shipped' if 'shipped' in chosen else 'router'} and :untrained "
+                             "contradict each other", "choose one of them")
+        self.shipped = bool(shipped)
         # None: the router where one is found and the routing is what it was trained for
         self.use_router = router if router is not None else (
             None if self.scoring_options(self.config) == [] and query_mode == "prefix" else False)
-        options = [*self.scoring_options(self.config), *(["router"] if self.use_router else []),
+        options = [*self.scoring_options(self.config),
+                   *(["shipped"] if self.shipped else ["router"] if self.use_router else []),
                    *(["untrained"] if router is False else []),
                    *(v for v, on in ((query_mode, query_mode != "prefix"), ("ssmax", bool(ssmax)),
                                      ("trained", self.trained), ("decode", self.decode),
@@ -183,14 +189,15 @@ class BlockSearchSelector(Selector):
         return None
 
     def router_folder(self) -> tuple[Path, bool]:
-        """(where the trained router is, whether EVSEL_BLOCKSEARCH_ROUTER named it)."""
+        """(where the trained router is, whether EVSEL_BLOCKSEARCH_ROUTER named it). `:shipped`
+        reads the shipped one even when the variable is set, so both compare in one run."""
         import os
 
         from evsel.models import blockrouter as br
 
         setting = (getattr(self.context.settings, "blocksearch_router", None)
                    or os.environ.get("EVSEL_BLOCKSEARCH_ROUTER"))
-        if setting:
+        if setting and not self.shipped:
             return Path(setting), True
         return br.shipped_router_dir(self.context.backbone.fingerprint), False
 
