@@ -321,14 +321,16 @@ def test_maxsim_and_attention_mass_equal_brute_force_loops(case):
 def test_ssmax_multiplies_the_scores_by_s_log_n(backbone):
     _, packed = _packed_random()
     q = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
-    factor = bs.ssmax_factor(0.43, packed.n)
-    assert factor == pytest.approx(0.43 * math.log(5))
+    factor = bs.ssmax_factor(0.43, packed.tokens)
+    assert factor == pytest.approx(0.43 * math.log(20))  # 5 chunks: 15 text tokens and 5 separators
     assert torch.allclose(bs.maxsim(q, packed, 0.3, factor), factor * bs.maxsim(q, packed, 0.3), atol=1e-6)
-    # for the router's MaxSim a monotone rescale: same order, scores times s log N
+    # for the router's MaxSim a monotone rescale: same order, scores times s log N, N the scope's tokens
     plain, ss = _router(backbone), _router(backbone, ssmax=True)
     a = plain.route(QUESTION, plain.scope(TEXTS))
-    b = ss.route(QUESTION, ss.scope(TEXTS))
-    assert b.factor == pytest.approx(0.43 * math.log(len(TEXTS))) and a.factor == 1.0
+    scope = ss.scope(TEXTS)
+    b = ss.route(QUESTION, scope)
+    assert scope.packed.tokens == sum(len(x) for x in ss.blocks(TEXTS)) > len(TEXTS)
+    assert b.factor == pytest.approx(0.43 * math.log(scope.packed.tokens)) and a.factor == 1.0
     assert np.allclose(b.scores, b.factor * a.scores, atol=1e-5) and list(a.top) == list(b.top)
     # for the attention mass it sharpens the softmax, which can reorder: one strong token beats
     # four medium ones only once the logits are scaled
@@ -339,8 +341,52 @@ def test_ssmax_multiplies_the_scores_by_s_log_n(backbone):
     assert flat[1] > flat[0] and sharp[0] > sharp[1]
 
 
+def _prefix_mass_by_hand(router, question, scope, factor):
+    """(N, H) prefix mode's attention mass by hand: per head and query row, one softmax over the
+    logits factor * scaling * q . k of the prefix, every scope token and the query's own tokens up
+    to the row; each chunk's text tokens summed, averaged over the rows."""
+    q, own, (a, _) = router.prefix_query(question)
+    prefix_keys = router.prefix_kv[router.layer][0][0]
+    packed, start = scope.packed, len(router.separator)
+    p, t = prefix_keys.shape[1], packed.tokens
+    g = router.n_heads // router.kv_heads
+    out = np.zeros((scope.n, router.n_heads))
+    for h in range(router.n_heads):
+        keys = torch.cat([prefix_keys[h // g], packed.keys[h // g], own[h // g]]).double()
+        for s in range(q.shape[1]):
+            seen = keys[: p + t + a + s + 1]
+            att = torch.softmax(seen @ q[h, s].double() * router.scaling * factor, dim=0)
+            for i in range(scope.n):
+                x, y = int(packed.offsets[i]), int(packed.offsets[i + 1])
+                out[i, h] += float(att[p + x + start:p + y].sum()) / q.shape[1]
+    return out
+
+
+def test_ssmax_on_the_calibrated_mass_rescales_the_logits_before_the_softmax(backbone):
+    """The default score (prefix mode, the span's rows, calibrated by the null query) with SSMax:
+    both queries' logits, prefix, chunks and own tokens alike, times s log N (N: the scope's
+    tokens) before their softmax, nothing after it; at the s where s log N = 1 it is the identity."""
+    kwargs = dict(variant="mass", query_tokens="span", calibrate=True)
+    plain = _router(backbone, **kwargs)
+    ss = _router(backbone, ssmax=True, **kwargs)
+    scope = ss.scope(TEXTS)
+    n_tokens = scope.packed.tokens
+    got = ss.route(QUESTION, scope)
+    factor = 0.43 * math.log(n_tokens)
+    assert got.factor == pytest.approx(factor) and factor > 1.2
+    null = ss.config.prompt.null_query
+    want = _prefix_mass_by_hand(ss, QUESTION, scope, factor) - _prefix_mass_by_hand(ss, null, scope, factor)
+    assert np.allclose(got.per_head, want, atol=1e-5) and np.allclose(got.scores, want.sum(1), atol=1e-5)
+    base = plain.route(QUESTION, plain.scope(TEXTS))
+    assert not np.allclose(got.scores, base.scores, atol=1e-3)  # the softmax is sharper: scores move
+    unit = _router(backbone, ssmax=True, ssmax_s=1 / math.log(n_tokens), **kwargs)
+    same = unit.route(QUESTION, unit.scope(TEXTS))
+    assert same.factor == pytest.approx(1.0)
+    assert np.allclose(same.per_head, base.per_head, atol=1e-6) and list(same.top) == list(base.top)
+
+
 def test_ssmax_in_the_query_layers_changes_the_query_and_restores_the_model(backbone):
-    n = len(TEXTS)
+    n = sum(len(x) for x in _router(backbone).blocks(TEXTS))  # SSMax's N: the scope's tokens
     scalings = [float(layer.self_attn.scaling) for layer in backbone.model.model.layers]
     base = _router(backbone, query_mode="faithful")
     unit = _router(backbone, query_mode="faithful", ssmax=True, ssmax_layers="all", ssmax_s=1 / math.log(n))
