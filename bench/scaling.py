@@ -250,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", default="1,5,10", help="recall cut-offs")
     parser.add_argument("--top-n", type=int, default=5, help="passages read after selection (for TTFT)")
     parser.add_argument("--ttft-lengths", default="1000,2000,4000,7900",
-                        help="full-context prefill lengths to measure (must fit the 8K window)")
+                        help="full-context prefill lengths to measure (must fit the 8K window); none: skip")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "scaling.json")
+    parser.add_argument("--first", type=int, default=None,
+                        help="rank only the first N questions (the pool is still the --questions' one): a smoke run")
     parser.add_argument("--encode-only", action="store_true",
                         help="only encode the pool (BlockSearch keys, dense embeddings) into the caches, "
                              "length by length, and exit")
@@ -303,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[int, list[dict]]] = {m.spec: {L: [] for L in lengths} for m in methods}
     prepare_s: dict[str, float] = {m.spec: 0.0 for m in methods}
     actual_tokens: dict[int, list[int]] = {L: [] for L in lengths}
-    for qi, (q, gold) in enumerate(zip(questions, golds)):
+    asked = list(zip(questions, golds))[: args.first]
+    for qi, (q, gold) in enumerate(asked):
         depth = random.Random(f"{SEED}:{q['qid']}").uniform(0.05, 0.95)
         for L in lengths:
             chunks, gold_ids, total = build_context(gold, chosen[L], depth)
@@ -318,23 +321,34 @@ def main(argv: list[str] | None = None) -> int:
                 rank = min((i for i, c in enumerate(ids, 1) if c in gold_ids), default=None)
                 rows[m.spec][L].append({"qid": q["qid"], "depth": depth, "chunks": len(chunks), "rank": rank,
                                         **scores, "select_s": timings["select_s"]})
-        print(f"question {qi + 1}/{len(questions)} done ({time.perf_counter() - started:.0f} s; ranks at "
+        print(f"question {qi + 1}/{len(asked)} done ({time.perf_counter() - started:.0f} s; ranks at "
               f"{lengths[-1]}: " + ", ".join(f"{m.spec} {rows[m.spec][lengths[-1]][-1]['rank']}" for m in methods)
               + ")", file=sys.stderr, flush=True)
 
-    # full-context time to first token, measured where it fits, projected beyond
-    text = "".join(p.text for p in passages[:200])
-    ids = [backbone.bos_id()] + backbone.tokenizer(text, add_special_tokens=False)["input_ids"]
-    window = backbone.model.config.max_position_embeddings
-    ttft_lengths = [n for n in (int(x) for x in args.ttft_lengths.split(",")) if n <= window]
-    # best of two: the first pass at a new length pays one-off kernel set-up
-    measured = {n: min(prefill_seconds(backbone, n, ids) for _ in range(2)) for n in ttft_lengths}
-    read_tokens = args.top_n * chunker.DEFAULT_CHUNK_TOKENS + 60  # top-n passages + question and template
-    read_s = min(prefill_seconds(backbone, read_tokens, ids) for _ in range(2))
-    fm = flop_model(backbone.model.config, l_c=20, n=args.top_n, chunk=chunker.DEFAULT_CHUNK_TOKENS, c0=5, r=64,
-                    t_q=60)
-    cut = max(measured)
-    projection = {L: measured[cut] * full_flops(fm, L) / full_flops(fm, cut) for L in lengths}
+    # full-context time to first token, measured where it fits, projected beyond (--ttft-lengths none:
+    # not measured; the prefills are the slowest part of a run at 8K-128K on a loaded machine)
+    full_context, fm, read_s = None, None, None
+    if args.ttft_lengths != "none":
+        text = "".join(p.text for p in passages[:200])
+        ids = [backbone.bos_id()] + backbone.tokenizer(text, add_special_tokens=False)["input_ids"]
+        window = backbone.model.config.max_position_embeddings
+        ttft_lengths = [n for n in (int(x) for x in args.ttft_lengths.split(",")) if n <= window]
+        # best of two: the first pass at a new length pays one-off kernel set-up
+        measured = {n: min(prefill_seconds(backbone, n, ids) for _ in range(2)) for n in ttft_lengths}
+        read_tokens = args.top_n * chunker.DEFAULT_CHUNK_TOKENS + 60  # top-n passages + question and template
+        read_s = min(prefill_seconds(backbone, read_tokens, ids) for _ in range(2))
+        fm = flop_model(backbone.model.config, l_c=20, n=args.top_n, chunk=chunker.DEFAULT_CHUNK_TOKENS, c0=5,
+                        r=64, t_q=60)
+        cut = max(measured)
+        projection = {L: measured[cut] * full_flops(fm, L) / full_flops(fm, cut) for L in lengths}
+        full_context = {
+            "window": window,
+            "ttft_measured_s": measured,
+            "ttft_projected_s": {L: (measured[L] if L in measured else projection[L]) for L in lengths},
+            "projected_from": cut,
+            "read_top_n_prefill_s": read_s,
+            "read_top_n_tokens": read_tokens,
+        }
 
     summary = {}
     for spec, by_length in rows.items():
@@ -344,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             times = [r["select_s"] for r in items]
             entry["select_s_median"] = metrics.median(times)
             entry["select_s_p95"] = metrics.percentile(times, 95)
-            entry["ttft_s"] = entry["select_s_median"] + read_s  # select, then read the top-n
+            if read_s is not None:
+                entry["ttft_s"] = entry["select_s_median"] + read_s  # select, then read the top-n
             entry["chunks_mean"] = metrics.mean([r["chunks"] for r in items])
             ranks = [r["rank"] for r in items if r["rank"] is not None]
             entry["rank_median"] = metrics.median(ranks) if ranks else None
@@ -353,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "scaling",
         "run": info,
-        "config": {"questions": len(questions), "lengths": lengths, "methods": specs, "k": ks, "top_n": args.top_n,
+        "config": {"questions": len(asked), "pool_of_questions": len(questions), "lengths": lengths, "methods": specs, "k": ks, "top_n": args.top_n,
                    "seed": SEED, "chunk_tokens": chunker.DEFAULT_CHUNK_TOKENS, "backbone": backbone.name,
                    "dtype": backbone.plan.dtype, "passages": len(passages),
                    "pool": "shared, nested: one fixed-seed order of the passages of no question's story; "
@@ -366,14 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "index_s_total": index_s,
         "prepare_s_total": prepare_s,
         "load_1m_end": load_1m(),
-        "full_context": {
-            "window": window,
-            "ttft_measured_s": measured,
-            "ttft_projected_s": {L: (measured[L] if L in measured else projection[L]) for L in lengths},
-            "projected_from": cut,
-            "read_top_n_prefill_s": read_s,
-            "read_top_n_tokens": read_tokens,
-        },
+        "full_context": full_context,
         "flop_model": fm,
         "per_question": rows,
         "peak_rss_mib": peak_rss_mib(),
@@ -395,24 +403,33 @@ def plot(result: dict, path: Path) -> None:
     k = 5 if 5 in result["config"]["k"] else result["config"]["k"][0]
     fig, (ranks, recall, ttft) = plt.subplots(1, 3, figsize=(16, 4.8), dpi=120)
     n = result["config"]["questions"]
+    full = result["full_context"]
     for spec, by_length in result["methods"].items():
         by_length = {int(L): v for L, v in by_length.items()}
         style = "--" if spec == "random" else "-"
         ranks.plot(lengths, [by_length[L]["rank_median"] for L in lengths], style, marker="o", label=spec)
         recall.plot(lengths, [by_length[L][f"recall@{k}"] for L in lengths], style, marker="o", label=spec)
-        ttft.plot(lengths, [by_length[L]["ttft_s"] for L in lengths], style, marker="o", label=f"{spec} + read top-n")
-    full = result["full_context"]
-    measured = {int(n_): s for n_, s in full["ttft_measured_s"].items()}
-    projected = {int(L): s for L, s in full["ttft_projected_s"].items()}
-    ttft.plot(sorted(measured), [measured[x] for x in sorted(measured)], "k-o", label="full context (measured)")
-    beyond = [L for L in lengths if L >= full["projected_from"]]
-    ttft.plot([full["projected_from"]] + beyond, [measured[full["projected_from"]]] + [projected[L] for L in beyond],
-              "k--", label="full context (FLOP projection)")
+        if spec == "random":
+            continue
+        if full is None:
+            ttft.plot(lengths, [by_length[L]["select_s_median"] for L in lengths], style, marker="o", label=spec)
+        else:
+            ttft.plot(lengths, [by_length[L]["ttft_s"] for L in lengths], style, marker="o",
+                      label=f"{spec} + read top-n")
+    if full is not None:
+        measured = {int(n_): s for n_, s in full["ttft_measured_s"].items()}
+        projected = {int(L): s for L, s in full["ttft_projected_s"].items()}
+        ttft.plot(sorted(measured), [measured[x] for x in sorted(measured)], "k-o", label="full context (measured)")
+        beyond = [L for L in lengths if L >= full["projected_from"]]
+        ttft.plot([full["projected_from"]] + beyond,
+                  [measured[full["projected_from"]]] + [projected[L] for L in beyond], "k--",
+                  label="full context (FLOP projection)")
     ranks.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="gold chunk's median rank (1 = first)",
               title=f"gold's median rank ({n} FairytaleQA questions)")
     recall.set(xscale="log", ylim=(-0.02, 1.02), xlabel="context tokens", ylabel=f"recall@{k}",
                title=f"evidence recall@{k}, one shared distractor pool")
-    ttft.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="seconds", title="time to first token")
+    ttft.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="seconds",
+             title="time to first token" if full is not None else "median selection time per question")
     for ax in (ranks, recall, ttft):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
