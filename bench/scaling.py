@@ -193,14 +193,40 @@ class KeyMemo:
         return getattr(self.inner, name)
 
 
-def share_keys(methods, memos: dict) -> None:
-    """Route every BlockSearch method's key reads through one KeyMemo per key digest."""
+def wait_for_keys(router, chunks: list[ChunkRecord]) -> None:
+    """Sleep until every chunk's key file is in the router's cache folder (an --encode-only run is
+    writing them), so two processes never encode the same keys."""
+    cache = router.keys.inner if isinstance(router.keys, KeyMemo) else router.keys
+    if not cache.on_disk:
+        return
+    hashes = list(dict.fromkeys(c.content_hash for c in chunks))
+    while True:
+        missing = sum(not cache.path(h).exists() for h in hashes)
+        if not missing:
+            return
+        print(f"waiting for {missing} of {len(hashes)} key files in {cache.folder}", file=sys.stderr, flush=True)
+        time.sleep(60)
+
+
+def routers(methods) -> dict:
+    """{method spec: its BlockSearch router} for the BlockSearch methods."""
+    out = {}
     for m in methods:
         selector = getattr(m.pipeline, "first", None)
         if getattr(selector, "name", "").startswith("blocksearch"):
-            router = selector.router
-            if not isinstance(router.keys, KeyMemo):
-                router.keys = memos.setdefault(router.digest, KeyMemo(router.keys))
+            out[m.spec] = selector.router
+    return out
+
+
+def share_keys(methods, memos: dict) -> None:
+    """Route every BlockSearch method's key reads through one KeyMemo per key digest, and let the
+    routers of one digest (and query rows) share their query passes: the SSMax variants' query block
+    is the plain one's, SSMax only rescales the routing layer's logits."""
+    for router in routers(methods).values():
+        if not isinstance(router.keys, KeyMemo):
+            router.keys = memos.setdefault(router.digest, KeyMemo(router.keys))
+        shared = memos.setdefault(("queries", router.digest, router.config.query_tokens), router.prefix_queries)
+        router.prefix_queries = shared
 
 
 # full-context reading -----------------------------------------------------------------------------
@@ -252,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-lengths", default="1000,2000,4000,7900",
                         help="full-context prefill lengths to measure (must fit the 8K window); none: skip")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "scaling.json")
+    parser.add_argument("--wait-for-keys", action="store_true",
+                        help="wait until another run (--encode-only) has written the BlockSearch keys of each length")
     parser.add_argument("--first", type=int, default=None,
                         help="rank only the first N questions (the pool is still the --questions' one): a smoke run")
     parser.add_argument("--encode-only", action="store_true",
@@ -293,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         scope = gold_chunks + records(chosen[L])[0]
         for m in methods:
             share_keys([m], memos)
+            if args.wait_for_keys and m.spec in routers([m]):
+                wait_for_keys(routers([m])[m.spec], scope)
             t = time.perf_counter()
             m.prepare(scope)
             index_s[m.spec] += time.perf_counter() - t
@@ -301,29 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.encode_only:
         print(f"encoded; index seconds {index_s}", file=sys.stderr)
         return 0
-
-    rows: dict[str, dict[int, list[dict]]] = {m.spec: {L: [] for L in lengths} for m in methods}
-    prepare_s: dict[str, float] = {m.spec: 0.0 for m in methods}
-    actual_tokens: dict[int, list[int]] = {L: [] for L in lengths}
-    asked = list(zip(questions, golds))[: args.first]
-    for qi, (q, gold) in enumerate(asked):
-        depth = random.Random(f"{SEED}:{q['qid']}").uniform(0.05, 0.95)
-        for L in lengths:
-            chunks, gold_ids, total = build_context(gold, chosen[L], depth)
-            actual_tokens[L].append(total)
-            for m in methods:
-                t = time.perf_counter()
-                m.prepare(chunks)  # cached state read back and packed for this scope
-                prepare_s[m.spec] += time.perf_counter() - t
-                ranked, timings = m.rank(q["question"], chunks)
-                ids = [s.chunk.id for s in ranked]
-                scores = metrics.ranking_metrics(ids, [gold_ids], ks)
-                rank = min((i for i, c in enumerate(ids, 1) if c in gold_ids), default=None)
-                rows[m.spec][L].append({"qid": q["qid"], "depth": depth, "chunks": len(chunks), "rank": rank,
-                                        **scores, "select_s": timings["select_s"]})
-        print(f"question {qi + 1}/{len(asked)} done ({time.perf_counter() - started:.0f} s; ranks at "
-              f"{lengths[-1]}: " + ", ".join(f"{m.spec} {rows[m.spec][lengths[-1]][-1]['rank']}" for m in methods)
-              + ")", file=sys.stderr, flush=True)
 
     # full-context time to first token, measured where it fits, projected beyond (--ttft-lengths none:
     # not measured; the prefills are the slowest part of a run at 8K-128K on a loaded machine)
@@ -350,44 +357,88 @@ def main(argv: list[str] | None = None) -> int:
             "read_top_n_tokens": read_tokens,
         }
 
-    summary = {}
-    for spec, by_length in rows.items():
-        summary[spec] = {}
-        for L, items in by_length.items():
-            entry = {k: metrics.mean([r[k] for r in items]) for k in [f"recall@{k}" for k in ks] + ["mrr"]}
-            times = [r["select_s"] for r in items]
-            entry["select_s_median"] = metrics.median(times)
-            entry["select_s_p95"] = metrics.percentile(times, 95)
-            if read_s is not None:
-                entry["ttft_s"] = entry["select_s_median"] + read_s  # select, then read the top-n
-            entry["chunks_mean"] = metrics.mean([r["chunks"] for r in items])
-            ranks = [r["rank"] for r in items if r["rank"] is not None]
-            entry["rank_median"] = metrics.median(ranks) if ranks else None
-            entry["ranks"] = [r["rank"] for r in items]
-            summary[spec][L] = entry
-    result = {
-        "benchmark": "scaling",
-        "run": info,
-        "config": {"questions": len(asked), "pool_of_questions": len(questions), "lengths": lengths, "methods": specs, "k": ks, "top_n": args.top_n,
-                   "seed": SEED, "chunk_tokens": chunker.DEFAULT_CHUNK_TOKENS, "backbone": backbone.name,
-                   "dtype": backbone.plan.dtype, "passages": len(passages),
-                   "pool": "shared, nested: one fixed-seed order of the passages of no question's story; "
-                           "each question's gold inserted at its depth",
-                   "pool_passages": len(pool), "pool_tokens": pool_tokens,
-                   "distractor_passages": {L: len(chosen[L]) for L in lengths},
-                   "threads": os.environ.get("EVSEL_THREADS")},
-        "context_tokens_mean": {L: statistics.mean(v) for L, v in actual_tokens.items()},
-        "methods": summary,
-        "index_s_total": index_s,
-        "prepare_s_total": prepare_s,
-        "load_1m_end": load_1m(),
-        "full_context": full_context,
-        "flop_model": fm,
-        "per_question": rows,
-        "peak_rss_mib": peak_rss_mib(),
-        "seconds": time.perf_counter() - started,
-    }
-    write_result(args.out, result)
+    rows: dict[str, dict[int, list[dict]]] = {m.spec: {L: [] for L in lengths} for m in methods}
+    prepare_s: dict[str, float] = {m.spec: 0.0 for m in methods}
+    actual_tokens: dict[int, list[int]] = {L: [] for L in lengths}
+    def write(complete: bool) -> dict:
+        """The summary of the questions done so far, written to --out (after each question)."""
+        summary = {}
+        for spec, by_length in rows.items():
+            summary[spec] = {}
+            for L, items in by_length.items():
+                entry = {k: metrics.mean([r[k] for r in items]) for k in [f"recall@{k}" for k in ks] + ["mrr"]}
+                times = [r["select_s"] for r in items]
+                entry["select_s_median"] = metrics.median(times)
+                entry["select_s_p95"] = metrics.percentile(times, 95)
+                if read_s is not None:
+                    entry["ttft_s"] = entry["select_s_median"] + read_s  # select, then read the top-n
+                entry["chunks_mean"] = metrics.mean([r["chunks"] for r in items])
+                ranks = [r["rank"] for r in items if r["rank"] is not None]
+                entry["rank_median"] = metrics.median(ranks) if ranks else None
+                entry["ranks"] = [r["rank"] for r in items]
+                summary[spec][L] = entry
+        result = {
+            "benchmark": "scaling",
+            "run": info,
+            "config": {"questions": len(asked), "pool_of_questions": len(questions), "lengths": lengths,
+                       "methods": specs, "k": ks, "top_n": args.top_n,
+                       "seed": SEED, "chunk_tokens": chunker.DEFAULT_CHUNK_TOKENS, "backbone": backbone.name,
+                       "dtype": backbone.plan.dtype, "passages": len(passages),
+                       "pool": "shared, nested: one fixed-seed order of the passages of no question's story; "
+                               "each question's gold inserted at its depth",
+                       "pool_passages": len(pool), "pool_tokens": pool_tokens,
+                       "distractor_passages": {L: len(chosen[L]) for L in lengths},
+                       "threads": os.environ.get("EVSEL_THREADS")},
+            "context_tokens_mean": {L: statistics.mean(v) for L, v in actual_tokens.items()},
+            "methods": summary,
+            "index_s_total": index_s,
+            "prepare_s_total": prepare_s,
+            "load_1m_end": load_1m(),
+            "full_context": full_context,
+            "flop_model": fm,
+            "per_question": rows,
+            "peak_rss_mib": peak_rss_mib(),
+            "seconds": time.perf_counter() - started,
+            "complete": complete,
+            "questions_done": len(next(iter(rows.values()))[lengths[0]]) if rows else 0,
+        }
+        write_result(args.out, result)
+        return result
+
+    asked = list(zip(questions, golds))[: args.first]
+    for qi, (q, gold) in enumerate(asked):
+        depth = random.Random(f"{SEED}:{q['qid']}").uniform(0.05, 0.95)
+        # the question's query pass, once per router adapter (shared by its variants), timed apart and
+        # added to each of their selection times below, as each ask pays it
+        query_s = {}
+        for spec, router in routers(methods).items():
+            t = time.perf_counter()
+            router.prefix_query(q["question"])
+            query_s[spec] = time.perf_counter() - t
+        by_digest = {}
+        for spec, router in routers(methods).items():
+            by_digest[router.digest] = max(by_digest.get(router.digest, 0.0), query_s[spec])
+        query_s = {spec: by_digest[router.digest] for spec, router in routers(methods).items()}
+        for L in lengths:
+            chunks, gold_ids, total = build_context(gold, chosen[L], depth)
+            actual_tokens[L].append(total)
+            for m in methods:
+                t = time.perf_counter()
+                m.prepare(chunks)  # cached state read back and packed for this scope
+                prepare_s[m.spec] += time.perf_counter() - t
+                ranked, timings = m.rank(q["question"], chunks)
+                ids = [s.chunk.id for s in ranked]
+                scores = metrics.ranking_metrics(ids, [gold_ids], ks)
+                rank = min((i for i, c in enumerate(ids, 1) if c in gold_ids), default=None)
+                rows[m.spec][L].append({"qid": q["qid"], "depth": depth, "chunks": len(chunks), "rank": rank,
+                                        **scores, "select_s": timings["select_s"] + query_s.get(m.spec, 0.0),
+                                        "query_pass_s": query_s.get(m.spec)})
+        print(f"question {qi + 1}/{len(asked)} done ({time.perf_counter() - started:.0f} s; ranks at "
+              f"{lengths[-1]}: " + ", ".join(f"{m.spec} {rows[m.spec][lengths[-1]][-1]['rank']}" for m in methods)
+              + ")", file=sys.stderr, flush=True)
+        write(complete=False)
+
+    result = write(complete=True)
     plot(result, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
     return 0
