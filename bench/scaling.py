@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     # first (what is cached already is read back)
     index_s: dict[str, float] = {m.spec: 0.0 for m in methods}
     gold_chunks, _ = records(golds)
-    for L in lengths:
+
+    def index(L: int) -> None:
         scope = gold_chunks + records(chosen[L])[0]
         for m in methods:
             share_keys([m], memos)
@@ -328,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
             index_s[m.spec] += time.perf_counter() - t
             print(f"index {m.spec} up to {L} tokens ({len(scope)} chunks): {index_s[m.spec]:.0f} s so far "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
     if args.encode_only:
+        for L in lengths:
+            index(L)
         print(f"encoded; index seconds {index_s}", file=sys.stderr)
         return 0
 
@@ -366,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         for spec, by_length in rows.items():
             summary[spec] = {}
             for L, items in by_length.items():
+                if not items:
+                    continue
                 entry = {k: metrics.mean([r[k] for r in items]) for k in [f"recall@{k}" for k in ks] + ["mrr"]}
                 times = [r["select_s"] for r in items]
                 entry["select_s_median"] = metrics.median(times)
@@ -389,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                        "pool_passages": len(pool), "pool_tokens": pool_tokens,
                        "distractor_passages": {L: len(chosen[L]) for L in lengths},
                        "threads": os.environ.get("EVSEL_THREADS")},
-            "context_tokens_mean": {L: statistics.mean(v) for L, v in actual_tokens.items()},
+            "context_tokens_mean": {L: statistics.mean(v) for L, v in actual_tokens.items() if v},
             "methods": summary,
             "index_s_total": index_s,
             "prepare_s_total": prepare_s,
@@ -400,26 +406,30 @@ def main(argv: list[str] | None = None) -> int:
             "peak_rss_mib": peak_rss_mib(),
             "seconds": time.perf_counter() - started,
             "complete": complete,
-            "questions_done": len(next(iter(rows.values()))[lengths[0]]) if rows else 0,
+            "questions_done": {L: len(v) for L, v in next(iter(rows.values())).items()} if rows else {},
         }
         write_result(args.out, result)
         return result
 
     asked = list(zip(questions, golds))[: args.first]
-    for qi, (q, gold) in enumerate(asked):
-        depth = random.Random(f"{SEED}:{q['qid']}").uniform(0.05, 0.95)
-        # the question's query pass, once per router adapter (shared by its variants), timed apart and
-        # added to each of their selection times below, as each ask pays it
-        query_s = {}
-        for spec, router in routers(methods).items():
-            t = time.perf_counter()
-            router.prefix_query(q["question"])
-            query_s[spec] = time.perf_counter() - t
-        by_digest = {}
-        for spec, router in routers(methods).items():
-            by_digest[router.digest] = max(by_digest.get(router.digest, 0.0), query_s[spec])
-        query_s = {spec: by_digest[router.digest] for spec, router in routers(methods).items()}
-        for L in lengths:
+    query_s: dict[str, dict[str, float]] = {}  # question id -> method -> its query pass's seconds
+    # lengths outer: a length's questions run as soon as its keys are there (an --encode-only run may
+    # still be writing the longer lengths')
+    for L in lengths:
+        index(L)
+        for qi, (q, gold) in enumerate(asked):
+            depth = random.Random(f"{SEED}:{q['qid']}").uniform(0.05, 0.95)
+            if q["qid"] not in query_s:
+                # the question's query pass, once per router adapter (shared by its variants), timed
+                # apart and added to each of their selection times below, as each ask pays it
+                took, by_digest = {}, {}
+                for spec, router in routers(methods).items():
+                    t = time.perf_counter()
+                    router.prefix_query(q["question"])
+                    took[spec] = time.perf_counter() - t
+                    by_digest[router.digest] = max(by_digest.get(router.digest, 0.0), took[spec])
+                query_s[q["qid"]] = {spec: by_digest[router.digest] for spec, router in routers(methods).items()}
+            passes = query_s[q["qid"]]
             chunks, gold_ids, total = build_context(gold, chosen[L], depth)
             actual_tokens[L].append(total)
             for m in methods:
@@ -431,12 +441,12 @@ def main(argv: list[str] | None = None) -> int:
                 scores = metrics.ranking_metrics(ids, [gold_ids], ks)
                 rank = min((i for i, c in enumerate(ids, 1) if c in gold_ids), default=None)
                 rows[m.spec][L].append({"qid": q["qid"], "depth": depth, "chunks": len(chunks), "rank": rank,
-                                        **scores, "select_s": timings["select_s"] + query_s.get(m.spec, 0.0),
-                                        "query_pass_s": query_s.get(m.spec)})
-        print(f"question {qi + 1}/{len(asked)} done ({time.perf_counter() - started:.0f} s; ranks at "
-              f"{lengths[-1]}: " + ", ".join(f"{m.spec} {rows[m.spec][lengths[-1]][-1]['rank']}" for m in methods)
-              + ")", file=sys.stderr, flush=True)
-        write(complete=False)
+                                        **scores, "select_s": timings["select_s"] + passes.get(m.spec, 0.0),
+                                        "query_pass_s": passes.get(m.spec)})
+            print(f"{L} tokens: question {qi + 1}/{len(asked)} done ({time.perf_counter() - started:.0f} s; ranks: "
+                  + ", ".join(f"{m.spec} {rows[m.spec][L][-1]['rank']}" for m in methods) + ")",
+                  file=sys.stderr, flush=True)
+            write(complete=False)
 
     result = write(complete=True)
     plot(result, args.out.with_suffix(".png"))
