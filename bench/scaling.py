@@ -465,18 +465,18 @@ def plot(result: dict, path: Path) -> None:
     fig, (ranks, recall, ttft) = plt.subplots(1, 3, figsize=(16, 4.8), dpi=120)
     n = result["config"]["questions"]
     full = result["full_context"]
-    for spec, by_length in result["methods"].items():
+    for i, (spec, by_length) in enumerate(result["methods"].items()):
         by_length = {int(L): v for L, v in by_length.items()}
-        style = "--" if spec == "random" else "-"
-        ranks.plot(lengths, [by_length[L]["rank_median"] for L in lengths], style, marker="o", label=spec)
-        recall.plot(lengths, [by_length[L][f"recall@{k}"] for L in lengths], style, marker="o", label=spec)
+        lengths = [L for L in lengths if L in by_length]
+        kw = {"color": f"C{i % 10}", "marker": "os^v<>Dph*"[i % 10], "linestyle": "--" if spec == "random" else "-"}
+        ranks.plot(lengths, [by_length[L]["rank_median"] for L in lengths], label=spec, **kw)
+        recall.plot(lengths, [by_length[L][f"recall@{k}"] for L in lengths], label=spec, **kw)
         if spec == "random":
             continue
         if full is None:
-            ttft.plot(lengths, [by_length[L]["select_s_median"] for L in lengths], style, marker="o", label=spec)
+            ttft.plot(lengths, [by_length[L]["select_s_median"] for L in lengths], label=spec, **kw)
         else:
-            ttft.plot(lengths, [by_length[L]["ttft_s"] for L in lengths], style, marker="o",
-                      label=f"{spec} + read top-n")
+            ttft.plot(lengths, [by_length[L]["ttft_s"] for L in lengths], label=f"{spec} + read top-n", **kw)
     if full is not None:
         measured = {int(n_): s for n_, s in full["ttft_measured_s"].items()}
         projected = {int(L): s for L, s in full["ttft_projected_s"].items()}
