@@ -234,6 +234,21 @@ def test_block_keys_do_not_depend_on_the_other_chunks_or_their_order(backbone):
     assert np.allclose(a, b[1:][::-1], atol=1e-5)
 
 
+def test_a_scope_routed_again_tokenizes_only_its_new_chunks(backbone):
+    """`blocks_of` keeps each chunk's block ids by content hash: a larger scope over the same
+    chunks (the scaling run's next question or length) tokenizes only the chunks it adds."""
+    router = _router(backbone)
+    tokenized = []
+    blocks = router.blocks
+    router.blocks = lambda texts: tokenized.append(list(texts)) or blocks(texts)
+    first = router.scope(TEXTS[:3])
+    more = [_text(60, 5), *TEXTS]
+    second = router.scope(more)
+    assert tokenized == [TEXTS[:3], [more[0], *TEXTS[3:]]]
+    assert second.blocks == blocks(more) and first.blocks == blocks(TEXTS[:3])
+    assert torch.equal(second.packed.keys[:, second.packed.offsets[1]:second.packed.offsets[4]], first.packed.keys)
+
+
 def test_truncated_forward_never_runs_the_layers_above_routing(backbone):
     calls = []
     hook = backbone.model.model.layers[3].register_forward_hook(lambda *_: calls.append(1))
