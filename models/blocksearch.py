@@ -31,10 +31,13 @@ Variant "mass": the query's softmax attention at layer L onto each chunk's text 
 over the prefix, every chunk of the scope and the query's own tokens up to the row), summed over
 heads: the quantity that dilutes as N grows (the seed's Sec. 4.2), where SSMax changes the ranking.
 
-SSMax: the pre-softmax scores of the query's row multiplied by s * log N (s = 0.43, the seed's
-init; N = chunks in scope). For MaxSim this is one positive factor for every head and chunk: a
-monotone rescale that leaves the ranking as it is (reported scores change, order does not). For
-the attention mass it sharpens the softmax and does change the ranking. `ssmax_layers="all"`
+SSMax: the pre-softmax scores of the query's rows multiplied by s * log N (s = 0.43, the seed's
+init; N = the scope's tokens, the keys the query's softmax runs over, as SSMax defines it: every
+logit of the row, prefix, chunks and the query's own tokens, is scaled alike, and the null query's
+rows get the same factor, so the calibrated mass is the difference of two SSMax softmaxes). For
+MaxSim this is one positive factor for every head and chunk: a monotone rescale that leaves the
+ranking as it is (reported scores change, order does not). For the attention mass it sharpens the
+softmax and does change the ranking. `ssmax_layers="all"`
 (faithful mode) also applies it to the query block's attention in every layer below L (the
 seed's BlockSearch-SSMax, here on the frozen model; chunk blocks are untouched).
 
@@ -112,7 +115,7 @@ class BlockSearchConfig:
     top_b: int = 256  # chunks routed on to the layers above L (the seed's B)
     variant: str = "mass"  # maxsim: R^sum of QK-MaxSim | mass: softmax attention mass at L
     query_mode: str = "prefix"  # prefix: the query reads the prefix only (fast) | faithful
-    ssmax: bool = False  # multiply the query's pre-softmax scores by ssmax_s * log N
+    ssmax: bool = False  # multiply the query's pre-softmax scores by ssmax_s * log N (N: scope tokens)
     ssmax_s: float = 0.43  # the seed's (and SSMax's) initial s
     ssmax_layers: str = "readout"  # readout: at the routing layer only | all: every layer <= L (faithful)
     dtype: str = "fp16"  # the cached keys' storage type (fp16 | fp32)
@@ -402,7 +405,7 @@ def attention_mass(q, packed: PackedKeys, scaling: float, factor: float = 1.0, e
 
 
 def ssmax_factor(s: float, n: int) -> float:
-    """SSMax's multiplier s * log N for N chunks in scope (0 for a single chunk: nothing to rank)."""
+    """SSMax's multiplier s * log N for a scope of N tokens (the keys the softmax runs over)."""
     return float(s) * math.log(max(n, 1))
 
 
@@ -513,6 +516,7 @@ class BlockSearch:
         self.encoded = 0  # blocks this router encoded (tests, reports)
         self._prefix_kv = None
         self.prefix_queries = LRUCache(max_items=256)  # prefix mode: question -> (q, own keys)
+        self._block_ids = LRUCache(max_items=1 << 16)  # content hash -> block ids (`blocks_of`)
         self._rope_checked = False
         self._null_kept = None  # prefix mode: (packed keys, SSMax factor, the null query's scores)
         self._head_mask = None
@@ -545,6 +549,17 @@ class BlockSearch:
         limit = self.config.prompt.max_chunk_tokens
         bodies = tok([t.strip() for t in texts], add_special_tokens=False)["input_ids"] if texts else []
         return [self.separator + (list(b[:limit]) or [tok.eos_token_id or 0]) for b in bodies]
+
+    def blocks_of(self, texts: list[str], hashes: list[str]) -> list[list[int]]:
+        """`blocks`, kept per content hash: a scope routed again (a new question over a large
+        scope, or one chunk more) does not tokenize its chunks again."""
+        out = [self._block_ids.get(h) for h in hashes]
+        todo = [i for i, b in enumerate(out) if b is None]
+        if todo:
+            for i, block in zip(todo, self.blocks([texts[i] for i in todo])):
+                out[i] = block
+                self._block_ids.put(hashes[i], block)
+        return out
 
     def suffix(self, question: str) -> list[int]:
         return self.prompt.suffix(question)[0]
@@ -581,7 +596,7 @@ class BlockSearch:
         """The routing keys of `texts` (content hashes: computed when not given): read from the
         key cache, the rest encoded now (in slices, each written as it is done)."""
         hashes = list(hashes) if hashes is not None else [content_hash(t) for t in texts]
-        blocks = self.blocks(texts)
+        blocks = self.blocks_of(texts, hashes)
         shape = {h: (self.kv_heads, len(b), self.head_dim) for h, b in zip(hashes, blocks)}
         found: dict = {}
         for h in dict.fromkeys(hashes):
@@ -693,7 +708,7 @@ class BlockSearch:
         n = scope.n
         if n == 0:
             return Routing(np.zeros(0), np.zeros((0, self.n_heads)), np.zeros(0, dtype=np.int64), 1.0, 0)
-        ssmax = ssmax_factor(cfg.ssmax_s, n) if cfg.ssmax else 1.0
+        ssmax = ssmax_factor(cfg.ssmax_s, scope.packed.tokens) if cfg.ssmax else 1.0
         per_head, groups = self._per_head(question, scope, ssmax)
         if cfg.calibrate:  # the same for the null query: what a chunk scores whatever is asked
             per_head = per_head - self._null_per_head(scope, ssmax)

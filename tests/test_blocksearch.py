@@ -234,6 +234,21 @@ def test_block_keys_do_not_depend_on_the_other_chunks_or_their_order(backbone):
     assert np.allclose(a, b[1:][::-1], atol=1e-5)
 
 
+def test_a_scope_routed_again_tokenizes_only_its_new_chunks(backbone):
+    """`blocks_of` keeps each chunk's block ids by content hash: a larger scope over the same
+    chunks (the scaling run's next question or length) tokenizes only the chunks it adds."""
+    router = _router(backbone)
+    tokenized = []
+    blocks = router.blocks
+    router.blocks = lambda texts: tokenized.append(list(texts)) or blocks(texts)
+    first = router.scope(TEXTS[:3])
+    more = [_text(60, 5), *TEXTS]
+    second = router.scope(more)
+    assert tokenized == [TEXTS[:3], [more[0], *TEXTS[3:]]]
+    assert second.blocks == blocks(more) and first.blocks == blocks(TEXTS[:3])
+    assert torch.equal(second.packed.keys[:, second.packed.offsets[1]:second.packed.offsets[4]], first.packed.keys)
+
+
 def test_truncated_forward_never_runs_the_layers_above_routing(backbone):
     calls = []
     hook = backbone.model.model.layers[3].register_forward_hook(lambda *_: calls.append(1))
@@ -321,14 +336,16 @@ def test_maxsim_and_attention_mass_equal_brute_force_loops(case):
 def test_ssmax_multiplies_the_scores_by_s_log_n(backbone):
     _, packed = _packed_random()
     q = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
-    factor = bs.ssmax_factor(0.43, packed.n)
-    assert factor == pytest.approx(0.43 * math.log(5))
+    factor = bs.ssmax_factor(0.43, packed.tokens)
+    assert factor == pytest.approx(0.43 * math.log(20))  # 5 chunks: 15 text tokens and 5 separators
     assert torch.allclose(bs.maxsim(q, packed, 0.3, factor), factor * bs.maxsim(q, packed, 0.3), atol=1e-6)
-    # for the router's MaxSim a monotone rescale: same order, scores times s log N
+    # for the router's MaxSim a monotone rescale: same order, scores times s log N, N the scope's tokens
     plain, ss = _router(backbone), _router(backbone, ssmax=True)
     a = plain.route(QUESTION, plain.scope(TEXTS))
-    b = ss.route(QUESTION, ss.scope(TEXTS))
-    assert b.factor == pytest.approx(0.43 * math.log(len(TEXTS))) and a.factor == 1.0
+    scope = ss.scope(TEXTS)
+    b = ss.route(QUESTION, scope)
+    assert scope.packed.tokens == sum(len(x) for x in ss.blocks(TEXTS)) > len(TEXTS)
+    assert b.factor == pytest.approx(0.43 * math.log(scope.packed.tokens)) and a.factor == 1.0
     assert np.allclose(b.scores, b.factor * a.scores, atol=1e-5) and list(a.top) == list(b.top)
     # for the attention mass it sharpens the softmax, which can reorder: one strong token beats
     # four medium ones only once the logits are scaled
@@ -339,8 +356,52 @@ def test_ssmax_multiplies_the_scores_by_s_log_n(backbone):
     assert flat[1] > flat[0] and sharp[0] > sharp[1]
 
 
+def _prefix_mass_by_hand(router, question, scope, factor):
+    """(N, H) prefix mode's attention mass by hand: per head and query row, one softmax over the
+    logits factor * scaling * q . k of the prefix, every scope token and the query's own tokens up
+    to the row; each chunk's text tokens summed, averaged over the rows."""
+    q, own, (a, _) = router.prefix_query(question)
+    prefix_keys = router.prefix_kv[router.layer][0][0]
+    packed, start = scope.packed, len(router.separator)
+    p, t = prefix_keys.shape[1], packed.tokens
+    g = router.n_heads // router.kv_heads
+    out = np.zeros((scope.n, router.n_heads))
+    for h in range(router.n_heads):
+        keys = torch.cat([prefix_keys[h // g], packed.keys[h // g], own[h // g]]).double()
+        for s in range(q.shape[1]):
+            seen = keys[: p + t + a + s + 1]
+            att = torch.softmax(seen @ q[h, s].double() * router.scaling * factor, dim=0)
+            for i in range(scope.n):
+                x, y = int(packed.offsets[i]), int(packed.offsets[i + 1])
+                out[i, h] += float(att[p + x + start:p + y].sum()) / q.shape[1]
+    return out
+
+
+def test_ssmax_on_the_calibrated_mass_rescales_the_logits_before_the_softmax(backbone):
+    """The default score (prefix mode, the span's rows, calibrated by the null query) with SSMax:
+    both queries' logits, prefix, chunks and own tokens alike, times s log N (N: the scope's
+    tokens) before their softmax, nothing after it; at the s where s log N = 1 it is the identity."""
+    kwargs = dict(variant="mass", query_tokens="span", calibrate=True)
+    plain = _router(backbone, **kwargs)
+    ss = _router(backbone, ssmax=True, **kwargs)
+    scope = ss.scope(TEXTS)
+    n_tokens = scope.packed.tokens
+    got = ss.route(QUESTION, scope)
+    factor = 0.43 * math.log(n_tokens)
+    assert got.factor == pytest.approx(factor) and factor > 1.2
+    null = ss.config.prompt.null_query
+    want = _prefix_mass_by_hand(ss, QUESTION, scope, factor) - _prefix_mass_by_hand(ss, null, scope, factor)
+    assert np.allclose(got.per_head, want, atol=1e-5) and np.allclose(got.scores, want.sum(1), atol=1e-5)
+    base = plain.route(QUESTION, plain.scope(TEXTS))
+    assert np.abs(got.scores - base.scores).max() > 1e-5  # the softmax is sharper: scores move
+    unit = _router(backbone, ssmax=True, ssmax_s=1 / math.log(n_tokens), **kwargs)
+    same = unit.route(QUESTION, unit.scope(TEXTS))
+    assert same.factor == pytest.approx(1.0)
+    assert np.allclose(same.per_head, base.per_head, atol=1e-6) and list(same.top) == list(base.top)
+
+
 def test_ssmax_in_the_query_layers_changes_the_query_and_restores_the_model(backbone):
-    n = len(TEXTS)
+    n = sum(len(x) for x in _router(backbone).blocks(TEXTS))  # SSMax's N: the scope's tokens
     scalings = [float(layer.self_attn.scaling) for layer in backbone.model.model.layers]
     base = _router(backbone, query_mode="faithful")
     unit = _router(backbone, query_mode="faithful", ssmax=True, ssmax_layers="all", ssmax_s=1 / math.log(n))
@@ -549,7 +610,8 @@ def test_selector_is_registered_and_caches_keys_beside_the_store(backbone, tmp_p
     # variants by keyword
     mass = get_selector("blocksearch:seed", context, variant="mass", ssmax=True)
     assert mass.name == "blocksearch:seed+mass+ssmax" and len(mass.scores(QUESTION, chunks)) == 5
-    assert mass.last_routing.factor == pytest.approx(0.43 * math.log(5))
+    tokens = sum(len(b) for b in mass.router.blocks([c.text for c in chunks]))  # SSMax's N: the scope's tokens
+    assert mass.last_routing.factor == pytest.approx(0.43 * math.log(tokens))
 
 
 def test_selector_for_eval_caches_beside_evals_db_or_in_memory(backbone, tmp_path):
@@ -645,6 +707,11 @@ def test_the_spec_names_the_variants():
     assert chosen.name == "blocksearch:seed+mass+ssmax" and chosen.config.variant == "mass" and chosen.config.ssmax
     assert (chosen.config.query_tokens, chosen.config.calibrate, chosen.config.heads) == ("last", False, "all")
     assert get_selector("blocksearch:faithful", context).config.query_mode == "faithful"
+    relative = get_selector("blocksearch:untrained+ssmax8k", context)  # s log N = 1 at an 8K-token scope
+    assert relative.name == "blocksearch:untrained+ssmax8k" and relative.config.ssmax
+    assert relative.config.ssmax_s == pytest.approx(1 / math.log(8192))
+    with pytest.raises(EvselError, match="two settings of s"):
+        get_selector("blocksearch:ssmax+ssmax8k", context)
     default = get_selector("blocksearch", context)
     assert default.name == "blocksearch" and get_selector("blocksearch:heads", context).name == "blocksearch"
     assert (default.config.variant, default.config.query_tokens, default.config.calibrate,

@@ -24,6 +24,7 @@ is imported, so it stays light: numpy and the model code are imported where used
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from evsel.store import ChunkRecord, Store
@@ -42,7 +43,10 @@ SCORING = {"question": {"query_tokens": "question"}, "span": {"query_tokens": "s
            "qr": {"heads": "qr"}, "allheads": {"heads": "all"}, "nosink": {"skip_tokens": 1},
            "seed": {"variant": "maxsim", "query_tokens": "last", "calibrate": False, "heads": "all"},
            "heads": {"variant": "mass", "query_tokens": "span", "calibrate": True, "heads": "qr"}}
-VARIANTS = ("mass", "maxsim", "ssmax", "faithful", "prefix", "trained", "decode", "router", "shipped", "untrained",
+# SSMax's s: the seed's init, or one that makes s log N = 1 at an 8K-token scope (the scopes the router
+# trained on and FairytaleQA's stories are below it), so only the growth past 8K tokens sharpens
+SSMAX_S = {"ssmax": 0.43, "ssmax8k": 1 / math.log(8192)}
+VARIANTS = ("mass", "maxsim", *SSMAX_S, "faithful", "prefix", "trained", "decode", "router", "shipped", "untrained",
             *SCORING, *TOP_B)
 
 
@@ -72,11 +76,12 @@ class BlockSearchSelector(Selector):
     def __init__(self, context, ssmax: bool = False, variant: str | None = None, query_mode: str = "prefix",
                  layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
                  variants: str | None = None, trained: bool = False, decode: bool = False,
-                 router: bool | None = None, shipped: bool = False, **_):
+                 router: bool | None = None, shipped: bool = False, ssmax_s: float = SSMAX_S["ssmax"], **_):
         """`variant`: maxsim (R^sum of per-head QK-MaxSim) or mass (the query's softmax attention
         onto each chunk at the routing layer); `query_mode`: prefix (the fast path: the query block
         reads the prefix only) or faithful (it reads every chunk below the routing layer, as in the
-        seed); `ssmax`: SSMax's s log N on the query's scores (changes the ranking of mass only);
+        seed); `ssmax`: SSMax's s log N (N: the scope's tokens) on the query's scores (changes the
+        ranking of mass only; `ssmax_s` its s, `:ssmax8k` the s with s log N = 1 at 8K tokens);
         `trained`: the top-B go on to the trained code decoder."""
         from evsel.models import blocksearch as bs
 
@@ -86,8 +91,12 @@ class BlockSearchSelector(Selector):
         for option in sorted(chosen, key=lambda o: o != "seed"):  # others change it (seed+mass)
             if option in SCORING:
                 scoring.update(SCORING[option])
-            elif option == "ssmax":
-                ssmax = True
+            elif option in SSMAX_S:
+                if ssmax and ssmax_s != SSMAX_S[option]:
+                    from evsel.errors import EvselError
+
+                    raise EvselError("blocksearch:ssmax and :ssmax8k are two settings of s", "choose one of them")
+                ssmax, ssmax_s = True, SSMAX_S[option]
             elif option == "trained":
                 trained = True
             elif option == "decode":
@@ -107,7 +116,8 @@ class BlockSearchSelector(Selector):
         if variant is not None:  # a keyword beats the spec
             scoring["variant"] = variant
         self.config = bs.BlockSearchConfig(layer=layer, top_b=top_b, query_mode=query_mode,
-                                           ssmax=bool(ssmax), ssmax_layers=ssmax_layers, **scoring)
+                                           ssmax=bool(ssmax), ssmax_s=ssmax_s, ssmax_layers=ssmax_layers,
+                                           **scoring)
         if trained and decode:
             from evsel.errors import EvselError
 
@@ -126,7 +136,8 @@ class BlockSearchSelector(Selector):
         options = [*self.scoring_options(self.config),
                    *(["shipped"] if self.shipped else ["router"] if self.use_router else []),
                    *(["untrained"] if router is False else []),
-                   *(v for v, on in ((query_mode, query_mode != "prefix"), ("ssmax", bool(ssmax)),
+                   *(v for v, on in ((query_mode, query_mode != "prefix"),
+                                     ("ssmax8k" if ssmax_s == SSMAX_S["ssmax8k"] else "ssmax", bool(ssmax)),
                                      ("trained", self.trained), ("decode", self.decode),
                                      (f"top{top_b}", top_b != 256)) if on)]
         self.name = "blocksearch" + (":" + "+".join(options) if options else "")
