@@ -184,12 +184,7 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
                existing: bool = False) -> dict:
     from scale_corpus import write_corpus
 
-    from evsel.bm25_index import tokenize
     from evsel.corpus import schema
-    from evsel.corpus.query import open_corpus, question_words
-    from evsel.models.selectors import SelectorContext
-    from evsel.models.selectors.bm25 import BM25Selector
-    from evsel.store import Store, connect
 
     seed = 1000 + n
     out: dict = {"chunks": n, "load_1m_start": load_1m(), "questions": len(questions), "text_index": text_index,
@@ -233,12 +228,28 @@ def query_size(n: int, work: Path, words, p, bases, questions: list[str], qvecs:
     return _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_index, local)
 
 
-def _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_index, local) -> dict:
-    from evsel.bm25_index import tokenize
-    from evsel.corpus.query import open_corpus, question_words
+def local_bm25_ask(db: Path, question: str, timing: dict[str, list[float]]) -> list:
+    """The local store's in-process ask: the scope read from SQLite, then the persisted BM25 (its
+    top 10); the two times go into `timing`."""
     from evsel.models.selectors import SelectorContext
     from evsel.models.selectors.bm25 import BM25Selector
     from evsel.store import Store, connect
+
+    t = time.perf_counter()
+    store = Store(connect(db))
+    chunks = store.chunks()
+    scope = time.perf_counter() - t
+    ranked = BM25Selector(SelectorContext(load_backbone=lambda: None, states=None, store=store)).rank(
+        question, chunks, 10)
+    timing["local_bm25_ask"].append(time.perf_counter() - t)
+    timing["local_bm25_scope"].append(scope)
+    store.db.conn.close()
+    return ranked
+
+
+def _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_index, local) -> dict:
+    from evsel.bm25_index import tokenize
+    from evsel.corpus.query import open_corpus, question_words
 
     db = work / f"local-{n}.db"
     out["bytes"] = sizes
@@ -256,7 +267,6 @@ def _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_inde
     mismatches: list[dict] = []
     top10: dict[str, list] = {"corpus_exact": []}
     cold: dict = {}
-    context = SelectorContext(load_backbone=lambda: None, states=None)
     scale = np.abs(matrix).max(axis=1, keepdims=True) / 127.0
     int8 = np.round(matrix / scale).astype(np.int8)  # per-vector scale: 384 B + 4 B a chunk
     # row ids in scan (write) order: a hit's row id -> its row in `matrix`
@@ -282,14 +292,7 @@ def _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_inde
         exact_records = corpus.records(exact)
         top10["corpus_exact"].append([(int(r.chunk.path[3:-4]), r.chunk.seq, r.score) for r in exact_records])
         if local:
-            t = time.perf_counter()
-            store = Store(connect(db))
-            chunks = store.chunks()
-            scope = time.perf_counter() - t
-            local = BM25Selector(SelectorContext(load_backbone=lambda: None, states=None, store=store)).rank(
-                question, chunks, 10)
-            timing["local_bm25_ask"].append(time.perf_counter() - t)
-            timing["local_bm25_scope"].append(scope)
+            local = local_bm25_ask(db, question, timing)
             same = [round(s.score, 9) for s in local] == [round(s.score, 9) for s in exact_records] and \
                 [(s.chunk.doc_id - 1, s.chunk.seq) for s in local] == \
                 [(int(s.chunk.path[3:-4]), s.chunk.seq) for s in exact_records]
@@ -298,8 +301,6 @@ def _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_inde
                 mismatches.append({"question": question,
                                    "local": [(s.chunk.doc_id - 1, s.chunk.seq, s.score) for s in local],
                                    "corpus": [(int(s.chunk.path[3:-4]), s.chunk.seq, s.score) for s in exact_records]})
-            store.db.conn.close()
-            del chunks, store
         t = time.perf_counter()
         hits = corpus.dense(qv, 10, ANN_CANDIDATES)
         timing["dense_ivf"].append(time.perf_counter() - t)
@@ -342,10 +343,6 @@ def _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_inde
 def local_only(n: int, work: Path, words, p, bases, questions: list[str]) -> dict:
     """The local store's side of `query_size` alone (a process of its own at 10^6, beside the
     corpus run): ingest, then per question an in-process ask's scope read and persisted BM25."""
-    from evsel.models.selectors import SelectorContext
-    from evsel.models.selectors.bm25 import BM25Selector
-    from evsel.store import Store, connect
-
     seed = 1000 + n
     db = work / f"local-{n}.db"
     for suffix in ("", "-wal", "-shm"):
@@ -357,17 +354,8 @@ def local_only(n: int, work: Path, words, p, bases, questions: list[str]) -> dic
     timing: dict[str, list[float]] = {"local_bm25_ask": [], "local_bm25_scope": []}
     top10 = []
     for question in questions:
-        t = time.perf_counter()
-        store = Store(connect(db))
-        chunks = store.chunks()
-        scope = time.perf_counter() - t
-        local = BM25Selector(SelectorContext(load_backbone=lambda: None, states=None, store=store)).rank(
-            question, chunks, 10)
-        timing["local_bm25_ask"].append(time.perf_counter() - t)
-        timing["local_bm25_scope"].append(scope)
+        local = local_bm25_ask(db, question, timing)
         top10.append([(s.chunk.doc_id - 1, s.chunk.seq, s.score) for s in local])
-        store.db.conn.close()
-        del chunks, store
         gc.collect()
         print(f"[{n}] local ask {timing['local_bm25_ask'][-1]:.2f} s", file=sys.stderr, flush=True)
     out["cold_first_query_ms"] = {k: round(1000 * v[0], 3) for k, v in timing.items()}
