@@ -311,8 +311,10 @@ def test_variant_mass_ssmax_on_the_cli_reads_the_same_keys(locomo_run):
     assert result["method"]["select"] == "blocksearch:seed+mass+ssmax"
     _check_ranks_and_scores(result)
     _check_dialogue_evidence(locomo_run, result)
-    # attention masses: positive, and the whole scope's at most 1 a head (9 heads)
-    assert all(0 < e["score"] <= 9 for e in result["evidence"])
+    # attention masses: at most 1 a head (9 heads) over the whole scope; SSMax over the scope's tokens
+    # sharpens the softmax so far that the lower ones round to 0 in the output, the top one never does
+    assert all(0 <= e["score"] <= 9 for e in result["evidence"])
+    assert max(e["score"] for e in result["evidence"]) > 0
     # the default routes with the trained router, whose keys are kept apart from the untrained
     # ones the seed's scoring reads: those were written once, in their own folder, and the
     # router's files were left untouched (trained and untrained keys never mix)
