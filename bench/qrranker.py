@@ -8,7 +8,7 @@ bm25 vs bm25>qrranker (the detected, untrained heads) per encoding; position bia
 
 --only ingest-kv: the block KV computed at ingest (EVSEL_QRRANKER_KV). The Sherlock Holmes book is
 ingested into a fresh store, its chunks' block KV written as the daemon's background job does
-(`Engine._encode_qrranker_kv` in 0.5 s slices), then each question is asked `--evidence-only` by a
+(`QRRankerSelector.encode_missing_kv` in 0.5 s slices), then each question is asked `--evidence-only` by a
 fresh engine (cold in-memory caches; the model loaded, its load time apart) three ways, in turns:
 BM25 alone, `--rerank qrranker` reading the files, and `--rerank qrranker` with no files (what a
 first rerank cost before). Evidence time = the ask's total less its model load; disk cost = the
@@ -82,7 +82,11 @@ def ingest_kv(args, argv) -> int:
         result["book_tokens"] = sum(c.n_tokens for c in chunks)
         events = []
         t = time.perf_counter()
-        encoded = engine._encode_qrranker_kv(None, events.append, batch=16, slice_s=0.5)
+        from evsel.models.selectors import IngestWork
+        from evsel.models.selectors.qrranker import QRRankerSelector
+
+        work = IngestWork(engine.selector_context(events.append), None, batch=16, slice_s=0.5)
+        encoded = QRRankerSelector(work.context).encode_missing_kv(chunks, work)
         result["background_s"] = time.perf_counter() - t
         result["background_chunks"] = encoded
         result["background_slices"] = sum(1 for e in events if e.get("type") == "progress") - 1

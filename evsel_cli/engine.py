@@ -6,10 +6,8 @@ plain dicts, so the same call works locally and over the daemon's socket.
 
 from __future__ import annotations
 
-import hashlib
-import os
+import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -24,8 +22,9 @@ from .answer import STYLES
 from .api import REQUESTS
 from .chunker import DEFAULT_CHUNK_TOKENS
 from .defaults import DATASETS
-from .errors import EmptyStoreError, EvselError, InputError, NotFoundError, known_error
-from .parsers import KINDS, collect_files, parse_file, read_file
+from .errors import EmptyStoreError, EvselError, NotFoundError
+from .ingest import Ingest, IngestOptions, IngestOutcome, resume_arguments
+from .parsers import KINDS
 from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer
 from .provenance import evidence_label
 from .settings import Settings
@@ -42,63 +41,6 @@ EventSink = Callable[[Event], None]
 
 def _ignore(_event: Event) -> None:
     pass
-
-
-@dataclass
-class FileResult:
-    path: str
-    status: str  # ingested | unchanged | failed
-    doc_ids: list[int] = field(default_factory=list)
-    chunks: int = 0
-    seconds: float = 0.0
-    error: dict | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return self.__dict__.copy()
-
-
-@dataclass(frozen=True)
-class IngestOptions:
-    """How an ingest reads and stores its files: `Engine.ingest`'s options."""
-
-    collection: str = DEFAULT_COLLECTION
-    kind: str = "auto"  # auto picks by extension and content
-    chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS
-    encode: bool | None = None  # chunk states after storing; None: the settings decide (EVSEL_ENCODE)
-    resolve_links: bool = True  # store a file under its resolved path (off: as found, for watched links)
-    summaries: bool = False  # QRRanker's memory summaries after the states
-
-    @classmethod
-    def from_params(cls, params: dict) -> "IngestOptions":
-        """From an ingest request's params (`Engine.ingest`'s keyword arguments)."""
-        return cls(**{k: v for k, v in params.items() if k not in ("targets", "on_event")})
-
-    def stored(self) -> dict:
-        """What a pending-ingest record keeps (encode and summaries it keeps resolved, on their own)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("encode", "summaries")}
-
-
-@dataclass
-class IngestOutcome:
-    """What an ingest did and what it left to do."""
-
-    files: list[dict]  # one result per file (FileResult.to_dict()): what the `ingest` request returns
-    # the stored documents' chunk states and summaries, when the caller runs them later (`defer`):
-    # recorded in the store until `Engine.run_deferred` has done them
-    followups: list[PendingEncode] = field(default_factory=list)
-
-
-def _name_failure(path: Path) -> FileResult | None:
-    """The failed result of a file whose name the store (UTF-8 text) cannot record as it is
-    (caf\udce9.txt, from a name that is not UTF-8); None for any other name."""
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        error = InputError("the file name is not valid UTF-8, so the store cannot record it",
-                           "rename the file (e.g. convmv -f latin1 -t utf8), then ingest it again", path=str(path))
-        return FileResult(str(path), "failed", error=error.to_dict())
-    return None
 
 
 class Engine:
@@ -119,8 +61,6 @@ class Engine:
         self._backbone = None
         self._eval_states = None
         self.resources: dict = {}  # selector-owned objects (the MiniLM encoder), kept with the engine
-        import threading
-
         self.resources_lock = threading.Lock()
 
     @property
@@ -207,299 +147,24 @@ class Engine:
     def ingest_files(self, targets: list[str], options: IngestOptions = IngestOptions(),
                      on_event: EventSink = _ignore, *, defer: bool = False, journal: bool = False,
                      resume: PendingIngest | None = None, journaled: dict[str, int] | None = None) -> IngestOutcome:
-        """`ingest`, with what it leaves to do.
-
-        `defer`: the chunk states and summaries are not computed here; they are recorded in the
-        store and returned as `followups` (each ingested file's result says `"states"` and/or
-        `"summaries": "background"`), for the caller to run with `run_deferred`. Otherwise they
-        run inline, right after each file is stored. `journal`: each file is recorded in the
-        store (`PendingIngest`, with this request's options and settings) before it is read and
-        the record deleted once the file is done or the ingest ends, so only a crash leaves
-        records behind; `resume`: the record of the one file this call finishes after a crash.
-        `journaled`: kept up to date with the records still open (path -> row id), so a caller that
-        abandons a call that does not stop (a daemon exiting) can delete them itself."""
-        collection, kind, chunk_tokens = options.collection, options.kind, options.chunk_tokens
-        encode, summaries = self.settings.encode_at_ingest(options.encode), options.summaries
-        if chunk_tokens < 16:
-            raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
-        _ = self.store  # opened (and its home checked) first: a store it cannot use fails the command, not each file
-        results: list[FileResult] = []
-        files: list[Path] = []
-        for target in targets:
-            try:
-                files.extend(collect_files(Path(target).expanduser()))
-            except EvselError as exc:
-                results.append(FileResult(str(target), "failed", error=exc.to_dict()))
-                on_event({"type": "file", **results[-1].to_dict()})
-
-        def where(f: Path) -> Path:
-            return f.resolve() if options.resolve_links else Path(os.path.abspath(f))
-
-        found: dict[Path, Path] = {}  # where each file is stored -> the file as found (its name labels progress)
-        for f in files:
-            found.setdefault(where(f), f)
-        paths = list(found)
-        misnamed = {path: failure for path in paths if (failure := _name_failure(path)) is not None}
-        open_records = journaled if journaled is not None else {}
-        if resume is not None:
-            open_records[resume.path] = resume.id
-        elif journal:
-            recorded = self.store.add_pending_ingests([
-                PendingIngest(str(path), collection, kind, chunk_tokens, options.stored(), encode=encode,
-                              summaries=summaries, settings=self.settings)
-                for path in paths if path not in misnamed])
-            open_records.update((item.path, item.id) for item in recorded)
-        deferred: list[int] = []
-        try:
-            for index, path in enumerate(paths):
-                on_event({"type": "progress", "task": "files", "label": found[path].name, "done": index,
-                          "total": len(paths)})
-                result = misnamed.get(path) or self._ingest_file(path, collection, kind, chunk_tokens, on_event)
-                if result.status == "ingested" and defer:
-                    deferred.extend(result.doc_ids)
-                elif result.status == "ingested":
-                    if encode:
-                        self._encode_states(result, on_event)
-                    if summaries:
-                        self._encode_states(result, on_event, states=False, summaries=True)
-                results.append(result)
-                if str(path) in open_records:
-                    self.store.finish_pending_ingest(open_records.pop(str(path)))
-                on_event({"type": "file", **result.to_dict()})
-            on_event({"type": "progress", "task": "files", "label": "", "done": len(paths), "total": len(paths)})
-        except BaseException as exc:
-            # cancelled after some files were stored (each all or nothing): the caller can say which
-            exc.stored_files = [r.path for r in results if r.status == "ingested"]
-            raise
-        finally:
-            # finished, failed or cancelled: nothing to resume. Only a crash skips this.
-            while open_records:
-                self.store.finish_pending_ingest(open_records.popitem()[1])
-        outcome = IngestOutcome([r.to_dict() for r in results])
-        if deferred and (encode or summaries):
-            work = PendingEncode(deferred, self.settings, states=encode, summaries=summaries)
-            outcome.followups.append(self.store.add_pending_encode(work))
-            for r in outcome.files:
-                if r["status"] == "ingested":
-                    r.update({key: "background" for key, on in (("states", encode), ("summaries", summaries)) if on})
-        return outcome
+        """`ingest`, with what it leaves to do (`Ingest.files`: `defer`, `journal`, `resume`, `journaled`)."""
+        return Ingest(self).files(targets, options, on_event, defer=defer, journal=journal, resume=resume,
+                                  journaled=journaled)
 
     def run_deferred(self, work: PendingEncode, on_event: EventSink = _ignore, batch: int = 64,
                      slice_s: float | None = None) -> dict:
-        """Compute what an ingest deferred (`IngestOutcome.followups`, or the store's pending
-        encodes after a crash), then delete its record. Returns `encode_states`'s outcome.
-
-        `slice_s`: encode in slices of about this many seconds (sized from the last slice's time
-        per chunk), with a progress event after each, so a caller that stops the work from
-        `on_event` (the daemon, for a waiting request) waits one short slice at most. Progress
-        then counts the documents' states, done/total of the whole job, across restarts."""
-        outcome = self.encode_states(work.doc_ids, on_event, batch=batch, states=work.states,
-                                     summaries=work.summaries, slice_s=slice_s)
-        if work.id is not None:
-            self.store.finish_pending_encode(work.id)
-        return outcome
-
-    def _encode_states(self, result: FileResult, on_event: EventSink, states: bool = True,
-                       summaries: bool = False) -> None:
-        """Per-chunk model states (and/or summaries) for a stored file. A failure here leaves the
-        file ingested: they are computed later, when a selector first needs them."""
-        started = time.perf_counter()
-        try:
-            self.encode_states(result.doc_ids, on_event, states=states, summaries=summaries)
-        except EvselError as exc:
-            what = "chunk states" if states else "summaries"
-            result.warnings.append(f"{what} not computed now ({exc.message}); they will be at the first ask")
-            on_event({"type": "warning", "message": f"{result.path}: {result.warnings[-1]}"})
-        result.seconds += time.perf_counter() - started
+        """Compute what an ingest deferred, then delete its record (`Ingest.run_deferred`)."""
+        return Ingest(self).run_deferred(work, on_event, batch=batch, slice_s=slice_s)
 
     def encode_states(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore,
                       batch: int = 64, states: bool = True, summaries: bool = False,
                       slice_s: float | None = None) -> dict:
-        """Compute the per-chunk states ingest keeps (UNREAL's, for the adapter in use) that are
-        missing for these documents (None: every document), and with `summaries` the memory
-        summaries of their blocks. Written per batch (per summary), so an interrupted run resumes
-        where it stopped. Returns {"encoded": chunks computed, "missing_before": ..., "summaries": written}."""
-        outcome = self._encode_unreal_states(doc_ids, on_event, batch, slice_s) if states else {
-            "encoded": 0, "missing_before": 0}
-        if states and self.settings.qrranker_kv:
-            outcome["qrranker_kv"] = self._encode_qrranker_kv(doc_ids, on_event, batch, slice_s)
-        if summaries:
-            outcome["summaries"] = self.write_summaries(doc_ids, on_event)
-        return outcome
+        """The per-chunk states (and with `summaries` the memory summaries) ingest keeps that are
+        missing for these documents (None: every document), computed by each selector's ingest
+        hook (`Ingest.encode_states`)."""
+        return Ingest(self).encode_states(doc_ids, on_event, batch=batch, states=states, summaries=summaries,
+                                          slice_s=slice_s)
 
-    def write_summaries(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore) -> int:
-        """The memory summaries (models/memory.py) of these documents' blocks that are missing;
-        returns how many were written."""
-        from evsel.models import memory
-
-        known = {d["id"] for d in self.store.documents()}
-        doc_ids = [d for d in doc_ids if d in known] if doc_ids is not None else None
-        if doc_ids == []:
-            return 0
-        writer = memory.SummaryWriter(self.backbone, self.store)
-        missing = writer.missing(memory.blocks_of(self.store.chunks(doc_ids)))
-        writer.ensure(missing, on_event, "writing summaries")
-        return len(missing)
-
-    def _encode_unreal_states(self, doc_ids: list[int] | None, on_event: EventSink, batch: int,
-                              slice_s: float | None = None) -> dict:
-        from evsel.models import unreal
-
-        key = unreal.ingest_state_key(self.backbone, self.settings.unreal_adapter)
-        if key is None:
-            return {"encoded": 0, "missing_before": 0}
-        method, config = key
-        known = {d["id"] for d in self.store.documents()}
-        doc_ids = [d for d in doc_ids if d in known] if doc_ids is not None else None
-        if doc_ids == []:
-            return {"encoded": 0, "missing_before": 0}
-        missing = self.store.chunks_missing_states(self.backbone.fingerprint, method, config, doc_ids)
-        if missing and slice_s is not None:
-            total = len({c.content_hash for c in self.store.chunks(doc_ids)})
-            label = "UNREAL chunk states"
-
-            def encode(part: list[ChunkRecord]) -> None:
-                unreal.encode_at_ingest(self.backbone, self.states, part, self.settings.unreal_adapter, None,
-                                        batch=len(part))
-
-            def progress(done: int) -> None:
-                on_event({"type": "progress", "task": "encode", "label": label,
-                          "done": total - len(missing) + done, "total": total})
-
-            timed_slices(missing, encode, slice_s, progress, most=batch)
-        elif missing:
-            unreal.encode_at_ingest(self.backbone, self.states, missing, self.settings.unreal_adapter, on_event,
-                                    batch=batch)
-        return {"encoded": len(missing), "missing_before": len(missing)}
-
-    def _encode_qrranker_kv(self, doc_ids: list[int] | None, on_event: EventSink, batch: int,
-                            slice_s: float | None = None) -> int:
-        """QRRanker's block KV files (EVSEL_QRRANKER_KV) that these documents' chunks lack, for the
-        reranker as `--rerank qrranker` builds it; written per slice, so a stopped run resumes.
-        Returns the chunks encoded (0 where the backbone has no QR heads: the first ask says why)."""
-        from evsel.models.selectors import get_selector
-
-        known = {d["id"] for d in self.store.documents()}
-        doc_ids = [d for d in doc_ids if d in known] if doc_ids is not None else None
-        if doc_ids == []:
-            return 0
-        selector = get_selector("qrranker", self.selector_context(on_event))
-        try:
-            files = selector.scorer.kv_files
-        except EvselError as exc:  # no QR heads for this backbone: nothing to compute
-            on_event({"type": "warning", "message": f"QRRanker block KV not computed ({exc.message})"})
-            return 0
-        if files is None:
-            return 0
-        chunks = list({c.content_hash: c for c in self.store.chunks(doc_ids)}.values())
-        missing = [c for c in chunks if not files.has(c.content_hash)]
-        label = "QRRanker block KV"
-
-        def progress(done: int) -> None:
-            on_event({"type": "progress", "task": "encode", "label": label,
-                      "done": len(chunks) - len(missing) + done, "total": len(chunks)})
-
-        if slice_s is not None:
-            timed_slices(missing, selector.encode_store_kv, slice_s, progress, most=batch)
-        else:
-            for start in range(0, len(missing), batch):
-                progress(start)
-                selector.encode_store_kv(missing[start:start + batch])
-            progress(len(missing))
-        return len(missing)
-
-    def _chunker_config(self, chunk_tokens: int) -> dict:
-        return {"tokens": chunk_tokens, "tokenizer": self.backbone.fingerprint[:16]}
-
-    def _ingest_file(
-        self, path: Path, collection: str, kind: str, chunk_tokens: int, on_event: EventSink
-    ) -> FileResult:
-        started = time.perf_counter()
-        warnings: list[str] = []
-        try:
-            # read once and hash exactly the bytes parsed: a file rewritten meanwhile is never stored
-            # with the hash of one version and the text of another
-            data = read_file(path, kind)
-            sha = hashlib.sha256(data).hexdigest()
-            config = self._chunker_config(chunk_tokens)
-            collection_id = self.store.collection_id(collection, create=True)
-            existing = self.store.documents_for_path(collection_id, str(path))
-            if existing and all(
-                d["sha256"] == sha and _metadata(d).get("chunker") == config and _metadata(d).get("kind_arg") == kind
-                for d in existing
-            ):
-                return FileResult(str(path), "unchanged", [d["id"] for d in existing],
-                                  sum(d["n_chunks"] for d in existing), time.perf_counter() - started)
-            on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": 0, "total": 1})
-
-            def reading(done: int, total: int) -> None:  # a long EPUB: shown, and a daemon job may stop here
-                on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": done,
-                          "total": total})
-
-            parsed = parse_file(path, kind, warnings, data=data, on_progress=reading)
-            del data
-            on_event({"type": "progress", "task": "parse", "label": f"read {path.name}", "done": 1, "total": 1})
-            for message in warnings:
-                on_event({"type": "warning", "message": message})
-            # chunks are made as the store writes them, a batch at a time: a book's chunk list is
-            # never held whole. One "store" stage: chunks stored, of an estimate until the last.
-            all_chars = sum(len(doc.text) for doc in parsed) or 1
-            made = {"chunks": 0, "chars": 0, "stored": 0}
-
-            def estimate() -> int:
-                if not made["chars"]:
-                    return max(2, all_chars // (chunk_tokens * 3))  # about 3 characters a token
-                return max(made["stored"], made["chunks"] + 1, round(made["chunks"] * all_chars / made["chars"]))
-
-            def storing(done: int, total: int | None) -> None:  # inside the file's transaction: a cancel here rolls it back
-                made["stored"] = done
-                on_event({"type": "progress", "task": "store", "label": f"storing {path.name}", "done": done,
-                          "total": total if total is not None else estimate()})
-
-            def records(doc, before: int):
-                """The document's chunk records as the chunker makes them; refuses a document without text."""
-                def chunking(done: int, _total: int) -> None:  # the chunker's pulse: shown, and a cancel lands here
-                    made["chars"] = before + done
-                    storing(made["stored"], None)
-
-                any_text = False
-                for chunk in chunker.iter_chunks(doc, self.backbone, chunk_tokens, chunking):
-                    any_text = any_text or bool(chunk.text.strip())
-                    made["chunks"] += 1
-                    yield chunk.record()
-                if not any_text:
-                    raise InputError("no text to index", "check the file's contents", path=str(path))
-
-            docs = []
-            before = 0
-            for doc in parsed:
-                metadata = dict(doc.metadata, chunker=config, kind_arg=kind)
-                docs.append({"part": doc.part, "kind": doc.kind, "title": doc.title, "metadata": metadata,
-                             "n_chars": len(doc.text), "chunks": records(doc, before)})
-                before += len(doc.text)
-            del parsed
-            ids = self.store.replace_file(collection_id, str(path), sha, docs, on_batch=storing)
-            n_chunks = made["stored"]
-            return FileResult(str(path), "ingested", ids, n_chunks, time.perf_counter() - started, warnings=warnings)
-        except EvselError as exc:
-            if exc.path is None:
-                exc.path = str(path)
-            return FileResult(str(path), "failed", error=exc.to_dict(), warnings=warnings,
-                              seconds=time.perf_counter() - started)
-        except OSError as exc:
-            error = InputError(f"cannot read the file: {exc.strerror or exc}", "check the path and permissions",
-                               path=str(path))
-            return FileResult(str(path), "failed", error=error.to_dict(), seconds=time.perf_counter() - started)
-        except Exception as exc:  # a library or parser failure on one file must not stop the others
-            if self.settings.debug:
-                raise
-            error = known_error(exc) or EvselError(f"unexpected {type(exc).__name__} while ingesting: {exc}",
-                                                   "rerun with EVSEL_DEBUG=1 for a traceback and report it")
-            error.path = error.path or str(path)
-            return FileResult(str(path), "failed", error=error.to_dict(), warnings=warnings,
-                              seconds=time.perf_counter() - started)
-
-    # scope
     def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
         """Data derived from a scope's chunks (a BM25 index, stacked chunk states), built by `build`.
 
@@ -759,9 +424,14 @@ class Engine:
         return doc
 
     def docs_rm(self, doc_ids: list[int]) -> list[dict]:
+        return self.remove_documents(doc_ids)["removed"]
+
+    def remove_documents(self, doc_ids: list[int]) -> dict:
+        """`docs_rm`, with the documents whose chunks were deleted (`changed_document_ids`)."""
         docs = [self.store.document(i) for i in doc_ids]  # raises for an unknown id before deleting any
         self.store.remove_documents(doc_ids)
-        return [{"id": d["id"], "title": d["title"], "path": d["path"]} for d in docs]
+        return {"removed": [{"id": d["id"], "title": d["title"], "path": d["path"]} for d in docs],
+                "changed_document_ids": sorted({d["id"] for d in docs})}
 
     # watched folders: in-process they are only saved; the daemon watches them when it runs (it
     # answers these requests itself, and starts observing at once)
@@ -794,44 +464,3 @@ class Engine:
 
         info["default_method"], info["default_why"] = default_method(backbone, self.settings)
         return info
-
-
-def timed_slices(items: list, work: Callable[[list], None], slice_s: float, progress: Callable[[int], None],
-                 most: int = 64, clock: Callable[[], float] = time.perf_counter) -> None:
-    """Run `work` over `items` in consecutive slices of about `slice_s` seconds each: the first
-    slice holds one item, each next one as many as the last slice's time per item fits (at least
-    one, at most `most`). `progress(done)` is called before the first slice and after each one
-    (where a caller may stop the work by raising)."""
-    done, size = 0, 1
-    progress(0)
-    while done < len(items):
-        part = items[done:done + size]
-        started = clock()
-        work(part)
-        per_item = (clock() - started) / len(part)
-        done += len(part)
-        progress(done)
-        size = most if per_item <= 0 else max(1, min(most, int(slice_s / per_item)))
-
-
-def resume_arguments(pending: PendingIngest, with_options: bool = True) -> dict:
-    """`Engine.ingest`'s arguments that finish a file a crash interrupted: its request's options
-    (rows from before m006 have none: their collection, kind and chunk size), or with
-    `with_options` off, for a row whose options this version cannot use, its collection alone.
-    Whether its states and summaries follow is the request's either way."""
-    if with_options:
-        params = {"collection": pending.collection, "kind": pending.kind}
-        if pending.chunk_tokens is not None:
-            params["chunk_tokens"] = pending.chunk_tokens
-        params.update(pending.options)
-        params = {k: v for k, v in params.items() if k in IngestOptions().stored()}
-    else:
-        params = {"collection": pending.collection or DEFAULT_COLLECTION}
-    return {**params, "targets": [pending.path], "encode": pending.encode, "summaries": pending.summaries}
-
-
-def _metadata(doc: dict) -> dict:
-    import json
-
-    value = doc.get("metadata")
-    return json.loads(value) if isinstance(value, str) else (value or {})

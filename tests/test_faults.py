@@ -459,7 +459,7 @@ def test_a_stopping_daemon_drops_the_pending_rows_of_an_ingest_it_abandons(evsel
                                                                               backbone_tokenizer):
     import threading
 
-    from evsel import engine as engine_module
+    from evsel import ingest as ingest_module
     from evsel.daemon import server
     from evsel.daemon.server import Daemon, Job
     from evsel.store import Store
@@ -467,14 +467,14 @@ def test_a_stopping_daemon_drops_the_pending_rows_of_an_ingest_it_abandons(evsel
     path = tmp_path / "a.md"
     path.write_text("# A\n\nThe keeper lit the lamp.\n")
     reading, release = threading.Event(), threading.Event()
-    real_read = engine_module.read_file
+    real_read = ingest_module.read_file
 
     def read_that_does_not_stop(*args, **kwargs):  # a phase that never looks at the cancel
         reading.set()
         release.wait(60)
         return real_read(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "read_file", read_that_does_not_stop)
+    monkeypatch.setattr(ingest_module, "read_file", read_that_does_not_stop)
     monkeypatch.setattr(server, "SHUTDOWN_WAIT_S", 0.2)
     daemon = Daemon(preload=False)
     daemon.worker_store = Store()

@@ -13,7 +13,7 @@ from evsel.paths import sample_story_path
 
 
 def test_timed_slices_grow_to_the_budget_and_stop_between_slices():
-    from evsel.engine import timed_slices
+    from evsel.models.selectors.base import timed_slices
 
     now = [0.0]
 

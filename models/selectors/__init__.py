@@ -17,7 +17,7 @@ from evsel.defaults import DEFAULT_METHODS
 from evsel.defaults import DEFAULT_SELECT as DEFAULT
 from evsel.errors import EvselError
 
-from .base import Ranking, Scored, Selector, SelectorContext, parse_variants
+from .base import IngestWork, Ranking, Scored, Selector, SelectorContext, parse_variants
 
 _REGISTRY: dict[str, Callable[..., Selector]] = {}
 
@@ -172,6 +172,17 @@ def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
     return build(StageSpec.parse(name), context, **kwargs)
 
 
+def ingest_hooks() -> list[type[Selector]]:
+    """The selectors with ingest-time work (`Selector.ingest_work`), in the registry's order."""
+    _load_builtins()
+    return [factory for name in _ORDER if isinstance(factory := _REGISTRY.get(name), type)
+            and factory.ingest_work.__func__ is not Selector.ingest_work.__func__]
+
+
+# the built-in selectors' order: the order their ingest work runs in
+_ORDER = ("bm25", "dense", "random", "rrf", "intrinsic", "unreal", "qrranker", "blocksearch", "hybrid", "default")
+
+
 def _load_builtins() -> None:
     from . import bm25  # noqa: F401  (registers itself)
     from . import dense, random_order, rrf  # noqa: F401  (baselines for evsel eval)
@@ -185,5 +196,5 @@ def _load_builtins() -> None:
 # to import, so every process that can delete chunks (the engine imports this package) has them
 from . import blocksearch, qrranker  # noqa: E402,F401
 
-__all__ = ["DEFAULT", "DEFAULT_METHODS", "HELP", "MethodSpec", "check_stage", "Ranking", "Scored", "Selector", "SelectorContext",
-           "StageSpec", "available", "build", "get_selector", "methods_with_memory", "register"]
+__all__ = ["DEFAULT", "DEFAULT_METHODS", "HELP", "IngestWork", "MethodSpec", "check_stage", "Ranking", "Scored", "Selector", "SelectorContext",
+           "StageSpec", "available", "build", "get_selector", "ingest_hooks", "methods_with_memory", "register"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+import time
 from typing import TYPE_CHECKING, Callable
 
 from evsel.settings import Settings
@@ -56,6 +57,39 @@ class SelectorContext:
     @property
     def backbone(self) -> "Backbone":
         return self.load_backbone()
+
+
+@dataclass
+class IngestWork:
+    """What a selector's ingest hook (`Selector.ingest_work`) works with: the selector context
+    (the user's store and states), the documents (None: every one), which work the request asked
+    for (`states`: per-chunk states and caches; `summaries`: memory summaries), the batch size,
+    and `slice_s`: work in timed slices of about this many seconds (see `timed_slices`)."""
+
+    context: SelectorContext
+    doc_ids: list[int] | None
+    states: bool = True
+    summaries: bool = False
+    batch: int = 64
+    slice_s: float | None = None
+
+
+def timed_slices(items: list, work: Callable[[list], None], slice_s: float, progress: Callable[[int], None],
+                 most: int = 64, clock: Callable[[], float] = time.perf_counter) -> None:
+    """Run `work` over `items` in consecutive slices of about `slice_s` seconds each: the first
+    slice holds one item, each next one as many as the last slice's time per item fits (at least
+    one, at most `most`). `progress(done)` is called before the first slice and after each one
+    (where a caller may stop the work by raising)."""
+    done, size = 0, 1
+    progress(0)
+    while done < len(items):
+        part = items[done:done + size]
+        started = clock()
+        work(part)
+        per_item = (clock() - started) / len(part)
+        done += len(part)
+        progress(done)
+        size = most if per_item <= 0 else max(1, min(most, int(slice_s / per_item)))
 
 
 @dataclass
@@ -129,6 +163,14 @@ class Selector(ABC):
     def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
         """`rank`, with what this selector reports beside the order (see Ranking)."""
         return Ranking(self.rank(question, chunks, top_n))
+
+    @classmethod
+    def ingest_work(cls, chunks: list[ChunkRecord], work: IngestWork) -> dict:
+        """What this method computes ahead of its first question for newly stored `chunks` (the
+        documents' chunks, in document order) and that is still missing: chunk states, caches,
+        summaries. Ingest runs it after storing (or later, for the daemon). Returns what it did,
+        merged into the ingest's outcome."""
+        return {}
 
 
 def parse_variants(selector: str, text: str | None, allowed: tuple[str, ...], example: str) -> list[str]:

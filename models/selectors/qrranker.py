@@ -13,7 +13,7 @@ from evsel.errors import EvselError
 from evsel.store import ChunkRecord, Store
 
 from . import base, register
-from .base import Ranking, Selector
+from .base import IngestWork, Ranking, Selector, timed_slices
 
 MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
 VARIANTS = ("untrained", "memory", "causal")
@@ -116,6 +116,44 @@ class QRRankerSelector(Selector):
                 self._scorer.use_kv_files(store_dir_of(context.store))  # eval (no store) stays in memory
         return self._scorer
 
+    @classmethod
+    def ingest_work(cls, chunks: list[ChunkRecord], work: IngestWork) -> dict:
+        """With EVSEL_QRRANKER_KV, the block KV files these chunks lack (for the reranker as
+        `--rerank qrranker` builds it); with `summaries`, the memory summaries of their blocks."""
+        out = {}
+        if work.states and work.context.settings.qrranker_kv:
+            out["qrranker_kv"] = cls(work.context).encode_missing_kv(chunks, work) if chunks else 0
+        if work.summaries:
+            out["summaries"] = write_summaries(chunks, work.context) if chunks else 0
+        return out
+
+    def encode_missing_kv(self, chunks: list[ChunkRecord], work: IngestWork) -> int:
+        """The block KV files the chunks lack, written per slice, so a stopped run resumes.
+        Returns the chunks encoded (0 where the backbone has no QR heads: the first ask says why)."""
+        on_event = self.context.on_event
+        try:
+            files = self.scorer.kv_files
+        except EvselError as exc:  # no QR heads for this backbone: nothing to compute
+            on_event({"type": "warning", "message": f"QRRanker block KV not computed ({exc.message})"})
+            return 0
+        if files is None:
+            return 0
+        chunks = list({c.content_hash: c for c in chunks}.values())
+        missing = [c for c in chunks if not files.has(c.content_hash)]
+
+        def progress(done: int) -> None:
+            on_event({"type": "progress", "task": "encode", "label": "QRRanker block KV",
+                      "done": len(chunks) - len(missing) + done, "total": len(chunks)})
+
+        if work.slice_s is not None:
+            timed_slices(missing, self.encode_store_kv, work.slice_s, progress, most=work.batch)
+        else:
+            for start in range(0, len(missing), work.batch):
+                progress(start)
+                self.encode_store_kv(missing[start:start + work.batch])
+            progress(len(missing))
+        return len(missing)
+
     def encode_store_kv(self, chunks: list[ChunkRecord]) -> int:
         """Write the block KV files these chunks lack (ingest's background work). Returns the
         chunks encoded (0 where the scorer keeps no files)."""
@@ -170,3 +208,14 @@ class QRRankerSelector(Selector):
         return mem.memory_for(candidates, covering, summaries, [writer.key(b) for b in covering],
                               lambda text: len(self.context.backbone.tokenizer(text, add_special_tokens=False)
                                                ["input_ids"]))
+
+
+def write_summaries(chunks: list[ChunkRecord], context) -> int:
+    """The memory summaries (models/memory.py) of these chunks' blocks that are missing; returns
+    how many were written."""
+    from evsel.models import memory
+
+    writer = memory.SummaryWriter(context.backbone, context.store)
+    missing = writer.missing(memory.blocks_of(chunks))
+    writer.ensure(missing, context.on_event, "writing summaries")
+    return len(missing)

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from evsel.store import ChunkRecord
 
 from . import get_selector, register
-from .base import Selector
+from .base import IngestWork, Selector, timed_slices
 
 
 MAX_QUERIES = 4096  # query vectors kept per selector (~9 KB each)
@@ -51,6 +51,36 @@ class UnrealSelector(Selector):
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         self.keys(chunks)
+
+    @classmethod
+    def ingest_work(cls, chunks: list[ChunkRecord], work: IngestWork) -> dict:
+        """The chunk states of the adapter in use that these chunks lack (none without an adapter
+        for the backbone), so the first ask encodes nothing."""
+        from evsel.models import unreal
+
+        if not work.states:
+            return {}
+        context = work.context
+        backbone, store, adapter = context.backbone, context.store, context.settings.unreal_adapter
+        key = unreal.ingest_state_key(backbone, adapter)
+        if key is None or not chunks:
+            return {"encoded": 0, "missing_before": 0}
+        method, config = key
+        missing = store.chunks_missing_states(backbone.fingerprint, method, config, work.doc_ids)
+        if missing and work.slice_s is not None:
+            total = len({c.content_hash for c in chunks})
+
+            def encode(part: list[ChunkRecord]) -> None:
+                unreal.encode_at_ingest(backbone, context.states, part, adapter, None, batch=len(part))
+
+            def progress(done: int) -> None:
+                context.on_event({"type": "progress", "task": "encode", "label": "UNREAL chunk states",
+                                  "done": total - len(missing) + done, "total": total})
+
+            timed_slices(missing, encode, work.slice_s, progress, most=work.batch)
+        elif missing:
+            unreal.encode_at_ingest(backbone, context.states, missing, adapter, context.on_event, batch=work.batch)
+        return {"encoded": len(missing), "missing_before": len(missing)}
 
     def keys(self, chunks: list[ChunkRecord]):
         """The scope's chunk keys as scored (standardized fp32, N x L_p x d); the states are
