@@ -13,8 +13,9 @@ from evsel.errors import EvselError, InputError
 
 # Request params: types from the engine methods' annotations, and the params that are paths (the
 # client makes them absolute where the user typed them; the daemon runs in / and never guesses).
-PATH_PARAMS = {"ingest": ("targets",), "ask": ("corpus",), "eval": ("data_dir",), "train_convert": ("out", "data_dir"),
+PATH_PARAMS = {"ingest": ("targets",), "ask": ("corpus",), "eval": ("data_dir", "reader"), "train_convert": ("out", "data_dir"),
                "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",), "train_hybrid": ("out",),
+               "train_reader": ("out",),
                "watch_add": ("path",),
                "watch_remove": ("path",), "corpus_add": ("corpus", "targets"), "corpus_rm": ("corpus",)}
 _HINTS: dict[str, dict] = {}

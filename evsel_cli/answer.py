@@ -1,7 +1,13 @@
 """Evidence to an answer: the prompts, and the grounded answer step.
 
 Styles:
-- `short` (default): the sentence of the evidence that best supports an answer is located, the
+- `short` (default): the trained reader (models/reader.py) when the backbone has one: a span head
+  on the backbone's own states scores every whole-word span of every shown passage in one softmax,
+  and the likeliest is the answer, with its exact offsets. Yes/no questions in prose and
+  when-questions in dialogues keep the steps below (the LLM's calibrated yes/no; the turn's time
+  resolved against its session's date). Dialogue answers abstain when the best span's probability
+  is under the threshold chosen on held-out LoCoMo questions. Without a reader: `rules`.
+- `rules`: the sentence of the evidence that best supports an answer is located, the
   generator answers from that sentence alone (a 135M model reads one sentence far better than
   five passages), and its phrase is snapped back onto the exact evidence text. The answer is that
   span when the generator copied it, else the generated phrase; the supporting span is always
@@ -86,16 +92,25 @@ class Grounded:
     generated_tokens: int = 0
     speaker: str | None = None  # who said the supporting span (dialogues)
     answer_type: str | None = None  # what the question asks for (grounding.ANSWER_TYPES)
+    confidence: float | None = None  # the reader's probability of its span
 
     def as_metric_text(self) -> str:
         return self.text if self.text is not None else ABSTAIN_TEXT
 
 
 def grounded_answer(backbone, question: str, evidence: list, style: str = "short",
-                    max_new_tokens: int = SHORT_MAX_TOKENS) -> Grounded:
-    """The answer to `question` from `evidence` (Scored, best first) in `style` short or span."""
+                    max_new_tokens: int = SHORT_MAX_TOKENS, reader_dir: str | None = None) -> Grounded:
+    """The answer to `question` from `evidence` (Scored, best first) in `style` short, rules or span."""
     dialogue = any(s.chunk.speakers for s in evidence)
     asked = grounding.answer_type(question)
+    if style == "short":
+        from evsel.models.reader import reader_for
+
+        reader = reader_for(backbone, reader_dir) if Scorer(backbone).ready else None
+        kept = (asked == "yesno" and not dialogue) or (dialogue and grounding.is_temporal(question))
+        if reader is not None and not kept:
+            return _reader_answer(backbone, reader, question, evidence, asked, dialogue)
+    style = "short" if style == "rules" else style
     chunks = [s.chunk for s in evidence[: DIALOGUE_PASSAGES if dialogue else PROSE_PASSAGES]]
     found = grounding.sentences(chunks)
     ranked = grounding.rank_sentences(question, found, phrase_bonus=0.0 if dialogue else PROSE_PHRASE_BONUS)
@@ -116,6 +131,26 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
         result.speaker = result.speaker or best.speaker
     result.answer_type = asked
     return result
+
+
+def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
+    chunks = [s.chunk for s in evidence]
+    found = grounding.sentences(chunks)
+    ranked = grounding.rank_sentences(question, found)
+    if not ranked or grounding.support(question, ranked[0][1]) == 0.0:
+        return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
+    spans = reader.read(backbone, question, [c.text for c in chunks])
+    if not spans:
+        return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
+    best = spans[0]
+    said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
+    if dialogue and best.probability < reader.threshold:
+        return Grounded(None, "abstained", f"the reader is unsure of every answer in the passages "
+                        f"(best {best.probability:.2f}, threshold {reader.threshold:.2f})", best.passage,
+                        best.start, best.end, speaker=said.speaker if said else None, answer_type=asked,
+                        confidence=best.probability)
+    return Grounded(best.text, "span", None, best.passage, best.start, best.end,
+                    speaker=said.speaker if said else None, answer_type=asked, confidence=best.probability)
 
 
 def _context(found: list, sentence: grounding.Sentence) -> list[grounding.Sentence]:

@@ -16,7 +16,7 @@ __all__ = ["REQUESTS", "Requests"]
 
 # The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
 REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
-            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "train_hybrid", "watch_add", "watch_remove",
+            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "train_hybrid", "train_reader", "watch_add", "watch_remove",
             "watch_list", "corpus_add", "corpus_rm")
 
 EventSink = Callable[[dict], None]
@@ -45,7 +45,8 @@ class Requests:
              limit: int | None = None, split: str | None = None, concat: int = 0, fold: int | None = None,
              data_dir: str | None = None, top_n: int = 5, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
              max_new_tokens: int = 32, per_question: bool = False, rerank_top: int = RERANK_TOP,
-             answer_style: str = "short", memory: bool = False, on_event: EventSink = _ignore) -> dict: ...
+             answer_style: str = "short", memory: bool = False, reader: str | None = None,
+             on_event: EventSink = _ignore) -> dict: ...
 
     def train_convert(self, out: str, options: dict, data_dir: str | None = None,
                       on_event: EventSink = _ignore) -> dict: ...
@@ -62,6 +63,9 @@ class Requests:
                           on_event: EventSink = _ignore, recipe_name: str = "full") -> dict: ...
 
     def train_hybrid(self, out: str, options: dict | None = None, command: str | None = None,
+                     on_event: EventSink = _ignore, recipe_name: str = "full") -> dict: ...
+
+    def train_reader(self, out: str, options: dict | None = None, command: str | None = None,
                      on_event: EventSink = _ignore, recipe_name: str = "full") -> dict: ...
 
     def docs_list(self, collection: str | None = None) -> list[dict]: ...

@@ -10,6 +10,6 @@ DEFAULT_CHUNK_TOKENS = 140  # the chunker's budget (evsel.chunker)
 DEFAULT_COLLECTION = "default"  # the store's collection when none is named (evsel.store)
 KINDS = ("auto", "book", "pdf", "dialogue")  # ingest --kind (evsel.parsers)
 RERANK_TOP = 50  # first-stage candidates a reranker re-scores, as in QRRanker (evsel.pipeline)
-STYLES = ("short", "span", "sentence")  # ask --style (evsel.answer)
+STYLES = ("short", "rules", "span", "sentence")  # ask --style (evsel.answer)
 DEFAULT_SELECT = "default"  # the first stage when none is named: the measured best method (models/selectors/default.py)
 DEFAULT_METHODS = "bm25,dense,random"  # eval --methods' default: words, a dense baseline, the floor

@@ -346,6 +346,7 @@ class Engine:
         rerank_top: int = RERANK_TOP,
         answer_style: str = "short",
         memory: bool = False,
+        reader: str | None = None,
         on_event: EventSink = _ignore,
     ) -> dict:
         """`evsel eval`: every method through the ask pipeline on the same in-memory chunks. Chunk
@@ -360,7 +361,7 @@ class Engine:
         config = EvalConfig(methods=list(methods), ks=list(ks or [1, 3, 5, 10]), generate=generate, limit=limit,
                             top_n=top_n, chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens,
                             per_question=per_question, rerank_top=rerank_top, answer_style=answer_style,
-                            memory=memory)
+                            memory=memory, reader=reader)
         folder = data_dir or self.settings.data_dir
         data = load_dataset(dataset, _Path(folder) if folder else None, split=split, concat=concat, fold=fold)
         return run(data, config, self, on_event=on_event)
@@ -406,6 +407,13 @@ class Engine:
                           on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
         """`evsel train blocksearch`: train (or resume) BlockSearch's code decoder (OUT/adapter.safetensors)."""
         from evsel.recipes import blocksearch as recipe
+
+        return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
+
+    def train_reader(self, out: str, options: dict | None = None, command: str | None = None,
+                     on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
+        """`evsel train reader`: the answer-span head (OUT/adapter.safetensors, OUT/reader.json)."""
+        from evsel.recipes import reader as recipe
 
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
 

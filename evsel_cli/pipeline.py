@@ -108,7 +108,8 @@ def in_document_order(scored: list) -> list:
     return sorted(scored, key=lambda s: (s.chunk.doc_id, s.chunk.seq))
 
 
-def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: str = "short") -> dict:
+def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: str = "short",
+           reader_dir: str | None = None) -> dict:
     """The answer step on the evidence (Scored, in the order shown): text (None when it abstains),
     how it was found, the supporting span (`passage`: 1-based index into `evidence`, offsets into
     that passage and into its document), token counts and seconds."""
@@ -123,7 +124,7 @@ def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: 
         out["generate_s"] = time.perf_counter() - started
         return out
     best_first = sorted(evidence, key=lambda s: s.rank)
-    found = grounded_answer(backbone, question, best_first, style, min(max_new_tokens, 16))
+    found = grounded_answer(backbone, question, best_first, style, min(max_new_tokens, 16), reader_dir)
     span = None
     if found.passage is not None:
         chunk = best_first[found.passage].chunk
@@ -132,6 +133,6 @@ def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: 
                 "doc_start": chunk.char_start + found.start, "doc_end": chunk.char_start + found.end}
     return {"text": found.text, "kind": found.kind, "reason": found.reason, "span": span,
             "generated": found.generated, "speaker": found.speaker, "metric_text": found.as_metric_text(),
-            "answer_type": found.answer_type,
+            "answer_type": found.answer_type, "confidence": found.confidence,
             "prompt_tokens": found.prompt_tokens, "generated_tokens": found.generated_tokens,
             "generate_s": time.perf_counter() - started}

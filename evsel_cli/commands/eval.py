@@ -63,8 +63,13 @@ def eval_command(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=INT,
                                                 help="Longest answer, in tokens.")] = 32,
     answer_style: Annotated[str, typer.Option(
-        "--answer-style", parser=choice(list(STYLES)),
-        help="With --generate: the answer step, as evsel ask --style (short, span, sentence).")] = "short",
+        "--answer-style",
+        help="With --generate: the answer step, as evsel ask --style (short, rules, span, sentence); several, "
+             "comma-separated, answer each method's evidence with each (rows 'METHOD [STYLE]').")] = "short",
+    reader: Annotated[Optional[Path], typer.Option(
+        "--reader", metavar="DIR", parser=path(file_okay=False, exists=True, path_type=Path),
+        help="The reader of --answer-style short: a folder written by evsel train reader (default: the "
+             "model's shipped one).")] = None,
     memory: Annotated[bool, typer.Option(
         "--memory", help="Every FIRST>qrranker method reads its candidates' summaries (as qrranker:memory); "
                          "missing summaries are written into eval's own cache first.")] = False,
@@ -95,6 +100,11 @@ def eval_command(
     if chunk_tokens < 16:
         raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
     k_list = _int_list(ks, "--k")
+    styles = [x.strip() for x in answer_style.split(",") if x.strip()]
+    unknown = [x for x in styles if x not in STYLES]
+    if unknown or not styles:
+        raise InputError(f"unknown answer style {', '.join(unknown) or answer_style!r}",
+                         f"choose among: {', '.join(STYLES)}")
     if not (dataset.endswith(".jsonl") or Path(dataset).is_file() or dataset in DATASET_NAMES):
         raise InputError(f"unknown dataset {dataset!r}",
                          f"choose one of: {', '.join(DATASET_NAMES)}, or give a path to a .jsonl file")
@@ -107,7 +117,8 @@ def eval_command(
         result = engine.eval(dataset, method_list, ks=k_list, generate=generate, limit=limit, split=split,
                              concat=concat, fold=fold, data_dir=str(data_dir) if data_dir else None, top_n=top_n,
                              chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens, per_question=per_question,
-                             rerank_top=rerank_top, answer_style=answer_style, memory=memory, on_event=view)
+                             rerank_top=rerank_top, answer_style=",".join(styles), memory=memory,
+                             reader=str(reader.absolute()) if reader else None, on_event=view)
     result["run"] = run_info(["evsel", *sys.argv[1:]] if sys.argv and "evsel" in Path(sys.argv[0]).name else None)
     if plot_path is not None:
         if plot(result, plot_path):

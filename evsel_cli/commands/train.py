@@ -388,3 +388,63 @@ def train_hybrid(
         dev = ws["dev"]
         stderr.print(f"{ws['name']} ({'+'.join(ws['groups'])}): dev recall@3 {dev['recall@3']:.3f} mrr {dev['mrr']:.3f}")
     stderr.print(f"default: {summary['default']['method']} ({summary['default']['why']}); weights in {out}")
+
+
+@app.command("reader")
+def train_reader(
+    ctx: typer.Context,
+    out: Annotated[str, typer.Option(
+        "--out", parser=path(file_okay=False),
+        help="Folder to write: the span head (adapter.safetensors, the best by dev F1, and reader.json: "
+             "what it was trained on, its dev F1, its abstention threshold), states/ (the backbone's "
+             "states of every example, reused by a rerun), checkpoint/ (resumable), log.jsonl.")],
+    recipe: Annotated[Literal["smoke", "full"], typer.Option(
+        "--recipe", parser=choice(["smoke", "full"]),
+        help="smoke (a minute on a CPU, proves the path) or full (docs/ANSWERS.md's run).")] = "full",
+    sources: Annotated[Optional[List[str]], typer.Option("--source", help=_source_help)] = None,
+    fold: FoldOption = None,
+    stories: Annotated[Optional[int], typer.Option(
+        "--stories", parser=INT, help="FairytaleQA train stories trained on (full: 150).")] = None,
+    questions_per_story: Annotated[Optional[int], typer.Option(
+        "--questions-per-story", parser=INT, help="Questions per training story (full: 8).")] = None,
+    folded_questions: Annotated[Optional[int], typer.Option(
+        "--folded-questions", parser=INT, help="Training questions per LoCoMo / MuSiQue / HotpotQA source (full: 400).")
+    ] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", parser=INT, help="Optimizer steps (full: 1500).")] = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", parser=INT, help="Questions per step (full: 8).")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", parser=FLOAT, help="Peak learning rate.")] = None,
+    minutes: Annotated[Optional[float], typer.Option(
+        "--minutes", parser=FLOAT, help="Checkpoint and stop after this many minutes; a rerun continues.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", parser=INT, help="CPU threads for torch.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", parser=INT)] = None,
+    as_json: JsonOption = False,
+):
+    """The reader (the answer step of --style short): a span head on the frozen backbone's states
+    that finds the answer's words across all shown passages (models/reader.py).
+
+    Each example is a training question with BM25's top 5 passages of its document, the answer
+    located in them. Training splits only: FairytaleQA train (dev: held-out train stories), and
+    LoCoMo, MuSiQue, HotpotQA on one --fold (evaluate with --fold of the other). With LoCoMo, its
+    held-out conversation's adversarial questions set the abstention threshold. The backbone's
+    states are cached in OUT/states; rerunning resumes from OUT/checkpoint. Use the head with
+    evsel eval --reader OUT, or copy it into the model's adapters to make it the default.
+    """
+    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    options = {"sources": list(sources) if sources else None, "fold": fold, "stories": stories,
+               "questions_per_story": questions_per_story, "folded_questions": folded_questions, "steps": steps,
+               "batch": batch, "lr": lr, "minutes": minutes, "threads": threads, "seed": seed}
+    engine = engine_from(ctx)
+    with ProgressView(enabled=not as_json) as view:
+        def on_event(event: dict) -> None:
+            if not (as_json and event.get("type") == "log"):
+                view(event)
+
+        summary = engine.train_reader(str(Path(out).absolute()), options, command, on_event=on_event,
+                                      recipe_name=recipe)
+    if as_json:
+        print_json(summary)
+        return
+    best = summary["best_dev"] or {}
+    abstain = summary["abstention"]
+    stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev F1 "
+                 f"{best.get('f1', float('nan')):.3f}; abstains below p={abstain['abstain_below']:.3f}; reader in {out}")

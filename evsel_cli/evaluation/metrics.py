@@ -96,6 +96,17 @@ def contained(prediction: str, references: list[str]) -> float:
     return 0.0
 
 
+def shown(passages: list[str], references: list[str]) -> bool:
+    """Does some passage hold some reference word for word (after SQuAD normalisation)? The
+    questions a reader can answer from the evidence it was shown."""
+    texts = [f" {normalize_answer(p)} " for p in passages]
+    for reference in references:
+        wanted = normalize_answer(reference)
+        if wanted and any(f" {wanted} " in t for t in texts):
+            return True
+    return False
+
+
 # LoCoMo's F1 (task_eval/evaluation.py of snap-research/locomo) ----------------------------------
 
 _LOCOMO_ARTICLES = re.compile(r"\b(a|an|the|and)\b")

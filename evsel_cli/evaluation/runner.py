@@ -42,7 +42,8 @@ class EvalConfig:
     max_new_tokens: int = 32
     per_question: bool = False  # keep each question's record in the result
     rerank_top: int = RERANK_TOP  # first-stage candidates a FIRST>RERANKER method re-scores
-    answer_style: str = "short"  # the answer step (evsel ask --style)
+    answer_style: str = "short"  # the answer step (evsel ask --style); several, comma-separated
+    reader: str | None = None  # the reader folder of style short (None: the model's shipped one)
     memory: bool = False  # every reranker with a memory variant reads its candidates' summaries
 
 
@@ -160,14 +161,15 @@ def gold_units(question: EvalQuestion, corpus: Corpus, tally: dict[str, int]) ->
 
 
 def _generate(engine, question: EvalQuestion, evidence: list, config: "EvalConfig", claims: bool,
-              full: bool = False) -> dict:
+              full: bool = False, style: str = "short") -> dict:
     """The answer step of the ask pipeline, on the evidence (Scored) the pipeline chose. Claims are
     judged true/false by free generation: they have no span to find."""
     if claims:
         return answer(engine.backbone, CLAIM_PROMPT.format(claim=question.question), in_document_order(evidence),
                       config.max_new_tokens, "sentence")
-    style = "sentence" if full else config.answer_style  # full is the whole-context generation baseline
-    return answer(engine.backbone, question.question, in_document_order(evidence), config.max_new_tokens, style)
+    style = "sentence" if full else style  # full is the whole-context generation baseline
+    return answer(engine.backbone, question.question, in_document_order(evidence), config.max_new_tokens, style,
+                  config.reader)
 
 
 def _oracle_evidence(question: EvalQuestion, units: list[set[int]], chunks: list[ChunkRecord], top_n: int) -> list:
@@ -231,6 +233,11 @@ def _summary(records: list[dict], ks: list[int], claims: bool) -> dict:
                 out[key] = metrics.mean(values)
         out["prompt_tokens"] = metrics.mean([r["prompt_tokens"] for r in answered])
         out["answered"] = len(answered)
+        readable = [r for r in answered if r.get("answer_shown") and "contained" in r["scores"]]
+        if readable:  # the reader alone: of the questions whose evidence holds the reference
+            out["answer_shown"] = len(readable)
+            out["reader_recall"] = metrics.mean([r["scores"]["contained"] for r in readable])
+            out["reader_f1"] = metrics.mean([r["scores"]["f1"] for r in readable])
         if claims:
             pairs: dict[str, list[bool]] = {}
             for r in answered:
@@ -270,6 +277,30 @@ def _latency(records: list[dict]) -> dict:
     return out
 
 
+def _method_result(results: dict, per_question: dict, name: str, method: "Method", records: list[dict],
+                   dataset: EvalDataset, config: EvalConfig, ks: list[int], claims: bool, not_fitting: int,
+                   index_s: float) -> None:
+    """One row of the results (a method, with one answer style when several are compared)."""
+    headline = [r for r in records if r["group"] not in dataset.separate_groups]
+    groups = sorted({r["group"] for r in records})
+    results[name] = {
+        **_summary(headline, ks, claims),
+        "latency": _latency(records),
+        "index_s": index_s,
+        "groups": {g: _summary([r for r in records if r["group"] == g], ks, claims) for g in groups},
+    }
+    typed = sorted({r["answer_type"] for r in headline if "answer_type" in r})
+    if typed:  # answer scores by what the question asks for (person, place, ...)
+        results[name]["answer_types"] = {
+            t: _summary([r for r in headline if r.get("answer_type") == t], ks, claims) for t in typed}
+    if method.full:
+        results[name]["not_fitting"] = not_fitting
+    if config.generate and not claims:
+        results[name]["abstention"] = _abstention(records, dataset)
+    if config.per_question:
+        per_question[name] = records
+
+
 def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[dict], None] = _ignore) -> dict:
     """Evaluate `config.methods` on `dataset`. Returns a plain dict (see the --json output)."""
     from evsel.models.selectors import Scored
@@ -307,8 +338,10 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
     per_question: dict[str, list[dict]] = {}
     total = len(questions) * len(methods)
     done = 0
+    styles = [s for s in config.answer_style.split(",") if s] or ["short"]
     for method in methods:
         records: list[dict] = []
+        by_style: dict[str, list[dict]] = {s: [] for s in styles}
         index_s = 0.0
         not_fitting = 0
         for scope_keys, scope_questions in scopes.items():
@@ -329,7 +362,8 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                 elif method.full:
                     if not _fits(engine, q, chunks, config.max_new_tokens):
                         not_fitting += 1
-                        records.append(record)
+                        for style in styles:
+                            by_style[style].append(dict(record))
                         continue
                     evidence = [Scored(c, 0.0, i) for i, c in enumerate(chunks, 1)]
                 else:
@@ -343,38 +377,30 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                         if config.per_question:
                             record["top"] = ids[: max(ks)]
                             record["gold"] = [sorted(u) for u in units[q.qid]]
-                if config.generate:
+                if not config.generate:
+                    records.append(record)
+                    continue
+                held = metrics.shown([s.chunk.text for s in evidence], q.answers) if q.answers else False
+                for style in styles:
+                    styled = {**record, "timings": dict(record["timings"])}
                     try:
-                        out = _generate(engine, q, evidence, config, claims, method.full)
+                        out = _generate(engine, q, evidence, config, claims, method.full, style)
                     except ModelError as exc:  # prompt over the window: say so, do not guess
-                        record["error"] = exc.message
+                        styled["error"] = exc.message
                     else:
-                        record["answer"] = out["text"]
-                        record["answer_kind"] = out["kind"]
+                        styled["answer"] = out["text"]
+                        styled["answer_kind"] = out["kind"]
+                        styled["answer_shown"] = held
                         if out.get("answer_type"):
-                            record["answer_type"] = out["answer_type"]
-                        record["prompt_tokens"] = out["prompt_tokens"]
-                        record["timings"]["generate_s"] = out["generate_s"]
-                        record["scores"] = _score_answer(dataset, q, out["metric_text"])
-                records.append(record)
-        headline = [r for r in records if r["group"] not in dataset.separate_groups]
-        groups = sorted({r["group"] for r in records})
-        results[method.spec] = {
-            **_summary(headline, ks, claims),
-            "latency": _latency(records),
-            "index_s": index_s,
-            "groups": {g: _summary([r for r in records if r["group"] == g], ks, claims) for g in groups},
-        }
-        typed = sorted({r["answer_type"] for r in headline if "answer_type" in r})
-        if typed:  # answer scores by what the question asks for (person, place, ...)
-            results[method.spec]["answer_types"] = {
-                t: _summary([r for r in headline if r.get("answer_type") == t], ks, claims) for t in typed}
-        if method.full:
-            results[method.spec]["not_fitting"] = not_fitting
-        if config.generate and not claims:
-            results[method.spec]["abstention"] = _abstention(records, dataset)
-        if config.per_question:
-            per_question[method.spec] = records
+                            styled["answer_type"] = out["answer_type"]
+                        styled["prompt_tokens"] = out["prompt_tokens"]
+                        styled["timings"]["generate_s"] = out["generate_s"]
+                        styled["scores"] = _score_answer(dataset, q, out["metric_text"])
+                    by_style[style].append(styled)
+        for style, records in (by_style.items() if config.generate else [(None, records)]):
+            name = method.spec if style is None or len(styles) == 1 else f"{method.spec} [{style}]"
+            _method_result(results, per_question, name, method, records, dataset, config, ks, claims, not_fitting,
+                           index_s)
     on_event({"type": "progress", "task": "questions", "label": "done", "done": total, "total": total})
 
     n_chunks = sum(len(v) for v in corpus.chunks.values())
@@ -403,6 +429,7 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
             "max_new_tokens": config.max_new_tokens,
             "rerank_top": config.rerank_top,
             "answer_style": config.answer_style,
+            "reader": config.reader,
         },
         "methods": results,
         "seconds": {"chunking": corpus.seconds, "total": time.perf_counter() - started},

@@ -1,0 +1,394 @@
+"""`evsel train reader`: the answer-span head (models/reader.py) on the frozen backbone's states.
+
+Each training example is what `evsel ask` shows the reader: a question and BM25's top passages
+over evsel's own chunks of its document (the other passages are the negatives: the span
+softmax runs across all of them). The answer is located in those passages as whole words: the
+reference itself (case and spacing aside), else, for the long free-form references of FairytaleQA
+and LoCoMo, the stretch of at most 24 words with token F1 >= LOCATE_F1 to it. When BM25 misses
+every passage that holds it, the best passage of the question's gold evidence that does replaces
+the last one, so the head also learns from questions the retriever gets wrong. Questions whose
+answer is in no passage are left out.
+
+Sources: FairytaleQA train (dev: held-out train stories, never val), and LoCoMo, MuSiQue, HotpotQA
+on one --fold (the other fold is what `evsel eval --fold` scores). LoCoMo's adversarial questions
+are never trained on: with one held-out conversation's answerable questions they choose the
+abstention threshold (the best-span probability below which dialogue answers abstain).
+
+The backbone's states of every example are computed once and cached under OUT/states (fp16, one
+file per example, keyed by the question, passages and layers), so a rerun, or a run stopped by
+--minutes, resumes without recomputing them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .common import AdapterTrainer, check_sources, config_of, folded_dataset, ignore_event, pick_recipe
+
+LOCATE_F1 = 0.75
+
+
+@dataclass
+class TrainConfig:
+    out: str = ""
+    sources: list[str] = field(default_factory=lambda: ["fairytaleqa-train"])
+    fold: int | None = None
+    stories: int = 150  # FairytaleQA train stories trained on
+    questions_per_story: int = 8
+    dev_stories: int = 12  # held-out FairytaleQA train stories
+    dev_questions_per_story: int = 8
+    folded_questions: int = 400  # per folded source (LoCoMo, MuSiQue, HotpotQA)
+    calibration_questions: int = 200  # LoCoMo: of the held-out conversation, for the threshold
+    top_n: int = 5
+    layers: list[int] = field(default_factory=lambda: [14, 22])
+    width: int = 256
+    heads: int = 4
+    dropout: float = 0.1
+    batch: int = 8  # questions per step
+    steps: int = 1500
+    minutes: float | None = None
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    dev_every: int = 250
+    checkpoint_every: int = 250
+    min_precision: float = 0.7  # of the abstentions on the calibration questions
+    chunk_tokens: int = 140
+    threads: int | None = None
+    seed: int = 0
+
+
+SMOKE = {"stories": 3, "questions_per_story": 3, "dev_stories": 1, "dev_questions_per_story": 3,
+         "folded_questions": 4, "calibration_questions": 6, "steps": 4, "batch": 2, "dev_every": 2,
+         "checkpoint_every": 2, "warmup": 1}
+FULL = {}
+
+
+def locate_answer(passages: list[str], answers: list[str]) -> list[tuple[int, int, int]]:
+    """(passage, start, end) of every place the passages hold a reference as whole words; else
+    the best near-copy (token F1 >= LOCATE_F1) of the first reference that has one."""
+    import re
+
+    from evsel import grounding
+
+    found = []
+    for answer in answers:
+        words = answer.strip().strip(".").split()
+        if not words or len(words) > 24:
+            continue
+        pattern = re.compile(r"(?<!\w)" + r"\s+".join(re.escape(w) for w in words) + r"(?!\w)", re.I)
+        for p, text in enumerate(passages):
+            found += [(p, m.start(), m.end()) for m in pattern.finditer(text)]
+    if found:
+        return sorted(set(found))
+    for answer in answers:
+        best = max(((grounding.snap(answer, text), p) for p, text in enumerate(passages)), default=None,
+                   key=lambda pair: pair[0][0])
+        if best is not None and best[0][0] >= LOCATE_F1:
+            (_, a, b), p = best
+            return [(p, a, b)]
+    return []
+
+
+def _examples(config: TrainConfig, backbone, data_dir: Path | None, on_event) -> tuple[list, list, list, dict]:
+    """(train, dev, calibration, description): examples {"id", "question", "passages", "spans",
+    "answers", "dialogue", "unanswerable"}."""
+    from evsel.evaluation.runner import build_corpus, gold_units
+    from evsel.models.selectors import SelectorContext, get_selector
+
+    check_sources(config.sources, config.fold)
+    rng = random.Random(config.seed)
+    bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
+    train: list[dict] = []
+    dev: list[dict] = []
+    calibration: list[dict] = []
+    described: dict = {"fold": config.fold}
+
+    def example(source: str, q, chunks: list, corpus, keep_unanswerable: bool = False) -> dict | None:
+        ranked = bm25.rank(q.question, chunks, config.top_n)
+        shown = [s.chunk for s in ranked[: config.top_n]]
+        dialogue = any(c.speakers for c in shown)
+        if keep_unanswerable:
+            return {"id": f"{source}/{q.qid}", "question": q.question, "passages": [c.text for c in shown],
+                    "spans": [], "answers": list(q.answers), "dialogue": dialogue, "unanswerable": True}
+        spans = locate_answer([c.text for c in shown], q.answers)
+        if not spans:  # the retriever missed it: a gold passage that holds it takes the last place
+            by_id = {c.id: c for c in chunks}
+            for unit in gold_units(q, corpus, {}):
+                for cid in sorted(unit):
+                    chunk = by_id.get(cid)
+                    if chunk is None or chunk in shown:
+                        continue
+                    got = locate_answer([chunk.text], q.answers)
+                    if got:
+                        shown = shown[:-1] + [chunk] if len(shown) >= config.top_n else shown + [chunk]
+                        spans = [(len(shown) - 1, a, b) for _, a, b in got]
+                        break
+                if spans:
+                    break
+        if not spans:
+            return None
+        return {"id": f"{source}/{q.qid}", "question": q.question, "passages": [c.text for c in shown],
+                "spans": spans, "answers": list(q.answers), "dialogue": dialogue, "unanswerable": False}
+
+    for source in config.sources:
+        dataset = folded_dataset(source, Path(data_dir) if data_dir else None,
+                                 config.fold if source != "fairytaleqa-train" else None)
+        keys = sorted(dataset.loaders)
+        rng.shuffle(keys)
+        stats = {"located": 0, "not_located": 0}
+        if source == "fairytaleqa-train":
+            dev_keys, train_keys = keys[: config.dev_stories], keys[config.dev_stories:][: config.stories]
+            quotas = {"dev": config.dev_questions_per_story, "train": config.questions_per_story}
+        elif source == "locomo":
+            dev_keys, train_keys = keys[:1], keys[1:]  # one held-out conversation: calibration
+            quotas = {}
+        else:
+            dev_keys, train_keys = [], keys
+            quotas = {}
+        corpus = build_corpus(dataset, dev_keys + train_keys, backbone, config.chunk_tokens, on_event)
+        by_doc: dict[str, list] = {}
+        for q in dataset.questions:
+            if q.docs:
+                by_doc.setdefault(q.docs[0], []).append(q)
+        for part, part_keys in (("dev", dev_keys), ("train", train_keys)):
+            pool = [q for k in part_keys for q in by_doc.get(k, [])]
+            rng.shuffle(pool)
+            made: list[dict] = []
+            per_doc: dict[str, int] = {}
+            limit = (config.calibration_questions if part == "dev" else config.folded_questions) \
+                if source != "fairytaleqa-train" else None
+            for i, q in enumerate(pool):
+                if limit is not None and len(made) >= limit:
+                    break
+                if quotas and per_doc.get(q.docs[0], 0) >= quotas[part]:
+                    continue
+                on_event({"type": "progress", "task": "examples", "label": f"{source} {part}", "done": i,
+                          "total": len(pool)})
+                adversarial = q.group == "adversarial"
+                if adversarial and part == "train":
+                    continue
+                chunks = corpus.chunks[q.docs[0]]
+                got = example(source, q, chunks, corpus, keep_unanswerable=adversarial) if q.answers or adversarial \
+                    else None
+                if got is None:
+                    stats["not_located"] += 1
+                    continue
+                stats["located"] += 1
+                per_doc[q.docs[0]] = per_doc.get(q.docs[0], 0) + 1
+                made.append(got)
+            if part == "train":
+                train += made
+            elif source == "locomo":
+                calibration += made
+            else:
+                dev += made
+        described[source] = {"train_documents": len(train_keys), "held_out_documents": dev_keys,
+                             "question_ids": [e["id"] for e in train if e["id"].startswith(source + "/")], **stats}
+    if not dev and len(train) > 1:  # no FairytaleQA: a tenth of the training questions checks the head
+        rng.shuffle(train)
+        dev, train = train[: max(1, len(train) // 10)], train[max(1, len(train) // 10):]
+        for source in config.sources:
+            described[source]["question_ids"] = [e["id"] for e in train if e["id"].startswith(source + "/")]
+    described["dev_question_ids"] = [e["id"] for e in dev]
+    described["calibration_question_ids"] = [e["id"] for e in calibration]
+    return train, dev, calibration, described
+
+
+class StateCache:
+    """The frozen backbone's states of each example, once: OUT/states/<key>.safetensors (fp16)."""
+
+    def __init__(self, folder: Path, backbone, layers: list[int]):
+        self.folder = folder
+        self.backbone = backbone
+        self.layers = layers
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def key(self, item: dict) -> str:
+        blob = json.dumps([self.backbone.fingerprint, self.layers, item["question"], item["passages"]])
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    def get(self, item: dict):
+        """(states (P, T, D) float, mask (P, T), encoded)."""
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        from evsel.models.reader import backbone_states, encode
+
+        encoded = encode(self.backbone.tokenizer, self.backbone.bos_id(), item["question"], item["passages"])
+        path = self.folder / f"{self.key(item)}.safetensors"
+        if path.is_file():
+            got = load_file(str(path))
+            return got["states"].float(), got["mask"].bool(), encoded
+        states, mask = backbone_states(self.backbone.model, encoded, self.layers)
+        tmp = path.with_suffix(".tmp")
+        save_file({"states": states.half().contiguous(), "mask": mask.to(torch.uint8)}, str(tmp))
+        tmp.rename(path)
+        return states, mask, encoded
+
+
+def span_f1(prediction: str, answers: list[str]) -> float:
+    from evsel.evaluation import metrics
+
+    return metrics.token_f1(prediction, answers) if answers else 0.0
+
+
+class ReaderTrainer(AdapterTrainer):
+    selection_key = "f1"
+    progress_label = "reader"
+
+    def setup(self, train: list, dev: list, calibration: list, described: dict) -> None:
+        import torch
+
+        from evsel.models.reader import Reader, ReaderConfig
+
+        cfg = self.config
+        if not train:
+            from evsel.errors import InputError
+
+            raise InputError("no training question has its answer in the passages shown",
+                             "add --source or more --stories")
+        self.train_items, self.dev, self.calibration, self.described = train, dev, calibration, described
+        self.cache = StateCache(self.out / "states", self.backbone, list(cfg.layers))
+        d_model = self.backbone.model.config.hidden_size
+        reader_config = ReaderConfig(layers=list(cfg.layers), width=cfg.width, heads=cfg.heads, dropout=cfg.dropout)
+        self.start_or_resume(lambda folder: Reader.load(folder, d_model), lambda: Reader(reader_config, d_model))
+        self.adapter.head.train()
+        self.order = list(range(len(train)))
+        random.Random(cfg.seed).shuffle(self.order)
+        self.started = time.perf_counter()
+        items = train + dev + calibration
+        for i, item in enumerate(items):  # every state once, up front: the cache a rerun resumes from
+            if i % 10 == 0:
+                self.on_event({"type": "progress", "task": "states", "label": "backbone states", "done": i,
+                               "total": len(items)})
+            self.cache.get(item)
+        torch.manual_seed(cfg.seed)
+
+    def loss_of(self, item: dict):
+        import torch
+
+        from evsel.models.reader import gold_targets, span_mask
+
+        states, mask, encoded = self.cache.get(item)
+        allowed = span_mask(encoded, states.shape[1], self.adapter.config.max_span)
+        target = gold_targets(encoded, item["spans"], states.shape[1], self.adapter.config.max_span) & allowed
+        if not target.any():
+            return None
+        raw = self.adapter.head(states, mask).masked_fill(~allowed, float("-inf"))
+        return torch.logsumexp(raw.reshape(-1), 0) - torch.logsumexp(raw[target], 0)
+
+    def train_step(self) -> dict:
+        cfg = self.config
+        self.adapter.head.train()
+        self.begin_step()
+        losses = []
+        for k in range(cfg.batch):
+            item = self.train_items[self.order[(self.step * cfg.batch + k) % len(self.order)]]
+            loss = self.loss_of(item)
+            if loss is not None:
+                (loss / cfg.batch).backward()
+                losses.append(loss.item())
+        norm = self.end_step()
+        return {"loss": sum(losses) / max(1, len(losses)), "grad_norm": round(norm, 3), "lr": self.lr_at(self.step)}
+
+    def best_spans(self, items: list[dict]) -> list:
+        import torch
+
+        from evsel.models.reader import span_mask
+
+        self.adapter.head.eval()
+        out = []
+        with torch.inference_mode():
+            for item in items:
+                states, mask, encoded = self.cache.get(item)
+                allowed = span_mask(encoded, states.shape[1], self.adapter.config.max_span)
+                logp = self.adapter.scores(states, mask, allowed)
+                value, index = logp.reshape(-1).max(0)
+                width, span = logp.shape[1], logp.shape[2]
+                p, rest = divmod(int(index), width * span)
+                t, length = divmod(rest, span)
+                first = t - encoded.starts[p]
+                a, b = encoded.offsets[p][first][0], encoded.offsets[p][first + length][1]
+                out.append((item["passages"][p][a:b], float(value.exp())))
+        self.adapter.head.train()
+        return out
+
+    def dev_metrics(self) -> dict:
+        got = self.best_spans(self.dev)
+        f1 = [span_f1(text, item["answers"]) for (text, _), item in zip(got, self.dev)]
+        return {"f1": sum(f1) / max(1, len(f1)), "questions": len(f1)}
+
+    def is_better(self, dev: dict) -> bool:
+        return self.best is None or (bool(dev) and dev["f1"] > self.best.get("f1", -1))
+
+    def calibrate(self) -> dict:
+        """The abstention threshold on the calibration questions: the highest share of adversarial
+        questions abstained on with at least `min_precision` of the abstentions adversarial (none
+        reaching it: the most precise threshold), 0 when there are none."""
+        if not self.calibration:
+            return {"abstain_below": 0.0, "why": "no calibration questions (train with --source locomo)"}
+        got = self.best_spans(self.calibration)
+        rows = [(prob, item["unanswerable"]) for (_, prob), item in zip(got, self.calibration)]
+        targets = sum(1 for _, bad in rows if bad)
+        best = {"abstain_below": 0.0, "precision": None, "recall": 0.0}
+        for threshold in sorted({p for p, _ in rows}):
+            below = [bad for p, bad in rows if p < threshold]
+            if not below:
+                continue
+            precision = sum(below) / len(below)
+            recall = sum(below) / max(1, targets)
+            if precision >= self.config.min_precision and recall > best["recall"]:
+                best = {"abstain_below": threshold, "precision": precision, "recall": recall}
+        best.update(questions=len(rows), unanswerable=targets)
+        return best
+
+    def save_best(self, dev: dict) -> None:
+        self.adapter.save(self.out, {"trained_on": self.described, "dev": dev, "command": self.command})
+
+    def summary(self, last: dict) -> dict:
+        calibration = self.calibrate_best()
+        return {"steps": self.step, "total_steps": self.total_steps, "best_dev": self.best, "last_dev": last,
+                "abstention": calibration, "out": str(self.out)}
+
+    def calibrate_best(self) -> dict:
+        """Calibrate the best head (the one written to OUT) and record its threshold there."""
+        from evsel.models.reader import Reader
+
+        current = self.adapter
+        best = Reader.load(self.out, current.d_model)
+        self.adapter = best
+        try:
+            calibration = self.calibrate()
+        finally:
+            self.adapter = current
+        best.meta.update(abstain_below=calibration["abstain_below"], abstention=calibration)
+        best.save(self.out)
+        return calibration
+
+
+def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
+                 data_dir: str | None = None, on_event: Callable[[dict], None] = ignore_event) -> dict:
+    """`evsel train reader`: the recipe's settings with the given options over them."""
+    config = config_of(TrainConfig, out, pick_recipe(recipe_name, SMOKE, FULL), options)
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
+
+    def log(line: str) -> None:
+        on_event({"type": "log", "message": line})
+
+    backbone = engine.backbone
+    train, dev, calibration, described = _examples(config, backbone, Path(data_dir) if data_dir else None, on_event)
+    log(f"examples: {len(train)} train, {len(dev)} dev, {len(calibration)} calibration")
+    trainer = ReaderTrainer(config, backbone, command or "", on_event, log)
+    trainer.setup(train, dev, calibration, described)
+    return trainer.run()

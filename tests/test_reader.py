@@ -1,0 +1,185 @@
+"""The reader (models/reader.py): token offsets that land on the exact words, the span targets the
+recipe trains on, a planted answer found among distractor passages with the shipped head on the
+real model, abstention in dialogues, the smoke recipe end to end (and its resume from the state
+cache), and eval's reader recall beside the rules step in one run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from evsel.models.selectors import Scored
+from evsel.pipeline import answer
+from evsel.store import ChunkRecord
+
+DISTRACTORS = [
+    "The harbour was quiet that morning. Fishing boats rocked at their moorings while gulls argued over "
+    "the nets, and the harbourmaster counted the crates twice before he signed for them.",
+    "In 1884 the town council voted to widen the high street. Twenty-six houses were pulled down, and "
+    "the new road was paved with granite brought by rail from the quarries in the north.",
+    "Mrs Alder kept the bakery on the corner. She rose at four every day, and by seven the queue of "
+    "customers reached the door of the post office next to it.",
+    "The winter of that year was the coldest anyone remembered. The river froze from bank to bank and "
+    "children skated where the ferry usually crossed.",
+]
+PLANTED = ("The lighthouse on the point was kept by one man for forty years. His name was Bartholomew "
+           "Quill, and he rowed to the town once a month for oil and bread.")
+
+
+def _chunk(text: str, id: int, speakers=(), time_start=None, char_start=0) -> ChunkRecord:
+    return ChunkRecord(id=id, doc_id=1, seq=id, text=text, content_hash=str(id), n_tokens=len(text.split()),
+                       char_start=char_start, char_end=char_start + len(text), speakers=list(speakers),
+                       time_start=time_start, title="t")
+
+
+@pytest.fixture(scope="module")
+def real_backbone():
+    from evsel.models.backbone import Backbone
+
+    return Backbone(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def shipped(real_backbone):
+    from evsel.models.reader import reader_for
+
+    reader = reader_for(real_backbone)
+    assert reader is not None, "the default model ships a trained reader (models/adapters/<fingerprint>/reader)"
+    return reader
+
+
+def test_encoded_offsets_are_the_exact_words(backbone_tokenizer):
+    from evsel.models.reader import encode, gold_targets, span_mask
+
+    text = PLANTED + "\nCaroline: We paid £4 a week, in 1890."
+    encoded = encode(backbone_tokenizer.tokenizer, 0, "Who kept the lighthouse?", [text])
+    offsets = encoded.offsets[0]
+    assert all(0 <= a <= b <= len(text) for a, b in offsets)
+    assert all(not text[a].isspace() for a, b in offsets if a < b)  # a token's leading space is not its text
+    allowed = span_mask(encoded, len(encoded.rows[0]), 30)
+    for needle in ("Bartholomew Quill", "£4", "1890", "forty years"):
+        a = text.index(needle)
+        target = gold_targets(encoded, [(0, a, a + len(needle))], len(encoded.rows[0]), 30)
+        assert int(target.sum()) == 1 and bool((target & allowed).any()), needle
+        t, length = [int(x) for x in target[0].nonzero()[0]]
+        first = t - encoded.starts[0]
+        assert text[offsets[first][0]:offsets[first + length][1]] == needle
+    # no span may start or end inside a word
+    i = text.index("Bartholomew")
+    inner = next(k for k, (a, b) in enumerate(offsets) if a < i + 5 < b or a == i + 5)
+    if offsets[inner][0] > i:  # the name is split into several tokens: the inner one starts no span
+        assert not allowed[0, encoded.starts[0] + inner].any()
+
+
+def test_locate_answer_finds_whole_words_and_near_copies():
+    from evsel.recipes.reader import locate_answer
+
+    passages = ["He went to the store.", "His name was Bartholomew Quill, a keeper."]
+    assert locate_answer(passages, ["bartholomew  quill"]) == [(1, passages[1].index("Bartholomew"),
+                                                                 passages[1].index(","))]
+    assert locate_answer(passages, ["Quil"]) == []  # not inside a word
+    got = locate_answer(passages, ["he went to the big store"])  # a near copy (token F1 >= 0.75)
+    assert got and passages[got[0][0]][got[0][1]:got[0][2]] == "He went to the store"
+
+
+def test_the_shipped_reader_finds_a_planted_answer_among_distractors(real_backbone, shipped):
+    for position in range(0, 5, 2):
+        texts = DISTRACTORS[:position] + [PLANTED] + DISTRACTORS[position:]
+        offset = 0
+        chunks = []
+        for i, text in enumerate(texts):
+            chunks.append(_chunk(text, i + 1, char_start=offset))
+            offset += len(text)
+        # BM25-like order that puts the planted passage second: the reader must look past the first
+        order = [chunks[(position + 1) % 5], chunks[position]] + [c for c in chunks if c not in
+                                                                    (chunks[position], chunks[(position + 1) % 5])]
+        evidence = sorted([Scored(c, 1.0 - r / 10, r + 1) for r, c in enumerate(order)], key=lambda s: s.chunk.seq)
+        out = answer(real_backbone, "What was the name of the man who kept the lighthouse?", evidence, 16)
+        assert out["kind"] == "span" and "Bartholomew Quill" in out["text"], out
+        span = out["span"]
+        cited = evidence[span["passage"] - 1].chunk
+        assert cited.text == PLANTED
+        assert cited.text[span["start"]:span["end"]] == out["text"] == span["text"]
+        assert span["doc_start"] == cited.char_start + span["start"]
+        assert 0.0 < out["confidence"] <= 1.0
+
+
+def test_dialogue_answers_abstain_below_the_readers_threshold(real_backbone, shipped):
+    text = ("=== Session 3 (2:10 pm on 12 June, 2023) ===\nMelanie: I finally finished the pottery class!\n"
+            "Caroline: That's great, what did you make?\nMelanie: A blue bowl for my mum.\n")
+    evidence = [Scored(_chunk(text, 1, speakers=["Melanie", "Caroline"], time_start="2:10 pm on 12 June, 2023"),
+                       1.0, 1)]
+    question = "What did Melanie make in the pottery class?"
+    saved = dict(shipped.meta)
+    try:
+        shipped.meta["abstain_below"] = 0.0
+        out = answer(real_backbone, question, evidence, 16)
+        assert out["kind"] == "span" and "bowl" in out["text"]
+        assert out["speaker"] == "Melanie"
+        shipped.meta["abstain_below"] = 1.01  # no span is that sure
+        out = answer(real_backbone, question, evidence, 16)
+        assert out["text"] is None and out["kind"] == "abstained"
+        assert "unsure" in out["reason"] and "\n" not in out["reason"]
+        assert out["span"] is not None  # the evidence it read is still shown
+    finally:
+        shipped.meta.clear()
+        shipped.meta.update(saved)
+    assert 0.0 < shipped.threshold < 1.0, "the shipped threshold was chosen on LoCoMo questions"
+
+
+def test_the_rules_style_stays_available(real_backbone):
+    evidence = [Scored(_chunk(PLANTED, 1), 1.0, 1)]
+    out = answer(real_backbone, "Who kept the lighthouse?", evidence, 16, "rules")
+    assert out["confidence"] is None and out["kind"] in ("span", "abstained")
+
+
+def test_train_reader_smoke_on_the_real_model_resumes_from_its_state_cache(tmp_path, capsys, monkeypatch):
+    from conftest import shared_data
+    from evsel.cli import main
+    from evsel.models.reader import CONFIG_FILE, HEAD_FILE, Reader
+
+    shared_data("fairytaleqa", "questions", "train")
+    out = tmp_path / "reader"
+    args = ["--device", "cpu", "train", "reader", "--recipe", "smoke", "--out", str(out), "--json"]
+    monkeypatch.setattr(sys, "argv", ["evsel", *args])
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 4 and 0.0 <= summary["best_dev"]["f1"] <= 1.0
+    assert (out / HEAD_FILE).is_file() and (out / "checkpoint" / HEAD_FILE).is_file()
+    meta = json.loads((out / CONFIG_FILE).read_text())
+    trained = meta["trained_on"]["fairytaleqa-train"]["question_ids"]
+    assert trained and not set(trained) & set(meta["trained_on"]["dev_question_ids"])
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0, 1, 2, 3, 4]
+    states = sorted(p.name for p in (out / "states").iterdir())
+    assert states and all(name.endswith(".safetensors") for name in states)
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "states").iterdir()}
+    # a longer run resumes at step 4 and reads the cached states instead of recomputing them
+    assert main(args[:-1] + ["--steps", "6", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["steps"] == 6
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "states").iterdir()} == before
+    reader = Reader.load(out, 576)
+    assert reader.config.layers == meta["layers"]
+    assert main(args[:-1] + ["--source", "fairytaleqa-val"]) == 1
+    assert "refusing" in capsys.readouterr().err
+
+
+def test_eval_reports_reader_recall_beside_the_rules_step(capsys, monkeypatch):
+    from conftest import shared_data
+    from evsel.cli import main
+
+    shared_data("fairytaleqa", "questions", "val")
+    args = ["eval", "fairytaleqa", "--split", "val", "--methods", "bm25", "--generate", "--limit", "3",
+            "--answer-style", "short,rules", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = result["methods"]
+    assert set(rows) == {"bm25 [short]", "bm25 [rules]"}
+    for row in rows.values():
+        assert row["answered"] == 3 and "f1" in row
+        if "answer_shown" in row:
+            assert 0.0 <= row["reader_recall"] <= 1.0
+    assert main(args[:-2] + ["--answer-style", "short,poem"]) == 1
+    assert "unknown answer style" in capsys.readouterr().err
