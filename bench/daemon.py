@@ -171,7 +171,10 @@ def main() -> int:
             time.sleep(0.5)
         evsel(["ask", WARM_UP, "--max-new-tokens", str(args.max_new_tokens)], env)  # warm-up, not timed
 
-        modes = {"answer": ["--max-new-tokens", str(args.max_new_tokens)], "evidence_only": ["--evidence-only"]}
+        # the default answer step (the reader) and the rules step it replaced, in the same run
+        modes = {"answer": ["--max-new-tokens", str(args.max_new_tokens)],
+                 "answer_rules": ["--style", "rules", "--max-new-tokens", str(args.max_new_tokens)],
+                 "evidence_only": ["--evidence-only"]}
         for mode, extra in modes.items():
             runs = []
             for question in QUESTIONS[: args.questions]:
@@ -226,8 +229,12 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "evsel", "daemon", "stop"], env=env, capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
     record["load_average_after"] = load_average()
+    reader, rules = (record[m]["warm_breakdown_median"]["generate_s"] for m in ("answer", "answer_rules"))
+    record["answer_step"] = {"reader_warm_median_s": reader, "rules_warm_median_s": rules,
+                             "ratio": round(reader / rules, 3) if rules else None, "target_s": 1.5}
     write_result(args.out, record)
-    for mode in ("answer", "evidence_only"):
+    print(f"answer step (warm): reader {reader}s, rules {rules}s, ratio {record['answer_step']['ratio']}")
+    for mode in ("answer", "answer_rules", "evidence_only"):
         r = record[mode]
         print(f"{mode}: cold {r['cold_median_s']}s, warm {r['warm_median_s']}s, ratio {r['ratio_of_medians']} "
               f"(target <= 0.1; without generation {r['ratio_without_generate']}), identical: "

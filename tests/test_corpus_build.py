@@ -40,6 +40,9 @@ DENSE_ATOL = 5e-4
 # UNREAL: the same ChunkEncoder on the same texts. Measured, a local-Ray build of 3 stories (20
 # chunks) against a local ingest's cached states: max |diff| 3.8e-6, states up to ~240 in size
 UNREAL_RTOL, UNREAL_ATOL = 1e-3, 1e-3
+# bf16 compute (a CPU with AMX, or CUDA): batches of other shapes round differently; measured
+# 0.006 relative error per pooled state, so a row may be off by 2% of its norm
+UNREAL_BF16_RELATIVE = 0.02
 BIN = Path(sys.executable).parent
 
 
@@ -501,7 +504,7 @@ def test_indexes_ivf_at_enough_rows(tmp_path, monkeypatch):
 @pytest.mark.model
 def test_unreal_states_equal_the_local_ones(tmp_path, evsel_home):
     """The states a build worker computes (`StateEncoder`, batch of 64) for 2 stories equal the
-    UNREAL states a local ingest caches for them, within float16 rounding."""
+    UNREAL states a local ingest caches for them, within float16 rounding (fp32 compute) or bf16 rounding."""
     import numpy as np
 
     from evsel.corpus import rows
@@ -522,10 +525,15 @@ def test_unreal_states_equal_the_local_ones(tmp_path, evsel_home):
         made.extend(rows.rows_of_file(f, tmp_path / "src", engine.backbone))
     encoder.add_states(made)
     assert [r["content_hash"] for r in made] == [c.content_hash for c in local]
+    bf16 = engine.backbone.plan.dtype == "bfloat16"
     for r in made:
         assert r["unreal"].dtype == np.float16
-        np.testing.assert_allclose(r["unreal"].astype(np.float32), cached[r["content_hash"]].astype(np.float32),
-                                   rtol=UNREAL_RTOL, atol=UNREAL_ATOL)
+        got, want = r["unreal"].astype(np.float32), cached[r["content_hash"]].astype(np.float32)
+        if bf16:
+            relative = np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)
+            assert relative.max() <= UNREAL_BF16_RELATIVE, relative.max()
+        else:
+            np.testing.assert_allclose(got, want, rtol=UNREAL_RTOL, atol=UNREAL_ATOL)
     table = rows.rows_to_table(made[:2], unreal_hidden=made[0]["unreal"].shape[1])
     back = np.array(table.column("unreal").to_pylist()[0], dtype=np.float16)
     assert np.array_equal(back, made[0]["unreal"])
