@@ -181,5 +181,5 @@ def test_eval_reports_reader_recall_beside_the_rules_step(capsys, monkeypatch):
         assert row["answered"] == 3 and "f1" in row
         if "answer_shown" in row:
             assert 0.0 <= row["reader_recall"] <= 1.0
-    assert main(args[:-2] + ["--answer-style", "short,poem"]) == 1
+    assert main(args[:-3] + ["--answer-style", "short,poem"]) == 1
     assert "unknown answer style" in capsys.readouterr().err
