@@ -1,5 +1,6 @@
 """What the daemon keeps in memory between requests: the chunks of hot scopes and data derived from
-them (a BM25 index; selectors' stacked chunk states), beside the loaded backbone.
+them (a BM25 index; selectors' stacked chunk states), beside the loaded backbone. The daemon hands
+one `ScopeDataCache` to its stores (`chunk_cache`) and engines (`scope_cache`).
 
 Every entry is keyed by what it was built from (the documents' ids, versions and chunk hashes), so
 a changed store can never be answered from a stale entry, even when another process (an
@@ -14,8 +15,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from evsel.engine import Engine
-from evsel.store import ChunkRecord, Store
+from evsel.store import ChunkRecord
 
 MAX_ENTRIES = 32  # a book's chunks plus its BM25 index is a few MB
 
@@ -62,6 +62,15 @@ class ScopeDataCache:
                 del self.entries[key]
         return len(doomed)
 
+    def scope_chunks(self, scope: tuple, read: Callable[[], list[ChunkRecord]]) -> list[ChunkRecord]:
+        """A scope's chunks (a store's `chunk_cache`): `scope` names the documents and their versions."""
+        return list(self.get_or_build("chunks", scope, lambda chunks: {c.doc_id for c in chunks}, read))
+
+    def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
+        """Data derived from a scope's chunks (an engine's `scope_cache`)."""
+        key = (repr(config), chunk_key(chunks))
+        return self.get_or_build(kind, key, lambda _value: {c.doc_id for c in chunks}, build)
+
     def stats(self) -> dict:
         with self.lock:
             out = {"entries": len(self.entries)}
@@ -69,34 +78,3 @@ class ScopeDataCache:
                 total = c["hits"] + c["misses"]
                 out[kind] = {**c, "hit_rate": round(c["hits"] / total, 3) if total else None}
             return out
-
-
-class CachedChunksStore(Store):
-    """A Store whose `chunks(...)` answers repeated scopes from the scope-data cache."""
-
-    def __init__(self, scope_data: ScopeDataCache, db=None):
-        super().__init__(db)
-        self.scope_data = scope_data
-
-    def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
-        scope = (tuple(sorted(set(doc_ids))) if doc_ids else None, collection, self.documents_signature())
-        found = self.scope_data.get_or_build(
-            "chunks", scope, lambda chunks: {c.doc_id for c in chunks},
-            lambda: Store.chunks(self, doc_ids, collection),
-        )
-        return list(found)
-
-
-class DaemonEngine(Engine):
-    """The engine the daemon runs requests on: the same code, with scope data kept in memory."""
-
-    def __init__(self, settings, store: Store, scope_cache: ScopeDataCache):
-        super().__init__(settings, store=store)
-        self.scope_cache = scope_cache
-
-    def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
-        key = (repr(config), chunk_key(chunks))
-        return self.scope_cache.get_or_build(kind, key, lambda _value: {c.doc_id for c in chunks}, build)
-
-
-# the names daemon/server.py still imports (it is being reworked on another branch)

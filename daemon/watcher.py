@@ -2,8 +2,8 @@
 
 File system events (watchdog) are debounced per path: a path is synced only once it has been quiet
 for `debounce` seconds, so an editor's save storm (write temp, rename, touch, chmod) is one ingest.
-Syncs run as jobs on the daemon's model queue, through the same `Engine.ingest_files` /
-`Engine.docs_rm` as the CLI (chunk states deferred to the background, as a daemon ingest's are).
+Syncs run as jobs on the daemon's model queue, through `Engine.sync_folder`, which ingests and
+removes as the CLI does (chunk states deferred to the background, as a daemon ingest's are).
 The watch list lives in the store (`watches` table) and survives restarts; every start re-syncs
 each folder, catching what changed while the daemon was down.
 """
@@ -20,9 +20,8 @@ from typing import Callable
 
 from watchdog.events import FileSystemEventHandler
 
-from evsel.engine import IngestOptions, IngestOutcome
-from evsel.errors import EvselError, InputError, from_dict
-from evsel.parsers import SUPPORTED_SUFFIXES, collect_files
+from evsel.errors import EvselError, from_dict
+from evsel.parsers import SUPPORTED_SUFFIXES
 
 log = logging.getLogger("evsel.daemon")
 
@@ -37,56 +36,6 @@ def wanted(root: str, path: str) -> bool:
     except ValueError:
         return False
     return Path(path).suffix.lower() in SUPPORTED_SUFFIXES and not any(p.startswith(".") for p in rel.parts)
-
-
-# syncing (runs on the daemon's model thread)
-def sync_paths(engine, root: str, collection: str, paths: list[str], on_event) -> dict:
-    """Ingest the listed files that exist; remove the documents of those that are gone."""
-    present = [p for p in paths if os.path.isfile(p)]
-    gone = [p for p in paths if not os.path.exists(p)]
-    # a symlink is tracked by its own path in the folder (not its target's), so deleting the link
-    # removes its document; a dangling link is gone
-    present = [os.path.abspath(p) for p in present]
-    ingested = _ingest(engine, present, collection, on_event)
-    removed = _remove_paths(engine, collection, gone)
-    return {"root": root, "files": ingested.files, "removed": removed, "gone": gone, "followups": ingested.followups}
-
-
-def full_sync(engine, root: str, collection: str, on_event) -> dict:
-    """Bring the store in line with the whole folder."""
-    if not os.path.isdir(root):
-        raise InputError("the watched folder is gone", f"stop watching it with: evsel watch --remove {root}",
-                         path=root)
-    try:
-        on_disk = [os.path.abspath(p) for p in collect_files(Path(root))]  # links by their own path
-    except InputError:  # an empty folder is fine for a watch
-        on_disk = []
-    collection_id = engine.store.collection_id(collection)
-    stored = set()
-    if collection_id is not None:
-        prefix = root.rstrip(os.sep) + os.sep
-        stored = {d["path"] for d in engine.store.documents(collection) if d["path"].startswith(prefix)}
-    gone = sorted(p for p in stored if not os.path.exists(p))
-    ingested = _ingest(engine, on_disk, collection, on_event)
-    removed = _remove_paths(engine, collection, gone)
-    return {"root": root, "files": ingested.files, "removed": removed, "gone": gone, "full": True,
-            "followups": ingested.followups}
-
-
-def _ingest(engine, files: list[str], collection: str, on_event) -> IngestOutcome:
-    """Store the files now; their chunk states (EVSEL_ENCODE) are deferred, for the daemon's
-    background queue (`followups`)."""
-    if not files:
-        return IngestOutcome([])
-    return engine.ingest_files(files, IngestOptions(collection, resolve_links=False), on_event, defer=True)
-
-
-def _remove_paths(engine, collection: str, paths: list[str]) -> list[dict]:
-    collection_id = engine.store.collection_id(collection)
-    if collection_id is None or not paths:
-        return []
-    ids = [d["id"] for p in paths for d in engine.store.documents_for_path(collection_id, p)]
-    return engine.docs_rm(ids) if ids else []
 
 
 class Watcher:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 # the selectors package is light to import (no numpy, no model); importing it also registers the
 # cleanups of what selectors keep beside a store, so every process with an engine runs them
@@ -28,7 +28,8 @@ from .parsers import KINDS
 from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer
 from .provenance import evidence_label
 from .settings import Settings
-from .store import DEFAULT_COLLECTION, ChunkRecord, PendingEncode, PendingIngest, Store
+from .journal import Journal, PendingEncode, PendingIngest
+from .store import DEFAULT_COLLECTION, ChunkRecord, Store
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_METHODS", "DEFAULT_SELECT", "KINDS",
@@ -37,6 +38,12 @@ __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_ME
 
 Event = dict
 EventSink = Callable[[Event], None]
+
+
+class ScopeCache(Protocol):
+    """Where an engine keeps data derived from scopes between requests (daemon/cache.py's)."""
+
+    def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object: ...
 
 
 def _ignore(_event: Event) -> None:
@@ -51,7 +58,7 @@ class Engine:
     """
 
     def __init__(self, settings: Settings | None = None, store: Store | None = None, *,
-                 model: str | None = None, device: str | None = None):
+                 model: str | None = None, device: str | None = None, scope_cache: ScopeCache | None = None):
         settings = settings or Settings()
         if model is not None or device is not None:  # a shortcut for scripts, tests and benchmarks
             settings = settings.with_(model=model if model is not None else settings.model,
@@ -59,6 +66,7 @@ class Engine:
         self.settings = settings
         self._store = store
         self._backbone = None
+        self.scope_cache = scope_cache  # keeps `scope_data` between requests (the daemon's); None: built each time
         self._eval_states = None
         self.resources: dict = {}  # selector-owned objects (the MiniLM encoder), kept with the engine
         self.resources_lock = threading.Lock()
@@ -76,6 +84,16 @@ class Engine:
         if self._store is None:
             self._store = Store()
         return self._store
+
+    @property
+    def journal(self) -> Journal:
+        """The watch list and pending work the daemon keeps in this store's database."""
+        return Journal(self.store)
+
+    @property
+    def loaded_backbone(self):
+        """The backbone if this engine has made one (its weights may not be loaded yet), else None."""
+        return self._backbone
 
     @property
     def backbone(self):
@@ -168,10 +186,13 @@ class Engine:
     def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
         """Data derived from a scope's chunks (a BM25 index, stacked chunk states), built by `build`.
 
-        In-process it is built on every call; the daemon's engine keeps it in memory, keyed by
-        `kind`, `config` and the chunks' ids and content hashes, so a changed scope never hits.
+        In-process it is built on every call; an engine given a `scope_cache` (the daemon's) keeps
+        it in memory, keyed by `kind`, `config` and the chunks' ids and content hashes, so a changed
+        scope never hits.
         """
-        return build()
+        if self.scope_cache is None:
+            return build()
+        return self.scope_cache.scope_data(kind, chunks, build, *config)
 
     # scope
     def scope_chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
@@ -447,19 +468,25 @@ class Engine:
         from . import paths
 
         root = str(paths.watch_folder(path))
-        added = self.store.add_watch(root, collection)
+        added = self.journal.add_watch(root, collection)
         return {"path": root, "collection": collection, "added": added, "files": None}
 
     def watch_remove(self, path: str) -> dict:
         from . import paths
 
         root = paths.watched_path(path)
-        if not self.store.remove_watch(root):
+        if not self.journal.remove_watch(root):
             raise NotFoundError(f"{root} is not watched", "list watched folders with: evsel watch --list")
         return {"path": root, "removed": True}
 
     def watch_list(self) -> list[dict]:
-        return self.store.watches()
+        return self.journal.watches()
+
+    def sync_folder(self, root: str, collection: str, paths: list[str] | None = None,
+                    on_event: EventSink = _ignore) -> dict:
+        """Bring the store in line with a watched folder, or with `paths` in it (`Ingest.sync_folder`):
+        {root, files, removed, gone, followups, changed_document_ids}."""
+        return Ingest(self).sync_folder(root, collection, paths, on_event)
 
     def models_info(self, load: bool = True) -> dict:
         """The backbone, its fingerprint, device, dtype, and which backend generates, with why.

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from . import chunker
+from .defaults import DEFAULT_COLLECTION
 from .errors import EvselError, InputError, known_error
+from .journal import PendingEncode, PendingIngest
 from .parsers import collect_files, parse_file, read_file
-from .store import DEFAULT_COLLECTION, PendingEncode, PendingIngest
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -102,6 +103,10 @@ class Ingest:
         return self.engine.store
 
     @property
+    def journal(self):
+        return self.engine.journal
+
+    @property
     def settings(self):
         return self.engine.settings
 
@@ -149,7 +154,7 @@ class Ingest:
         if resume is not None:
             open_records[resume.path] = resume.id
         elif journal:
-            recorded = self.store.add_pending_ingests([
+            recorded = self.journal.add_pending_ingests([
                 PendingIngest(str(path), collection, kind, chunk_tokens, options.stored(), encode=encode,
                               summaries=summaries, settings=self.settings)
                 for path in paths if path not in misnamed])
@@ -169,7 +174,7 @@ class Ingest:
                         self._follow_up(result, on_event, states=False, summaries=True)
                 results.append(result)
                 if str(path) in open_records:
-                    self.store.finish_pending_ingest(open_records.pop(str(path)))
+                    self.journal.finish_pending_ingest(open_records.pop(str(path)))
                 on_event({"type": "file", **result.to_dict()})
             on_event({"type": "progress", "task": "files", "label": "", "done": len(paths), "total": len(paths)})
         except BaseException as exc:
@@ -179,12 +184,12 @@ class Ingest:
         finally:
             # finished, failed or cancelled: nothing to resume. Only a crash skips this.
             while open_records:
-                self.store.finish_pending_ingest(open_records.popitem()[1])
+                self.journal.finish_pending_ingest(open_records.popitem()[1])
         changed = sorted({i for r in results if r.status == "ingested" for i in (*r.doc_ids, *r.replaced)})
         outcome = IngestOutcome([r.to_dict() for r in results], changed_document_ids=changed)
         if deferred and (encode or summaries):
             work = PendingEncode(deferred, self.settings, states=encode, summaries=summaries)
-            outcome.followups.append(self.store.add_pending_encode(work))
+            outcome.followups.append(self.journal.add_pending_encode(work))
             for r in outcome.files:
                 if r["status"] == "ingested":
                     r.update({key: "background" for key, on in (("states", encode), ("summaries", summaries)) if on})
@@ -202,7 +207,7 @@ class Ingest:
         outcome = self.encode_states(work.doc_ids, on_event, batch=batch, states=work.states,
                                      summaries=work.summaries, slice_s=slice_s)
         if work.id is not None:
-            self.store.finish_pending_encode(work.id)
+            self.journal.finish_pending_encode(work.id)
         return outcome
 
     def _follow_up(self, result: FileResult, on_event: EventSink, states: bool = True,
@@ -238,6 +243,43 @@ class Ingest:
         for hook in ingest_hooks():
             outcome.update(hook.ingest_work(chunks, work))
         return outcome
+
+    def sync_folder(self, root: str, collection: str, paths: list[str] | None = None,
+                    on_event: EventSink = _ignore) -> dict:
+        """Bring the store in line with a watched folder: with `paths`, those files (the ones that
+        exist ingested, the documents of the gone ones removed); without, the whole folder. A file
+        is stored under its own path in the folder (a link by its name, not its target's, so
+        deleting the link removes its document); chunk states are deferred (`followups`)."""
+        if paths is None:
+            if not os.path.isdir(root):
+                raise InputError("the watched folder is gone", f"stop watching it with: evsel watch --remove {root}",
+                                 path=root)
+            try:
+                present = [os.path.abspath(p) for p in collect_files(Path(root))]
+            except InputError:  # an empty folder is fine for a watch
+                present = []
+            stored = set()
+            if self.store.collection_id(collection) is not None:
+                prefix = root.rstrip(os.sep) + os.sep
+                stored = {d["path"] for d in self.store.documents(collection) if d["path"].startswith(prefix)}
+            gone = sorted(p for p in stored if not os.path.exists(p))
+        else:
+            present = [os.path.abspath(p) for p in paths if os.path.isfile(p)]  # a dangling link is gone
+            gone = [p for p in paths if not os.path.exists(p)]
+        ingested = IngestOutcome([])
+        if present:
+            ingested = self.files(present, IngestOptions(collection, resolve_links=False), on_event, defer=True)
+        removed = {"removed": [], "changed_document_ids": []}
+        collection_id = self.store.collection_id(collection)
+        if collection_id is not None and gone:
+            ids = [d["id"] for p in gone for d in self.store.documents_for_path(collection_id, p)]
+            if ids:
+                removed = self.engine.remove_documents(ids)
+        outcome = {"root": root, "files": ingested.files, "removed": removed["removed"], "gone": gone}
+        if paths is None:
+            outcome["full"] = True
+        changed = sorted({*ingested.changed_document_ids, *removed["changed_document_ids"]})
+        return {**outcome, "followups": ingested.followups, "changed_document_ids": changed}
 
     def _chunker_config(self, chunk_tokens: int) -> dict:
         return {"tokens": chunk_tokens, "tokenizer": self.backbone.fingerprint[:16]}

@@ -104,6 +104,18 @@ class Pipeline:
         return in_document_order(ranked[: self.spec.top_n])
 
 
+def needs_model(select: str, settings, rerank: str | None = None, memory: bool = False,
+                evidence_only: bool = False) -> bool:
+    """Whether an ask with these options reads a model; `select` None is the default. Raises
+    EvselError when the default cannot be resolved (the settings' model is missing)."""
+    if not evidence_only or rerank or memory:
+        return True
+    from evsel.models.selectors.default import resolve_select
+
+    model_free = ("bm25", "random")  # first stages that read no model at all (dense reads MiniLM)
+    return resolve_select(select or DEFAULT, settings) not in model_free
+
+
 def in_document_order(scored: list) -> list:
     return sorted(scored, key=lambda s: (s.chunk.doc_id, s.chunk.seq))
 

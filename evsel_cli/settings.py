@@ -204,6 +204,28 @@ def watch_debounce(env: Mapping[str, str] | None = None) -> float:
     return _seconds(env, "EVSEL_WATCH_DEBOUNCE", 1.0)
 
 
+def daemon_max_clients(env: Mapping[str, str] | None = None) -> tuple[int, str | None]:
+    """$EVSEL_DAEMON_MAX_CLIENTS: connections the daemon serves at once (1024; the tests set fewer).
+    Returns it and, when the variable is not a number, the warning the daemon logs."""
+    value, warning = _lenient_number(env, "EVSEL_DAEMON_MAX_CLIENTS", 1024)
+    return int(value), warning
+
+
+def daemon_client_idle(env: Mapping[str, str] | None = None) -> tuple[float, str | None]:
+    """$EVSEL_DAEMON_CLIENT_IDLE: seconds a connection may stay silent between requests before the
+    daemon closes it (600; 0: never). Returns it and, when not a number, the warning to log."""
+    return _lenient_number(env, "EVSEL_DAEMON_CLIENT_IDLE", 600.0)
+
+
+def _lenient_number(env: Mapping[str, str] | None, name: str, default: float) -> tuple[float, str | None]:
+    """A running daemon does not stop for a bad limit: it keeps the default and says so."""
+    env = os.environ if env is None else env
+    try:
+        return float(env.get(name) or default), None
+    except ValueError:
+        return default, f"{name}={env.get(name)!r} is not a number; using {default:g}"
+
+
 def daemon_build_tag(env: Mapping[str, str] | None = None) -> str | None:
     """$EVSEL_DAEMON_BUILD: replaces the source digest in the build id (tests pin it)."""
     env = os.environ if env is None else env

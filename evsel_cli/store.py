@@ -1,4 +1,7 @@
-"""SQLite store (sqlite-utils, WAL): collections, documents, chunks. Schema grows by numbered migrations."""
+"""SQLite store (sqlite-utils, WAL): collections, documents, chunks, per-chunk states and summaries.
+
+The schema is evsel/migrations.py's; the daemon's watch list and pending work, in the same database,
+are evsel/journal.py's."""
 
 from __future__ import annotations
 
@@ -10,250 +13,17 @@ import shlex
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from . import paths
 from .defaults import DEFAULT_COLLECTION  # defined there for the CLI's options
-from .errors import EvselError, NotFoundError, StoreError, UnsafeHomeError, known_error
-from .settings import Settings
+from .errors import NotFoundError, StoreError, UnsafeHomeError, known_error
+from .migrations import migrate, rollback
 
 if TYPE_CHECKING:  # imported where a store is opened: the CLI's client path never opens one
     import sqlite_utils
-
-MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = []
-
-
-def migration(fn: Callable[[sqlite_utils.Database], None]):
-    MIGRATIONS.append((fn.__name__, fn))
-    return fn
-
-
-@migration
-def m001_create_tables(db: sqlite_utils.Database) -> None:
-    db["collections"].create(
-        {"id": int, "name": str, "created_at": float}, pk="id", not_null={"name"}
-    )
-    db["collections"].create_index(["name"], unique=True)
-    db["documents"].create(
-        {
-            "id": int,
-            "collection_id": int,
-            "path": str,  # absolute path of the source file
-            "part": str,  # one file may hold several documents (LoCoMo JSON): the part's key, else ""
-            "sha256": str,  # of the whole source file
-            "kind": str,  # book | pdf | dialogue
-            "title": str,
-            "metadata": str,  # JSON
-            "n_chars": int,
-            "n_chunks": int,
-            "n_tokens": int,
-            "created_at": float,
-            "updated_at": float,
-        },
-        pk="id",
-        foreign_keys=[("collection_id", "collections", "id")],
-    )
-    db["documents"].create_index(["collection_id", "path", "part"], unique=True)
-    db["chunks"].create(
-        {
-            "id": int,
-            "doc_id": int,
-            "seq": int,  # position in the document, from 0
-            "text": str,
-            "content_hash": str,  # sha256 of text: key of every per-chunk cache
-            "n_tokens": int,
-            "char_start": int,
-            "char_end": int,
-            "page_start": int,
-            "page_end": int,
-            "speakers": str,  # JSON list
-            "session": str,
-            "turn_ids": str,  # JSON list
-            "time_start": str,
-            "time_end": str,
-        },
-        pk="id",
-        foreign_keys=[("doc_id", "documents", "id")],
-    )
-    db["chunks"].create_index(["doc_id", "seq"], unique=True)
-    db["chunks"].create_index(["content_hash"])
-
-
-@migration
-def m002_daemon_watches_and_pending(db: sqlite_utils.Database) -> None:
-    # folders the daemon watches; they survive restarts
-    db["watches"].create({"path": str, "collection": str, "created_at": float}, pk="path")
-    # files the daemon began to ingest; a row left behind by a crash makes the next start re-ingest it
-    db["pending_ingests"].create(
-        {"id": int, "path": str, "collection": str, "kind": str, "chunk_tokens": int, "created_at": float}, pk="id"
-    )
-
-
-@migration
-def m003_chunk_states(db: sqlite_utils.Database) -> None:
-    # Per-chunk internal states of the backbone (UNREAL residual states, later BlockSearch or
-    # QRRanker keys), keyed by what they depend on: the chunk text's hash, the model's
-    # fingerprint, the method and its config. Shared by every document holding the same text.
-    db.execute(
-        "create table chunk_states ("
-        " content_hash text not null,"
-        " model text not null,"  # backbone fingerprint
-        " method text not null,"  # unreal | intrinsic | ...
-        " config text not null,"  # canonical method config, e.g. layer=20;pool=7
-        " shape text not null,"  # JSON list
-        " dtype text not null,"  # numpy dtype name, float16
-        " data blob not null,"
-        " created_at float,"
-        " primary key (content_hash, model, method, config)) without rowid"
-    )
-
-
-@migration
-def m004_bm25_index(db: sqlite_utils.Database) -> None:
-    # BM25's per-document postings and vocabulary (evsel/bm25_index.py), written by replace_file in
-    # the same transaction as the chunks, so an ask reads its scope's statistics instead of
-    # tokenizing every chunk. Documents stored before this migration are indexed here.
-    from . import bm25_index
-
-    for sql in bm25_index.SCHEMA:
-        db.execute(sql)
-    bm25_index.backfill(db.conn)
-
-
-@migration
-def m005_pending_encodes(db: sqlite_utils.Database) -> None:
-    # Per-chunk states the daemon computes in the background after an ingest: one row per ingest
-    # request until its documents are encoded, so a daemon killed mid-encode resumes at its next start.
-    db.execute(
-        "create table pending_encodes (id integer primary key, doc_ids text not null, settings text not null,"
-        " created_at float)"
-    )
-
-
-@migration
-def m006_pending_ingest_options(db: sqlite_utils.Database) -> None:
-    # Every option of the ingest request a pending file belongs to (JSON: Engine.ingest's keyword
-    # arguments, `encode` resolved) and the request's settings, so a resumed ingest does exactly
-    # what was asked (a --no-encode ingest stays one). Rows from before this migration have none:
-    # they resume with their collection, kind and chunk size, and without encoding.
-    db.execute("alter table pending_ingests add column options text")
-    db.execute("alter table pending_ingests add column settings text")
-
-
-@migration
-def m007_document_ids_never_reused(db: sqlite_utils.Database) -> None:
-    # `documents.id` becomes AUTOINCREMENT, so the id of a removed document is never given to
-    # another one (`--doc 2` in a script keeps meaning one document). SQLite's table rebuild: the
-    # rows keep their ids; chunks and bm25_docs reference documents(id) by name, so they point at
-    # the new table once it is renamed. Runs with foreign keys off (the drop would otherwise delete
-    # every chunk's parent) and checked with foreign_key_check before its commit (`migrate`).
-    sql = db.execute("select sql from sqlite_master where type = 'table' and name = 'documents'").fetchone()[0]
-    if "autoincrement" in sql.lower():
-        return
-    import re
-
-    new_sql, n = re.subn(r"([\[\"]?id[\]\"]?\s+INTEGER\s+PRIMARY\s+KEY)", r"\1 AUTOINCREMENT", sql, count=1, flags=re.I)
-    if n != 1:
-        raise StoreError("cannot find the documents table's id column", "the store's schema is not evsel's")
-    new_sql = re.sub(r"^CREATE TABLE\s+(\[documents\]|\"documents\"|documents)", "CREATE TABLE documents_m007",
-                     new_sql, count=1, flags=re.I)
-    indexes = [r[0] for r in db.execute(
-        "select sql from sqlite_master where type = 'index' and tbl_name = 'documents' and sql is not null")]
-    db.execute(new_sql)
-    db.execute("insert into documents_m007 select * from documents")
-    db.execute("drop table documents")
-    db.execute("alter table documents_m007 rename to documents")
-    for index in indexes:
-        db.execute(index)
-    top = db.execute("select max(id) from documents").fetchone()[0]
-    if top is not None:
-        db.execute("delete from sqlite_sequence where name = 'documents'")
-        db.execute("insert into sqlite_sequence (name, seq) values ('documents', ?)", [top])
-
-
-m007_document_ids_never_reused.without_foreign_keys = True  # type: ignore[attr-defined]
-
-
-@migration
-def m008_summaries(db: sqlite_utils.Database) -> None:
-    # Block and session summaries for QRRanker's memory prefix (models/memory.py), keyed by the
-    # block's chunks' content, the writer's fingerprint and the summary config; `first_hash` (the
-    # block's first chunk) lets a delete drop the summaries no chunk holds any more. A background
-    # encode records whether it also writes summaries.
-    db.execute(
-        "create table summaries (key text primary key, model text not null, kind text not null,"
-        " first_hash text not null, text text not null, seconds float, created_at float)"
-    )
-    db.execute("create index summaries_first_hash on summaries (first_hash)")
-    db.execute("alter table pending_encodes add column summaries integer not null default 0")
-
-
-@migration
-def m009_pending_encode_flags(db: sqlite_utils.Database) -> None:
-    # A background encode says what it computes in two booleans, `states` and `summaries`; until
-    # now `summaries` held both as bits (1: summaries, 2: no states). Rows already there keep
-    # their meaning.
-    db.execute("alter table pending_encodes add column states integer not null default 1")
-    db.execute("update pending_encodes set states = (summaries & 2) = 0, summaries = summaries & 1")
-
-
-def migrate(db: sqlite_utils.Database) -> list[str]:
-    """Apply the migrations not yet applied, each in its own transaction. Returns their names."""
-    db.execute(
-        "create table if not exists _evsel_migrations (name text primary key, applied_at float)"
-    )
-    done = {row[0] for row in db.execute("select name from _evsel_migrations").fetchall()}
-    known = {name for name, _ in MIGRATIONS}
-    unknown = done - known
-    if unknown:
-        raise StoreError(
-            f"the store was written by a newer evsel (migrations {sorted(unknown)})",
-            "upgrade evsel or point EVSEL_HOME elsewhere",
-        )
-    applied = []
-    for name, fn in MIGRATIONS:
-        if name in done:
-            continue
-        # a table rebuild (m007) runs with foreign keys off (a no-op inside a transaction, so set
-        # before it) and is checked before it commits
-        fk_off = getattr(fn, "without_foreign_keys", False)
-        fk_was = db.execute("pragma foreign_keys").fetchone()[0] if fk_off else None
-        if fk_off:
-            db.conn.execute("pragma foreign_keys = off")
-        try:
-            db.conn.execute("begin immediate")
-            try:
-                # another process may have applied it while we waited for the write lock
-                if db.execute("select 1 from _evsel_migrations where name = ?", [name]).fetchone():
-                    db.conn.execute("commit")
-                    continue
-                fn(db)
-                if fk_off and db.execute("pragma foreign_key_check").fetchone() is not None:
-                    raise StoreError(f"migration {name} would break the store's references",
-                                     "report it; the store was left as it was")
-                db.execute("insert into _evsel_migrations values (?, ?)", [name, time.time()])
-                db.conn.execute("commit")
-            except BaseException:
-                _rollback(db.conn)
-                raise
-        finally:
-            if fk_off and fk_was:
-                db.conn.execute("pragma foreign_keys = on")
-        applied.append(name)
-    return applied
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back the open transaction, if SQLite has not already: on a full disk (SQLITE_FULL) it
-    rolls back by itself, and a second "rollback" would fail and hide the real error."""
-    if conn.in_transaction:
-        try:
-            conn.execute("rollback")
-        except sqlite3.Error:
-            pass  # the error being raised says what went wrong
-
 
 BUSY_TIMEOUT_S = 60  # how long a command waits for another process's write to the store to end
 
@@ -397,37 +167,10 @@ class ChunkRecord:
         }
 
 
-@dataclass
-class PendingIngest:
-    """One file of an ingest request, recorded before it is read and deleted once it is done
-    (stored, unchanged, failed or cancelled): a row a crash leaves behind is ingested again."""
+class ChunkCache(Protocol):
+    """Where a store keeps scopes' chunks between requests (daemon/cache.py's)."""
 
-    path: str
-    collection: str
-    kind: str
-    chunk_tokens: int | None
-    options: dict = field(default_factory=dict)  # the request's other `Engine.ingest` arguments (none before m006)
-    encode: bool = False  # compute the file's chunk states afterwards
-    summaries: bool = False  # write its memory summaries afterwards
-    settings: Settings | None = None  # the request's (None before m006: whoever resumes it uses its own)
-    id: int | None = None  # the row, once recorded
-    unreadable: str | None = None  # why the row's options could not be read (then there are none)
-
-
-@dataclass
-class PendingEncode:
-    """Work an ingest left for later: these documents' chunk states and/or memory summaries,
-    recorded until it is done, so a process killed in the middle resumes it."""
-
-    doc_ids: list[int]
-    settings: Settings  # the ingest request's
-    states: bool = True  # UNREAL's per-chunk states
-    summaries: bool = False  # QRRanker's memory summaries
-    id: int | None = None  # the row, once recorded
-
-    @property
-    def what(self) -> str:
-        return " and ".join(w for w, on in (("chunk states", self.states), ("summaries", self.summaries)) if on)
+    def scope_chunks(self, scope: tuple, read: Callable[[], list[ChunkRecord]]) -> list[ChunkRecord]: ...
 
 
 # chunks written (and held in memory) between two `on_batch` calls of `Store.replace_file`: a cancel
@@ -438,11 +181,12 @@ WRITE_BATCH = 2000
 class Store:
     """The engine's view of the database. Every write of one source file is one transaction."""
 
-    def __init__(self, db: sqlite_utils.Database | None = None):
+    def __init__(self, db: sqlite_utils.Database | None = None, chunk_cache: ChunkCache | None = None):
         self.db = db or connect()
+        self.chunk_cache = chunk_cache  # keeps scopes' chunks between requests (the daemon's); None: read each time
 
     @contextmanager
-    def _transaction(self):
+    def transaction(self):
         """One write transaction: committed at the end of the block, rolled back if it raises."""
         conn = self.db.conn
         conn.execute("begin immediate")
@@ -450,7 +194,7 @@ class Store:
             yield conn
             conn.execute("commit")
         except BaseException as exc:
-            _rollback(conn)
+            rollback(conn)
             known = known_error(exc) if isinstance(exc, sqlite3.Error) else None
             if known is not None:  # a full disk or a store locked too long: one line, nothing stored
                 raise known from exc
@@ -516,7 +260,7 @@ class Store:
         def checkpoint() -> None:
             written(0)
 
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             written(0)
             old = {row["part"]: row for row in self.documents_for_path(collection_id, path)}
             for doc in docs:
@@ -658,7 +402,7 @@ class Store:
                 pass
 
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
-        with self._transaction():
+        with self.transaction():
             dropped: set[str] = set()
             for doc_id in doc_ids:
                 dropped |= self._delete_document(doc_id)
@@ -732,7 +476,7 @@ class Store:
             array = np.ascontiguousarray(array)
             rows.append((content_hash, model, method, config, json.dumps(list(array.shape)), array.dtype.name,
                          array.tobytes(), now))
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             conn.executemany("insert or ignore into chunk_states values (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
     # block summaries (m008)
@@ -747,7 +491,7 @@ class Store:
         return found
 
     def put_summary(self, key: str, model: str, kind: str, first_hash: str, text: str, seconds: float) -> None:
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             conn.execute("insert or ignore into summaries values (?, ?, ?, ?, ?, ?, ?)",
                          [key, model, kind, first_hash, text, seconds, time.time()])
 
@@ -783,61 +527,6 @@ class Store:
             args = [v for _, v in where]
         return self.db.execute(sql, args).fetchone()[0]
 
-    # watched folders (m002), kept by the daemon
-    def watches(self) -> list[dict]:
-        return list(self.db.query("select path, collection, created_at from watches order by path"))
-
-    def add_watch(self, path: str, collection: str) -> bool:
-        """Remember a folder; True when it was not watched before (an existing one takes the new collection)."""
-        existed = self.db.execute("select 1 from watches where path = ?", [path]).fetchone() is not None
-        self.db.execute(
-            "insert into watches (path, collection, created_at) values (?, ?, ?) "
-            "on conflict(path) do update set collection = excluded.collection",
-            [path, collection, time.time()],
-        )
-        return not existed
-
-    def remove_watch(self, path: str) -> bool:
-        return self.db.execute("delete from watches where path = ?", [path]).rowcount > 0
-
-    # pending work (m002, m005, m006, m009): what an ingest began or left for later; rows a crash
-    # leaves behind are picked up at the daemon's next start
-    def add_pending_ingests(self, files: list[PendingIngest]) -> list[PendingIngest]:
-        """Record these files (in one transaction); returns them with their row ids."""
-        now = time.time()
-        recorded = []
-        with self._transaction() as conn:
-            for item in files:
-                options = {**item.options, "encode": bool(item.encode), "summaries": bool(item.summaries)}
-                settings = json.dumps(item.settings.to_dict()) if item.settings is not None else None
-                row_id = conn.execute(
-                    "insert into pending_ingests (path, collection, kind, chunk_tokens, options, settings, created_at) "
-                    "values (?, ?, ?, ?, ?, ?, ?)",
-                    [item.path, item.collection, item.kind, item.chunk_tokens, json.dumps(options), settings, now],
-                ).lastrowid
-                recorded.append(replace(item, id=row_id))
-        return recorded
-
-    def pending_ingests(self) -> list[PendingIngest]:
-        """The files recorded and not finished, oldest first. A row whose options or settings this
-        version cannot read comes back without them (`unreadable` says why)."""
-        out = []
-        for row in self.db.query("select * from pending_ingests order by id"):
-            options, settings, unreadable = {}, None, None
-            try:
-                options = json.loads(row.get("options") or "{}")
-                if row.get("settings"):
-                    settings = Settings.from_dict(json.loads(row["settings"]))
-            except (ValueError, TypeError, EvselError) as exc:
-                options, settings, unreadable = {}, None, str(exc)
-            options = dict(options) if isinstance(options, dict) else {}
-            out.append(PendingIngest(
-                path=row["path"], collection=row["collection"], kind=row["kind"], chunk_tokens=row["chunk_tokens"],
-                encode=bool(options.pop("encode", False)), summaries=bool(options.pop("summaries", False)),
-                options=options, settings=settings, id=row["id"], unreadable=unreadable,
-            ))
-        return out
-
     def documents_signature(self) -> str:
         """Changes whenever any document is added, replaced, moved or removed."""
         row = self.db.execute(
@@ -846,42 +535,19 @@ class Store:
         ).fetchone()
         return hashlib.sha1((row[0] or "").encode()).hexdigest()
 
-    def finish_pending_ingest(self, row_id: int) -> None:
-        self.db.execute("delete from pending_ingests where id = ?", [row_id])
-
     def wait_for_writers(self, seconds: float) -> None:
         """How long a write waits for another connection's transaction before "database is locked"."""
         self.db.conn.execute(f"pragma busy_timeout = {int(seconds * 1000)}")
 
-    def add_pending_encode(self, work: PendingEncode) -> PendingEncode:
-        """Record deferred work; returns it with its row id."""
-        row_id = self.db.execute(
-            "insert into pending_encodes (doc_ids, settings, created_at, states, summaries) values (?, ?, ?, ?, ?)",
-            [json.dumps(work.doc_ids), json.dumps(work.settings.to_dict()), time.time(), int(work.states),
-             int(work.summaries)],
-        ).lastrowid
-        return replace(work, id=row_id)
-
-    def pending_encodes(self) -> list[PendingEncode]:
-        """The deferred work recorded and not finished, oldest first. A row this version cannot read
-        is deleted instead: its states and summaries are computed when an ask first needs them."""
-        out = []
-        for row in list(self.db.query("select * from pending_encodes order by id")):
-            try:
-                settings = Settings.from_dict(json.loads(row["settings"]))
-                doc_ids = [int(i) for i in json.loads(row["doc_ids"])]
-            except (ValueError, TypeError, EvselError):
-                self.finish_pending_encode(row["id"])
-                continue
-            out.append(PendingEncode(doc_ids, settings, states=bool(row["states"]), summaries=bool(row["summaries"]),
-                                     id=row["id"]))
-        return out
-
-    def finish_pending_encode(self, row_id: int) -> None:
-        self.db.execute("delete from pending_encodes where id = ?", [row_id])
-
     def chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
-        """Chunks in scope, in document order."""
+        """Chunks in scope, in document order; from the `chunk_cache` while no document changed."""
+        if self.chunk_cache is None:
+            return self.read_chunks(doc_ids, collection)
+        scope = (tuple(sorted(set(doc_ids))) if doc_ids else None, collection, self.documents_signature())
+        return self.chunk_cache.scope_chunks(scope, lambda: self.read_chunks(doc_ids, collection))
+
+    def read_chunks(self, doc_ids: list[int] | None = None, collection: str | None = None) -> list[ChunkRecord]:
+        """Chunks in scope, in document order, read from the database."""
         sql = (
             "select ch.*, d.title, d.kind, d.path from chunks ch join documents d on d.id = ch.doc_id "
             "join collections c on c.id = d.collection_id"

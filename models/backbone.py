@@ -235,6 +235,11 @@ class Backbone:
         return paths.model_cache_dir() / self.fingerprint[:16]
 
     @property
+    def chosen_plan(self) -> DevicePlan | None:
+        """The device plan once chosen, else None (reading it chooses none: `plan` does)."""
+        return self._plan
+
+    @property
     def plan(self) -> DevicePlan:
         if self._plan is None:
             self._plan = choose_device(self.requested_device)

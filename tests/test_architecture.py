@@ -130,7 +130,9 @@ CORE = ["evsel_cli/pipeline.py", "evsel_cli/engine.py", "evsel_cli/ingest.py", "
         "evsel_cli/evaluation"]
 # engine functions that may name one, and why: training recipes are named for what they train
 NAMING_ALLOWED = {"evsel_cli/engine.py": {"train_convert", "train_unreal", "train_qrranker", "train_blocksearch",
-                                          "train_hybrid"}}
+                                          "train_hybrid"},
+                  # the first stages that read no model, until the selector registry says so itself
+                  "evsel_cli/pipeline.py": {"needs_model"}}
 
 
 def _named_in(path: Path, names: set[str], allowed: set[str]) -> list[str]:

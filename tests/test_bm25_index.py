@@ -12,10 +12,11 @@ import pytest
 from rank_bm25 import BM25Okapi
 
 from evsel import bm25_index
-from evsel import store as store_module
+from evsel import migrations
 from evsel.bm25_index import chunk_tokens, tokenize
 from evsel.models.selectors import SelectorContext, get_selector
-from evsel.store import MIGRATIONS, Store
+from evsel.migrations import MIGRATIONS
+from evsel.store import Store
 
 WORDS = ("king queen fox wolf river ring key golden old woman son youngest hide found forest castle "
          "letter letters killed kill bridge miller daughter gold silver horse").split()
@@ -208,7 +209,7 @@ def test_a_store_from_before_the_migration_is_backfilled():
     # the store as evsel wrote it before m004: no BM25 tables, chunks stored without an index
     # (a patch context of its own: undoing the test's monkeypatch would also undo EVSEL_HOME)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(store_module, "MIGRATIONS", [m for m in MIGRATIONS if m[0] < "m004"])
+        patch.setattr(migrations, "MIGRATIONS", [m for m in MIGRATIONS if m[0] < "m004"])
         patch.setattr(bm25_index, "index_document", lambda *_, **__: None)
         patch.setattr(bm25_index, "drop_document", lambda *_, **__: None)
 

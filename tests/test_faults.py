@@ -78,7 +78,8 @@ def test_kill_9_during_a_no_encode_ingest_resumes_without_encoding(daemon_home, 
 
 # 6. removing a watch cancels its queued and running syncs
 def test_removing_a_watch_cancels_its_queued_and_running_jobs(tmp_path):
-    from evsel.daemon.server import Daemon, Job, RequestCancelled
+    from evsel.daemon.scheduler import Job, RequestCancelled
+    from evsel.daemon.server import Daemon
     from evsel.daemon.watcher import Watcher
     from evsel.engine import Engine
     from evsel.store import Store
@@ -89,22 +90,23 @@ def test_removing_a_watch_cancels_its_queued_and_running_jobs(tmp_path):
     daemon = Daemon(preload=False)
     daemon.fast_store = Store()
     daemon.fast_engine = Engine(daemon.settings, store=daemon.fast_store)
-    daemon.watcher = Watcher(lambda *args: None)
+    daemon.watcher = daemon.scheduler.watcher = Watcher(lambda *args: None)
     daemon.watcher.roots[str(folder)] = {"collection": "default", "watch": None, "error": None}
-    daemon.fast_store.add_watch(str(folder), "default")
+    daemon.fast_engine.journal.add_watch(str(folder), "default")
     submitted = []
-    daemon._enqueue = lambda job: submitted.append(job) or daemon.waiting.append(job)
-    daemon._submit_watch(str(folder), "default", None)
-    daemon._submit_watch(str(other), "default", None)  # another folder's sync is left alone
+    scheduler = daemon.scheduler
+    scheduler.enqueue = lambda job: submitted.append(job) or scheduler.waiting.append(job)
+    scheduler.submit_watch(str(folder), "default", None)
+    scheduler.submit_watch(str(other), "default", None)  # another folder's sync is left alone
     running = Job("watch", {}, daemon.settings, label="watch sync")
     running.watch_root = str(folder)
-    daemon.running = running
-    emit = daemon._emitter(running)
+    scheduler.running = running
+    emit = scheduler.emitter(running)
     emit({"type": "progress"})  # runs on until the watch is removed
 
     assert daemon._watch_remove(str(folder)) == {"path": str(folder), "removed": True}
-    assert submitted[0].cancelled.is_set() and submitted[0] not in daemon.waiting
-    assert not submitted[1].cancelled.is_set() and submitted[1] in daemon.waiting
+    assert submitted[0].cancelled.is_set() and submitted[0] not in scheduler.waiting
+    assert not submitted[1].cancelled.is_set() and submitted[1] in scheduler.waiting
     with pytest.raises(RequestCancelled):
         emit({"type": "progress"})  # the running sync stops at its next progress event
     # a sync already on its way to the queue when the watch went does nothing
@@ -244,8 +246,10 @@ def test_document_ids_are_never_reused(tmp_path, capsys):
 def test_the_migration_keeps_documents_chunks_and_the_bm25_index(monkeypatch):
     from evsel import store as store_module
 
-    old = [m for m in store_module.MIGRATIONS if m[0] < "m006"]
-    monkeypatch.setattr(store_module, "MIGRATIONS", old)
+    from evsel import migrations
+
+    old = [m for m in migrations.MIGRATIONS if m[0] < "m006"]
+    monkeypatch.setattr(migrations, "MIGRATIONS", old)
     db = store_module.connect()
     store = store_module.Store(db)
     cid = store.collection_id("default", create=True)
@@ -259,7 +263,7 @@ def test_the_migration_keeps_documents_chunks_and_the_bm25_index(monkeypatch):
     put("a"), put("b"), put("c")
     store.remove_documents([2])
     monkeypatch.undo()  # every migration again
-    assert "m007_document_ids_never_reused" in store_module.migrate(db)
+    assert "m007_document_ids_never_reused" in migrations.migrate(db)
     assert db.execute("pragma integrity_check").fetchone()[0] == "ok"
     assert db.execute("pragma foreign_key_check").fetchall() == []
     assert db.execute("pragma foreign_keys").fetchone()[0] == 1
@@ -397,14 +401,15 @@ def test_the_daemon_reports_a_cancel_in_the_store_write_as_cancelled_and_stores_
     import queue
 
     from evsel import store as store_module
-    from evsel.daemon.server import Daemon, Job
+    from evsel.daemon.scheduler import Job
+    from evsel.daemon.server import Daemon
     from evsel.store import Store
 
     monkeypatch.setattr(store_module, "WRITE_BATCH", 20)
     path, long_text = _two_versions(tmp_path)
     path.write_text(long_text, encoding="utf-8")
     daemon = Daemon(preload=False)
-    daemon.worker_store = Store()
+    daemon.scheduler.worker_store = Store()
     job = Job("ingest", {"targets": [str(path)], "chunk_tokens": 16, "encode": False}, daemon.settings)
 
     class CancelInTheWrite(queue.Queue):
@@ -417,11 +422,11 @@ def test_the_daemon_reports_a_cancel_in_the_store_write_as_cancelled_and_stores_
             super().put(message, *args, **kwargs)
 
     job.outbox = CancelInTheWrite()
-    daemon.queue.put(job)
-    daemon.queue.put(None)
+    daemon.scheduler.queue.put(job)
+    daemon.scheduler.queue.put(None)
     with caplog.at_level(logging.INFO, logger="evsel.daemon"):
-        daemon._worker()
-    assert daemon.recent[-1]["status"] == "cancelled" and daemon.counts["cancelled"] == 1
+        daemon.scheduler.worker()
+    assert daemon.scheduler.recent[-1]["status"] == "cancelled" and daemon.counts["cancelled"] == 1
     assert "cancelled; nothing stored" in caplog.text  # the log and the store agree
     replies = [job.outbox.get_nowait() for _ in range(job.outbox.qsize())]
     assert not [r for r in replies if r["type"] == "result"]
@@ -460,8 +465,10 @@ def test_a_stopping_daemon_drops_the_pending_rows_of_an_ingest_it_abandons(evsel
     import threading
 
     from evsel import ingest as ingest_module
-    from evsel.daemon import server
-    from evsel.daemon.server import Daemon, Job
+    from evsel.daemon import scheduler
+    from evsel.daemon.scheduler import Job
+    from evsel.daemon.server import Daemon
+    from evsel.journal import Journal
     from evsel.store import Store
 
     path = tmp_path / "a.md"
@@ -475,22 +482,22 @@ def test_a_stopping_daemon_drops_the_pending_rows_of_an_ingest_it_abandons(evsel
         return real_read(*args, **kwargs)
 
     monkeypatch.setattr(ingest_module, "read_file", read_that_does_not_stop)
-    monkeypatch.setattr(server, "SHUTDOWN_WAIT_S", 0.2)
+    monkeypatch.setattr(scheduler, "SHUTDOWN_WAIT_S", 0.2)
     daemon = Daemon(preload=False)
-    daemon.worker_store = Store()
+    daemon.scheduler.worker_store = Store()
     daemon.sock = socket.socket(socket.AF_UNIX)
     daemon.socket_inode = None
-    worker = threading.Thread(target=daemon._worker, daemon=True)
+    worker = threading.Thread(target=daemon.scheduler.worker, daemon=True)
     worker.start()
     job = Job("ingest", {"targets": [str(path)], "encode": False}, daemon.settings)
-    daemon._enqueue(job)
+    daemon.scheduler.enqueue(job)
     try:
         assert reading.wait(60)
-        assert [p.path for p in Store().pending_ingests()] == [str(path)]
+        assert [p.path for p in Journal(Store()).pending_ingests()] == [str(path)]
         daemon._shutdown()
-        assert daemon.running is job  # abandoned, still inside the read
-        assert Store().pending_ingests() == []
+        assert daemon.scheduler.running is job  # abandoned, still inside the read
+        assert Journal(Store()).pending_ingests() == []
     finally:
         release.set()
         worker.join(60)
-    assert daemon.recent[-1]["status"] == "cancelled" and Store().documents() == []
+    assert daemon.scheduler.recent[-1]["status"] == "cancelled" and Store().documents() == []

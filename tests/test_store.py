@@ -13,11 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from evsel import migrations
 from evsel import store as store_module
 from evsel.engine import Engine
 from evsel.errors import StoreError
+from evsel.journal import Journal
+from evsel.migrations import MIGRATIONS, migrate
 from evsel.paths import db_path, sample_story_path
-from evsel.store import MIGRATIONS, Store, connect, migrate
+from evsel.store import Store, connect
 
 
 def rows(db, table: str) -> list[tuple]:
@@ -81,7 +84,7 @@ def test_new_migration_is_applied_and_keeps_data(monkeypatch):
     def m999_add_note(db):
         db["documents"].add_column("note", str)
 
-    monkeypatch.setattr(store_module, "MIGRATIONS", [*MIGRATIONS, ("m999_add_note", m999_add_note)])
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*MIGRATIONS, ("m999_add_note", m999_add_note)])
     db = connect()
     assert "note" in db["documents"].columns_dict
     assert rows(db, "chunks") == before
@@ -95,10 +98,10 @@ def test_failing_migration_rolls_back(monkeypatch):
         db["documents"].add_column("half_done", str)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(store_module, "MIGRATIONS", [*MIGRATIONS, ("m999_broken", m999_broken)])
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*MIGRATIONS, ("m999_broken", m999_broken)])
     with pytest.raises(RuntimeError):
         connect()
-    monkeypatch.setattr(store_module, "MIGRATIONS", list(MIGRATIONS))
+    monkeypatch.setattr(migrations, "MIGRATIONS", list(MIGRATIONS))
     db = connect()
     assert "half_done" not in db["documents"].columns_dict
     assert db.execute("select count(*) from _evsel_migrations where name = 'm999_broken'").fetchone()[0] == 0
@@ -418,15 +421,15 @@ def test_m009_reads_the_old_bit_flag_as_named_booleans(monkeypatch):
     from evsel.settings import Settings
 
     names = [name for name, _ in MIGRATIONS]
-    monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS[: names.index("m009_pending_encode_flags")])
+    monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[: names.index("m009_pending_encode_flags")])
     db = connect()  # a store as evsel left it before m009
     settings = json.dumps(Settings().to_dict())
     for flag in (0, 1, 2, 3):  # bit 1: summaries, bit 2: no states
         db.execute("insert into pending_encodes (doc_ids, settings, created_at, summaries) values (?, ?, 0, ?)",
                    [json.dumps([flag + 1]), settings, flag])
     db.conn.close()
-    monkeypatch.setattr(store_module, "MIGRATIONS", list(MIGRATIONS))
-    work = Store().pending_encodes()
+    monkeypatch.setattr(migrations, "MIGRATIONS", list(MIGRATIONS))
+    work = Journal(Store()).pending_encodes()
     assert [(w.doc_ids, w.states, w.summaries) for w in work] == [
         ([1], True, False), ([2], True, True), ([3], False, False), ([4], False, True)]
     assert [w.what for w in work] == ["chunk states", "chunk states and summaries", "", "summaries"]
@@ -435,27 +438,28 @@ def test_m009_reads_the_old_bit_flag_as_named_booleans(monkeypatch):
 
 def test_pending_work_round_trips_with_named_fields():
     from evsel.settings import Settings
-    from evsel.store import PendingEncode, PendingIngest
+    from evsel.journal import PendingEncode, PendingIngest
 
     store = Store()
+    journal = Journal(store)
     settings = Settings(model="/models/tiny.gguf", encode=False)
-    [recorded] = store.add_pending_ingests([PendingIngest("/books/a.md", "books", "book", 100,
+    [recorded] = journal.add_pending_ingests([PendingIngest("/books/a.md", "books", "book", 100,
                                                           {"resolve_links": False}, encode=True, settings=settings)])
     assert recorded.id is not None
-    [back] = store.pending_ingests()
+    [back] = journal.pending_ingests()
     assert back == recorded
     assert (back.encode, back.summaries, back.settings) == (True, False, settings)
     assert back.options == {"resolve_links": False}
     # the row keeps the request's options as JSON, encode resolved (an old daemon reads it the same way)
     options = json.loads(store.db.execute("select options from pending_ingests").fetchone()[0])
     assert options == {"resolve_links": False, "encode": True, "summaries": False}
-    store.finish_pending_ingest(back.id)
-    assert store.pending_ingests() == []
+    journal.finish_pending_ingest(back.id)
+    assert journal.pending_ingests() == []
 
-    work = store.add_pending_encode(PendingEncode([3, 4], settings, states=False, summaries=True))
-    assert store.pending_encodes() == [work]
-    store.finish_pending_encode(work.id)
-    assert store.pending_encodes() == []
+    work = journal.add_pending_encode(PendingEncode([3, 4], settings, states=False, summaries=True))
+    assert journal.pending_encodes() == [work]
+    journal.finish_pending_encode(work.id)
+    assert journal.pending_encodes() == []
 
 
 def test_unreadable_pending_rows():
@@ -463,18 +467,18 @@ def test_unreadable_pending_rows():
     # an ingest whose options cannot be read resumes with its collection, kind and chunk size alone
     store.db.execute("insert into pending_ingests (path, collection, kind, chunk_tokens, options, settings) "
                      "values ('/a.md', 'books', 'auto', 90, '{\"encode\": true}', '{\"colour\": \"red\"}')")
-    [pending] = store.pending_ingests()
+    [pending] = Journal(store).pending_ingests()
     assert pending.unreadable and "colour" in pending.unreadable
     assert (pending.options, pending.encode, pending.settings, pending.chunk_tokens) == ({}, False, None, 90)
     # an encode whose row cannot be read is dropped: the first ask computes what it needs
     store.db.execute("insert into pending_encodes (doc_ids, settings) values ('not json', '{}')")
-    assert store.pending_encodes() == []
+    assert Journal(store).pending_encodes() == []
     assert store.db.execute("select count(*) from pending_encodes").fetchone()[0] == 0
 
 
 def test_resume_arguments_keep_the_requests_options():
     from evsel.engine import resume_arguments
-    from evsel.store import PendingIngest
+    from evsel.journal import PendingIngest
 
     pending = PendingIngest("/books/a.md", "books", "book", 100, {"resolve_links": False, "from_the_future": 1},
                             encode=True, summaries=True)
@@ -499,18 +503,18 @@ def test_a_deferred_ingest_records_each_file_until_done_and_returns_its_followup
 
     def on_event(event):
         if event["type"] == "progress" and event["task"] == "files" and event["label"]:
-            seen.append(sorted(p.path for p in engine.store.pending_ingests()))
+            seen.append(sorted(p.path for p in engine.journal.pending_ingests()))
 
     outcome = engine.ingest_files([str(tmp_path)], IngestOptions(collection="notes"), on_event, defer=True,
                                   journal=True)
     assert seen == [[str(a), str(b)], [str(b)]]  # recorded before reading, each dropped once done
-    assert engine.store.pending_ingests() == []
+    assert engine.journal.pending_ingests() == []
     assert [r["states"] for r in outcome.files] == ["background", "background"]
     assert "summaries" not in outcome.files[0]
     [work] = outcome.followups
     assert (work.doc_ids, work.states, work.summaries, work.settings) == (
         [i for r in outcome.files for i in r["doc_ids"]], True, False, engine.settings)
-    assert engine.store.pending_encodes() == [work]
+    assert engine.journal.pending_encodes() == [work]
     assert engine.store.count_states() == 0  # deferred, not computed
     # the same ingest in-process (not deferred) has nothing left to do
     again = engine.ingest_files([str(a)], IngestOptions(collection="notes", encode=False))
@@ -519,7 +523,7 @@ def test_a_deferred_ingest_records_each_file_until_done_and_returns_its_followup
     # the deferred work, once run, leaves no record (nothing to compute for a document that is gone)
     engine.docs_rm(work.doc_ids)
     assert engine.run_deferred(work) == {"encoded": 0, "missing_before": 0}
-    assert engine.store.pending_encodes() == []
+    assert engine.journal.pending_encodes() == []
 
 
 def test_a_cancelled_journaled_ingest_leaves_nothing_to_resume(tmp_path):
@@ -538,7 +542,7 @@ def test_a_cancelled_journaled_ingest_leaves_nothing_to_resume(tmp_path):
 
     with pytest.raises(Cancelled) as cancelled:
         engine.ingest_files([str(tmp_path)], IngestOptions(), cancel_at_the_second_file, journal=True)
-    assert engine.store.pending_ingests() == []
+    assert engine.journal.pending_ingests() == []
     assert len(engine.store.documents()) == 1
     assert cancelled.value.stored_files == [str(tmp_path / "a.md")]  # what the cancel kept, for the log
 
