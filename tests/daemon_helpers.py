@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -132,3 +133,28 @@ def docs_by_name(collection: str | None = None) -> dict[str, dict]:
         raise
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def daemon_in_process(home: Path, monkeypatch):
+    """A daemon run in this test's process (on a thread), so a test can hold it at a chosen point
+    with an event instead of racing it; stopped on exit. Yields the `Daemon`."""
+    import logging
+    import threading
+
+    from evsel.daemon.server import Daemon
+
+    daemon_log = logging.getLogger("evsel.daemon")
+    monkeypatch.setattr(daemon_log, "handlers", list(daemon_log.handlers))  # the daemon replaces them
+    monkeypatch.setattr(daemon_log, "propagate", daemon_log.propagate)
+    monkeypatch.chdir(os.getcwd())  # restored afterwards: the daemon moves to /
+    daemon = Daemon(idle_timeout=0, preload=False)
+    thread = threading.Thread(target=daemon.run, name="test-daemon", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: status(home), 60, "the daemon to answer")
+        yield daemon
+    finally:
+        daemon.stop_event.set()
+        thread.join(60)
+        assert not thread.is_alive(), "the daemon did not stop"

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import shared_data
 from daemon_helpers import (  # noqa: F401  (daemon_home is a fixture)
-    alive, daemon_home, evsel, evsel_json, kill_process, pid_of, status, wait_for,
+    alive, daemon_home, daemon_in_process, evsel, evsel_json, kill_process, pid_of, status, wait_for,
 )
 
 
@@ -211,37 +211,57 @@ def test_kill_9_during_a_pdf_ingest_loses_nothing_and_resumes(daemon_home, tmp_p
     assert {p.name for p in folder.iterdir()} == {os.path.basename(path) for _, path, _, _ in final[1:]}
 
 
-def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path):
-    folder = _pdf_folder(tmp_path, 4)  # enough that a loaded machine cannot finish before the signal lands
-    evsel("daemon", "start", "--no-preload")
-    pid = pid_of(daemon_home)
-    # the client gets SIGINT's default action even when the suite runs in the background (a shell
-    # starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT ignored)
-    client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        def reading():
-            running = (status(daemon_home) or {}).get("queue", {}).get("running")
-            return running and running["method"] == "ingest" and running["progress"]
+def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monkeypatch):
+    """The daemon runs in this process, so the ingest is held at its second file until the
+    client's Ctrl-C has cancelled it: it cannot finish first, however fast the machine."""
+    import threading
 
-        wait_for(reading, 120, "the ingest to start", interval=0.01)
-        client.send_signal(signal.SIGINT)
-        out, err = client.communicate(timeout=60)
-    finally:
-        kill_process(client)
-    assert client.returncode == 130 and err.strip().endswith("evsel: error: interrupted")
-    wait_for(lambda: status(daemon_home)["queue"]["running"] is None, 60, "the cancelled ingest to stop")
-    info = status(daemon_home)
-    assert info["pid"] == pid  # the daemon carried on
-    assert info["recent"][-1]["status"] == "cancelled"
-    assert not _pending(daemon_home)  # a cancelled ingest is not resumed later
-    assert len(_documents(daemon_home)) < 4  # it stopped before the end
-    assert all(n_chunks == rows for _, _, n_chunks, rows in _documents(daemon_home))
-    # and serves the next request
-    evsel("ingest", evsel("sample").stdout.strip())
-    assert evsel_json("docs", "list")[-1]["title"] == "The Gull Point Light"
-    assert pid_of(daemon_home) == pid
+    from evsel import ingest as ingest_module
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for name in "abcd":
+        (folder / f"{name}.md").write_text(f"# {name}\n\nThe keeper lit the lamp at dusk, note {name}.\n")
+    second_read, release = threading.Event(), threading.Event()
+    real_read = ingest_module.read_file
+    reads = []
+
+    def read_held_at_the_second_file(*args, **kwargs):
+        reads.append(args[0])
+        if len(reads) == 2:
+            second_read.set()
+            release.wait(120)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(ingest_module, "read_file", read_held_at_the_second_file)
+    client = None
+    with daemon_in_process(daemon_home, monkeypatch) as daemon:
+        try:
+            pid = pid_of(daemon_home)
+            # the client gets SIGINT's default action even when the suite runs in the background (a
+            # shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT ignored)
+            client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            assert second_read.wait(120), "the ingest did not reach its second file"
+            client.send_signal(signal.SIGINT)
+            out, err = client.communicate(timeout=60)
+            assert client.returncode == 130 and err.strip().endswith("evsel: error: interrupted")
+            wait_for(daemon.scheduler.running.cancelled.is_set, 60, "the daemon to see the cancel")
+        finally:
+            release.set()
+            kill_process(client)
+        wait_for(lambda: status(daemon_home)["queue"]["running"] is None, 60, "the cancelled ingest to stop")
+        info = status(daemon_home)
+        assert info["pid"] == pid  # the daemon carried on
+        assert info["recent"][-1]["status"] == "cancelled"
+        assert not _pending(daemon_home)  # a cancelled ingest is not resumed later
+        assert [os.path.basename(p) for _, p, _, _ in _documents(daemon_home)] == ["a.md"]  # it stopped there
+        assert all(n_chunks == rows for _, _, n_chunks, rows in _documents(daemon_home))
+        # and serves the next request
+        evsel("ingest", evsel("sample").stdout.strip())
+        assert evsel_json("docs", "list")[-1]["title"] == "The Gull Point Light"
+        assert pid_of(daemon_home) == pid
 
 
 def test_requests_carry_the_clients_settings_not_its_environment(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from daemon_helpers import alive, daemon_home, evsel, evsel_json, status, wait_for  # noqa: F401
+from daemon_helpers import alive, daemon_home, daemon_in_process, evsel, evsel_json, status, wait_for  # noqa: F401
 from evsel.paths import sample_story_path
 
 
@@ -91,7 +91,33 @@ def test_ask_json_reports_the_wall_time_the_client_saw(daemon_home):  # noqa: F8
 @pytest.mark.model
 def test_a_bm25_ask_is_answered_while_a_background_encode_is_mid_document(daemon_home, monkeypatch,  # noqa: F811
                                                                           tmp_path):
+    """The daemon runs in this process, so the encode is held after its first slice until the
+    evidence-only ask is answered: it cannot finish first, however fast the machine."""
+    import threading
+
+    from evsel.daemon import scheduler as scheduler_module
+
     monkeypatch.setenv("EVSEL_ENCODE", "1")
+    asked = threading.Event()
+    real_emitter = scheduler_module.Scheduler.emitter
+
+    def emitter_held_mid_encode(self, job):
+        emit = real_emitter(self, job)
+
+        def held(event: dict) -> None:
+            if job.background and event.get("task") == "encode" and event.get("done") and not asked.is_set():
+                job.last_event = event  # what status shows while it is held
+                asked.wait(600)
+            emit(event)
+
+        return held
+
+    monkeypatch.setattr(scheduler_module.Scheduler, "emitter", emitter_held_mid_encode)
+    with daemon_in_process(daemon_home, monkeypatch):
+        _ask_beside_a_background_encode(daemon_home, tmp_path, asked)
+
+
+def _ask_beside_a_background_encode(daemon_home, tmp_path, asked):  # noqa: F811
     story = sample_story_path().read_text(encoding="utf-8")
     book = tmp_path / "book.md"  # one long document: two differently worded copies of the story
     book.write_text(story.replace(" the ", " that ") + "\n\n" + story.replace(" a ", " one "), encoding="utf-8")
@@ -107,7 +133,8 @@ def test_a_bm25_ask_is_answered_while_a_background_encode_is_mid_document(daemon
     result = evsel_json("ask", "--evidence-only", "Who keeps the light?")
     assert len(result["evidence"]) == 5
     after = encoding()
-    assert after is not None, "the encode finished before the ask was answered"
+    asked.set()
+    assert after is not None
     assert after["total"] == before["total"] and before["done"] <= after["done"] < after["total"]
     recent = status(daemon_home)["recent"]
     assert [r["status"] for r in recent if r["method"] == "ask"] == ["ok"]
