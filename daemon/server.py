@@ -112,8 +112,9 @@ class Daemon:
         # the home is the process's: made absolute once, before leaving the start directory (requests
         # carry their settings with absolute paths, so no job depends on a working directory)
         os.environ["EVSEL_HOME"] = str(self.files.home.resolve())
-        if os.environ.get("EVSEL_MODEL_CACHE"):
-            os.environ["EVSEL_MODEL_CACHE"] = str(Path(os.environ["EVSEL_MODEL_CACHE"]).expanduser().resolve())
+        model_cache = settings_module.model_cache()
+        if model_cache is not None:
+            os.environ["EVSEL_MODEL_CACHE"] = str(model_cache.resolve())
         os.chdir("/")
         self.scheduler.open_stores()
         self.fast_store = Store()  # docs requests and the watch list, under fast_lock
