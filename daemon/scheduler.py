@@ -1,7 +1,7 @@
 """The daemon's scheduler: the jobs the model worker runs, one at a time in arrival order, on
-resident engines; the light asks it answers beside them; the background work an ingest leaves
-(chunk states, summaries), run in short slices that yield to waiting requests; and at start, the
-ingests and encodes a crash left unfinished.
+resident engines (the first preloaded at start); the light asks it answers beside them; the
+background work an ingest leaves (chunk states, summaries), run in short slices that yield to
+waiting requests; and at start, the ingests and encodes a crash left unfinished.
 
 A job's progress callback carries its cancellation: a cancelled job stops at its next progress
 event (the model finishes the step it is in); a background job also stops there when a request

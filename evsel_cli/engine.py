@@ -24,11 +24,11 @@ from .chunker import DEFAULT_CHUNK_TOKENS
 from .defaults import DATASETS
 from .errors import EmptyStoreError, EvselError, NotFoundError
 from .ingest import Ingest, IngestOptions, IngestOutcome, resume_arguments
+from .journal import Journal, PendingEncode, PendingIngest
 from .parsers import KINDS
 from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer
 from .provenance import evidence_label
 from .settings import Settings
-from .journal import Journal, PendingEncode, PendingIngest
 from .store import DEFAULT_COLLECTION, ChunkRecord, Store
 
 # What the commands need to know to parse their options (they import the engine, not its parts).

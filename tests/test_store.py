@@ -437,8 +437,8 @@ def test_m009_reads_the_old_bit_flag_as_named_booleans(monkeypatch):
 
 
 def test_pending_work_round_trips_with_named_fields():
-    from evsel.settings import Settings
     from evsel.journal import PendingEncode, PendingIngest
+    from evsel.settings import Settings
 
     store = Store()
     journal = Journal(store)
