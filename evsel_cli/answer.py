@@ -108,8 +108,7 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
         from evsel.models.reader import reader_for
 
         reader = reader_for(backbone, reader_dir) if Scorer(backbone).ready else None
-        kept = (asked == "yesno" and not dialogue) or (dialogue and grounding.is_temporal(question))
-        if reader is not None and not kept:
+        if reader is not None and reader_answers(question, asked, dialogue):
             return _reader_answer(backbone, reader, question, evidence, asked, dialogue)
     style = "short" if style == "rules" else style
     chunks = [s.chunk for s in evidence[: DIALOGUE_PASSAGES if dialogue else PROSE_PASSAGES]]
@@ -132,6 +131,12 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
         result.speaker = result.speaker or best.speaker
     result.answer_type = asked
     return result
+
+
+def reader_answers(question: str, asked: str, dialogue: bool) -> bool:
+    """Does the reader answer this question? Not yes/no questions about prose (the LLM's calibrated
+    yes/no does) nor when-questions in dialogues (the turn's time, resolved against its session)."""
+    return not ((asked == "yesno" and not dialogue) or (dialogue and grounding.is_temporal(question)))
 
 
 def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
