@@ -378,15 +378,15 @@ class ReaderTrainer(AdapterTrainer):
 
 # the grid the answer step's weights are chosen on (models/reader.Reader.rescore_weights)
 # (a whole sentence is too long for the head: it competes from the unread floor, -25, hence its range)
-RESCORE_GRID = {"typed": (0.0, 1.0, 2.0, 4.0, 6.0), "support": (0.0, 2.0, 4.0, 8.0, 12.0, 16.0),
+RESCORE_GRID = {"typed": (0.0, 1.0, 2.0, 3.0, 4.0), "support": (0.0, 2.0, 4.0, 6.0, 8.0),
                 "repeats": (0.0, -1.0, -2.0, -4.0), "long": (0.0, -0.1, -0.3), "sentence": (0.0, 18.0, 21.0, 24.0)}
 PHRASE_TYPES = ("person", "place", "number", "date", "organisation")  # one weight set; the rest share "*"
 
 
 def rescore_examples(config: TrainConfig, backbone, trained_on: dict, data_dir: Path | None, on_event) -> list[dict]:
-    """Questions of every source the head was trained on that it never trained on (FairytaleQA
-    train beyond its training questions, the fold's answerable LoCoMo, MuSiQue and HotpotQA
-    questions beyond them), each with BM25's top passages as `evsel ask` shows them.
+    """Held-out questions of every source the head was trained on, each with BM25's top passages
+    as `evsel ask` shows them: FairytaleQA's held-out train stories, LoCoMo's held-out conversation
+    (answerable questions), and the fold's MuSiQue / HotpotQA questions the head never trained on.
     {"id", "source", "question", "answers", "chunks"}."""
     from evsel.evaluation.runner import build_corpus
     from evsel.models.selectors import SelectorContext, get_selector
@@ -398,9 +398,10 @@ def rescore_examples(config: TrainConfig, backbone, trained_on: dict, data_dir: 
         seen = trained_on.get(source, {})
         dataset = folded_dataset(source, Path(data_dir) if data_dir else None,
                                  config.fold if source != "fairytaleqa-train" else None)
-        trained = set(seen.get("question_ids", []))
+        trained = set(seen.get("question_ids", [])) | set(trained_on.get("dev_question_ids", []))
+        held_out = set(seen.get("held_out_documents", []))  # FairytaleQA's dev stories, LoCoMo's conversation
         pool = [q for q in dataset.questions if q.answers and q.docs and q.group != "adversarial"
-                and f"{source}/{q.qid}" not in trained]
+                and (q.docs[0] in held_out if held_out else f"{source}/{q.qid}" not in trained)]
         rng.shuffle(pool)
         pool = pool[: config.rescore_questions]
         keys = sorted({q.docs[0] for q in pool})
