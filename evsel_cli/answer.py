@@ -221,7 +221,7 @@ def candidate_spans(reading, question: str, asked: str, found: list, ranked: lis
     for p, a, b in sorted(spans):
         text = reading.passages[p][a:b]
         said = grounding.words(text)
-        if not said:
+        if not said or grounding.echoes(question, text):  # an answer adds something to the question
             continue
         near = 0.0
         run = by_passage.get(p, [])

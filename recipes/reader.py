@@ -380,7 +380,8 @@ class ReaderTrainer(AdapterTrainer):
 # (a whole sentence is too long for the head: it competes from the unread floor, -25, hence its range)
 RESCORE_GRID = {"typed": (0.0, 1.0, 2.0, 3.0, 4.0), "support": (0.0, 2.0, 4.0, 6.0, 8.0),
                 "repeats": (0.0, -1.0, -2.0, -4.0), "long": (0.0, -0.1, -0.3), "sentence": (0.0, 18.0, 21.0, 24.0)}
-PHRASE_TYPES = ("person", "place", "number", "date", "organisation")  # one weight set; the rest share "*"
+PHRASE_TYPES = ("person", "place", "number", "date", "organisation")  # may get their own weight set
+MIN_GROUP_QUESTIONS = 50  # dev questions a group needs to get its own weights
 
 
 def rescore_examples(config: TrainConfig, backbone, trained_on: dict, data_dir: Path | None, on_event) -> list[dict]:
@@ -480,24 +481,33 @@ def _f1_per_weights(rows: list[dict], grid: list[dict]):
     return np.mean([np.mean(v, axis=0) for v in per_source.values()], axis=0)
 
 
-def choose_rescoring(rows: list[dict]) -> dict:
-    """Weights per group of answer types (PHRASE_TYPES, the rest as "*") by dev F1 over the grid,
-    with the reader alone (all weights 0) beside them; ties go to the earlier (smaller) weights."""
+def choose_rescoring(rows: list[dict], min_group: int = MIN_GROUP_QUESTIONS) -> dict:
+    """One weight set by dev F1 over the grid on every question ("*"), and one for the phrase
+    questions (PHRASE_TYPES) when at least `min_group` of them say what suits them (fewer: they
+    share "*"); the reader alone (all weights 0, grid[0]) beside each; ties go to smaller weights."""
     import itertools
 
     names = list(RESCORE_GRID)
     grid = [dict(zip(names, values)) for values in itertools.product(*(RESCORE_GRID[n] for n in names))]
-    chosen, report = {}, {}
-    for group, members in (("phrase", PHRASE_TYPES), ("*", None)):
-        part = [r for r in rows if (r["type"] in PHRASE_TYPES) == (members is not None)]
-        if not part:
-            continue
+    report = {}
+
+    def fit(group: str, part: list[dict]) -> dict:
         f1 = _f1_per_weights(part, grid)
-        best = int(f1.argmax())  # grid[0] is all zeros: the reader alone
+        best = int(f1.argmax())
         report[group] = {"questions": len(part), "f1_reader_alone": round(float(f1[0]), 4),
                          "f1": round(float(f1[best]), 4), "weights": grid[best]}
-        for kind in (members or ["*"]):
-            chosen[kind] = grid[best]
+        return grid[best]
+
+    chosen = {"*": fit("*", rows)} if rows else {}
+    phrase = [r for r in rows if r["type"] in PHRASE_TYPES]
+    if len(phrase) >= min_group:
+        weights = fit("phrase", phrase)
+        chosen.update({kind: weights for kind in PHRASE_TYPES})
+    elif phrase:  # too few to choose on: what the shared weights give them
+        f1 = _f1_per_weights(phrase, [grid[0], chosen["*"]])
+        report["phrase"] = {"questions": len(phrase), "f1_reader_alone": round(float(f1[0]), 4),
+                            "f1": round(float(f1[1]), 4), "weights": "*",
+                            "why": f"fewer than {min_group} questions: the weights of every question"}
     return {"weights": chosen, "dev": report,
             "sources": sorted({r["source"] for r in rows}), "question_ids": [r["id"] for r in rows]}
 
