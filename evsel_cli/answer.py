@@ -24,6 +24,7 @@ the question asks about one speaker and the passages say it of another.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -107,8 +108,7 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
         from evsel.models.reader import reader_for
 
         reader = reader_for(backbone, reader_dir) if Scorer(backbone).ready else None
-        kept = (asked == "yesno" and not dialogue) or (dialogue and grounding.is_temporal(question))
-        if reader is not None and not kept:
+        if reader is not None and reader_answers(question, asked, dialogue):
             return _reader_answer(backbone, reader, question, evidence, asked, dialogue)
     style = "short" if style == "rules" else style
     chunks = [s.chunk for s in evidence[: DIALOGUE_PASSAGES if dialogue else PROSE_PASSAGES]]
@@ -133,24 +133,114 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
     return result
 
 
+def reader_answers(question: str, asked: str, dialogue: bool) -> bool:
+    """Does the reader answer this question? Not yes/no questions about prose (the LLM's calibrated
+    yes/no does) nor when-questions in dialogues (the turn's time, resolved against its session)."""
+    return not ((asked == "yesno" and not dialogue) or (dialogue and grounding.is_temporal(question)))
+
+
 def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
     chunks = [s.chunk for s in evidence]
     found = grounding.sentences(chunks)
     ranked = grounding.rank_sentences(question, found)
     if not ranked or grounding.support(question, ranked[0][1]) == 0.0:
         return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
-    spans = reader.read(backbone, question, [c.text for c in chunks])
-    if not spans:
+    reading = reader.reading(backbone, question, [c.text for c in chunks])
+    candidates = candidate_spans(reading, question, asked, found, ranked)
+    if not candidates:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
-    best = spans[0]
+    best = max(candidates, key=lambda c: c.score(reader.rescore_weights(asked)))
     said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
-    if dialogue and best.probability < reader.threshold:
+    probability = math.exp(best.reader_logp)
+    surest = max(math.exp(c.reader_logp) for c in candidates)  # the threshold was chosen on this
+    if dialogue and surest < reader.threshold:
         return Grounded(None, "abstained", f"the reader is unsure of every answer in the passages "
-                        f"(best {best.probability:.2f}, threshold {reader.threshold:.2f})", best.passage,
+                        f"(best {surest:.2f}, threshold {reader.threshold:.2f})", best.passage,
                         best.start, best.end, speaker=said.speaker if said else None, answer_type=asked,
-                        confidence=best.probability)
+                        confidence=probability)
     return Grounded(best.text, "span", None, best.passage, best.start, best.end,
-                    speaker=said.speaker if said else None, answer_type=asked, confidence=best.probability)
+                    speaker=said.speaker if said else None, answer_type=asked, confidence=probability)
+
+
+READER_TOP = 30  # the reader's best spans that compete with the typed phrases
+UNREAD_LOGP = -25.0  # a typed phrase no whole-token span of the reader covers
+
+
+@dataclass
+class Candidate:
+    """An answer span with what the answer step weighs: the reader's log-probability, whether the
+    rule tagger finds it of the asked type, how well its sentence (or the one or two before it, which
+    the answer often follows) matches the question, how much of it only repeats the question, and
+    its length in words."""
+
+    passage: int
+    start: int
+    end: int
+    text: str
+    reader_logp: float
+    typed: bool
+    support: float
+    repeats: float
+    n_words: int
+    sentence: bool = False  # one of the best-matching sentences, trimmed of the question's words
+
+    def features(self) -> dict:
+        return {"typed": float(self.typed), "support": self.support, "repeats": self.repeats,
+                "long": float(max(0, self.n_words - LONG_ANSWER_WORDS)), "sentence": float(self.sentence)}
+
+    def score(self, weights: dict) -> float:
+        return max(self.reader_logp, UNREAD_LOGP) + sum(weights.get(k, 0.0) * v for k, v in self.features().items())
+
+
+LONG_ANSWER_WORDS = 4  # words past this count against a span (weight chosen per answer type on dev)
+
+
+def candidate_spans(reading, question: str, asked: str, found: list, ranked: list) -> list[Candidate]:
+    """The reader's best spans and, for a phrase question, every phrase of the asked type in the
+    passages (the type is a signal the weights weigh, not a gate)."""
+    spans = {(f.passage, f.start, f.end) for f in reading.top(READER_TOP)}
+    typed: set = set()
+    if asked in grounding.ENTITY_TYPES:
+        for sentence in found:
+            for a, b in grounding.typed_spans(sentence.text, asked):
+                typed.add((sentence.passage, sentence.start + a, sentence.start + b))
+    spans |= typed
+    trimmed = set()
+    for score, sentence in ranked[:SENTENCE_CANDIDATES]:
+        if score > 0:
+            a, b = grounding.trim_to_answer(question, sentence.text)
+            trimmed.add((sentence.passage, sentence.start + a, sentence.start + b))
+    spans |= trimmed
+    top = max(ranked[0][0], 1e-6)
+    lexical = {id(s): max(0.0, score) / top for score, s in ranked}
+    by_passage: dict[int, list] = {}
+    for s in found:
+        by_passage.setdefault(s.passage, []).append(s)
+    asked_words = set(grounding.words(question))
+    out = []
+    for p, a, b in sorted(spans):
+        text = reading.passages[p][a:b]
+        said = grounding.words(text)
+        if not said or grounding.echoes(question, text):  # an answer adds something to the question
+            continue
+        near = 0.0
+        run = by_passage.get(p, [])
+        for i, s in enumerate(run):
+            if s.start <= a < s.end or (s.start >= a and s.start < b):
+                near = max(lexical[id(s)], *(SUPPORT_DECAY[k] * lexical[id(run[i - k])]
+                                             for k in (1, 2) if i - k >= 0), 0.0)
+                break
+        logp = reading.logp_of(p, a, b)
+        content = [w for w in said if w not in grounding.STOPWORDS] or said
+        out.append(Candidate(p, a, b, text, UNREAD_LOGP if logp is None else logp, (p, a, b) in typed, near,
+                             sum(w in asked_words for w in content) / len(content), len(said), (p, a, b) in trimmed))
+    return out
+
+
+SENTENCE_CANDIDATES = 3  # the best-matching sentences that compete as whole answers (the rules step's answer)
+
+
+SUPPORT_DECAY = {1: 0.7, 2: 0.5}  # the support a sentence lends the one or two sentences after it
 
 
 def _context(found: list, sentence: grounding.Sentence) -> list[grounding.Sentence]:

@@ -498,4 +498,7 @@ class Engine:
         from evsel.models.selectors.default import default_method
 
         info["default_method"], info["default_why"] = default_method(backbone, self.settings)
+        from evsel.models.reader import describe, reader_for
+
+        info["reader"] = describe(reader_for(backbone)) if load else None
         return info

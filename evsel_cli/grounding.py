@@ -304,7 +304,8 @@ ANSWER_TYPES = ("person", "place", "number", "date", "organisation", "thing", "y
 ENTITY_TYPES = ("person", "place", "number", "date", "organisation", "thing")  # answered with a phrase
 _AUX = r"(?:is|are|was|were|do|does|did|can|could|will|would|has|have|had|should|shall|may|might|must|isn't|" \
        r"aren't|wasn't|weren't|don't|doesn't|didn't)"
-_WHAT = r"(?:what|which|in what|in which|on what|at what|of what|of which|from what|from which)"
+_WHAT = r"(?:what|which|in what|in which|on what|at what|at which|to what|to which|of what|of which|from what|" \
+        r"from which)"
 _PERSON_NOUNS = r"(?:person|man|woman|boy|girl|men|women|people|actor|actress|author|writer|poet|singer|" \
                 r"musician|player|king|queen|prince|princess|president|director|character|artist|painter|" \
                 r"composer|son|daughter|father|mother|brother|sister|wife|husband|child|friend|leader|founder|" \
@@ -312,7 +313,8 @@ _PERSON_NOUNS = r"(?:person|man|woman|boy|girl|men|women|people|actor|actress|au
                 r"ruler|saint|god|goddess|family)"
 _PLACE_NOUNS = r"(?:place|city|town|country|state|county|province|region|continent|location|island|river|" \
                r"mountain|village|street|area|nation|capital|district|neighbou?rhood|building|venue|stadium|" \
-               r"lake|sea|ocean|park|room|house|castle|land|kingdom|borough|municipality|port)"
+               r"lake|sea|ocean|park|room|house|castle|land|kingdom|borough|municipality|port|hotel|inn|" \
+               r"square|road|lodge|hall|estate|farm|cottage|villa|manor|shop|restaurant|county)"
 _ORG_NOUNS = r"(?:company|organi[sz]ation|band|group|team|club|newspaper|magazine|university|college|school|" \
              r"party|network|channel|label|film|movie|book|novel|album|song|show|series|game|play|opera|" \
              r"brand|airline|firm|agency|institution|association|league|title|publication|station|church|" \
@@ -334,7 +336,8 @@ _TYPE_RULES = [
     ("place", re.compile(rf"\b(?:where|{_WHAT} (?:\w+ )?{_PLACE_NOUNS}\b)", re.I)),
     ("organisation", re.compile(rf"\b(?:{_WHAT} (?:\w+ )?{_ORG_NOUNS}\b|what is the name of the {_ORG_NOUNS})", re.I)),
     ("person", re.compile(rf"\b(?:who|whom|whose|{_WHAT} (?:\w+ )?{_PERSON_NOUNS}\b|what (?:is|was) (?:his|her|"
-                          rf"their|the \w+'s) name|name of the {_PERSON_NOUNS})", re.I)),
+                          rf"their|the \w+'s) name|(?:what (?:is|was) )?the name of the (?:\w+ )?{_PERSON_NOUNS}\b|"
+                          rf"under what name)", re.I)),
     ("description", re.compile(r"\bhow\b", re.I)),
     ("thing", re.compile(r"\b(?:what|which)\b", re.I)),
 ]

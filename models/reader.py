@@ -14,6 +14,7 @@ reader's confidence; the answer step abstains below a threshold chosen on held-o
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -187,6 +188,13 @@ class Reader:
         """Abstain below this probability of the best span (0: never), as chosen when trained."""
         return float(self.meta.get("abstain_below", 0.0))
 
+    def rescore_weights(self, answer_type: str) -> dict:
+        """The weights the answer step gives a span's other signals (its type, its sentence's match
+        to the question, ...) beside the reader's log-probability, for a question of this answer
+        type, as chosen on dev questions (`evsel train reader --rescore`); none: the reader alone."""
+        chosen = self.meta.get("rescore", {}).get("weights", {})
+        return chosen.get(answer_type) or chosen.get("*") or {}
+
     def scores(self, states, mask, allowed):
         """Log-probabilities of every allowed span across all passages: (P, T, max_span), -inf
         where not allowed."""
@@ -198,28 +206,58 @@ class Reader:
 
     def read(self, backbone, question: str, passages: list[str], top: int = 1) -> list["Found"]:
         """The `top` likeliest answer spans, best first."""
+        return self.reading(backbone, question, passages).top(top)
+
+    def reading(self, backbone, question: str, passages: list[str]) -> "Reading":
+        """Every allowed span's log-probability, from one batched backbone pass over the passages."""
         import torch
 
         encoded = encode(backbone.tokenizer, backbone.bos_id(), question, passages)
         states, mask = backbone_states(backbone.model, encoded, self.config.layers)
         allowed = span_mask(encoded, states.shape[1], self.config.max_span)
-        if not allowed.any():
-            return []
         with torch.inference_mode():
-            logp = self.scores(states, mask, allowed)
-        flat = logp.reshape(-1)
-        k = min(top, int(allowed.sum()))
-        values, where = flat.topk(k)
+            logp = self.scores(states, mask, allowed) if allowed.any() else None
+        return Reading(passages, encoded, logp, allowed)
+
+
+class Reading:
+    """One read of the passages: the span log-probabilities (P, T, max_span) and where each token
+    lies in its passage, to list the best spans or score any span given by character offsets."""
+
+    def __init__(self, passages: list[str], encoded: Encoded, logp, allowed):
+        self.passages = passages
+        self.encoded = encoded
+        self.logp = logp  # None: no span is allowed (the passages hold no words)
+        self.allowed = allowed
+
+    def top(self, k: int) -> list["Found"]:
+        if self.logp is None:
+            return []
+        k = min(k, int(self.allowed.sum()))
+        values, where = self.logp.reshape(-1).topk(k)
+        width, span = self.logp.shape[1], self.logp.shape[2]
         out = []
-        width, span = logp.shape[1], logp.shape[2]
         for value, index in zip(values.tolist(), where.tolist()):
             p, rest = divmod(index, width * span)
             t, length = divmod(rest, span)
-            first = t - encoded.starts[p]
-            a = encoded.offsets[p][first][0]
-            b = encoded.offsets[p][first + length][1]
-            out.append(Found(p, a, b, passages[p][a:b], float(torch.tensor(value).exp())))
+            first = t - self.encoded.starts[p]
+            a = self.encoded.offsets[p][first][0]
+            b = self.encoded.offsets[p][first + length][1]
+            out.append(Found(p, a, b, self.passages[p][a:b], math.exp(value)))
         return out
+
+    def logp_of(self, passage: int, start: int, end: int) -> float | None:
+        """The log-probability of the token span that covers exactly passage[start:end] (None
+        when no whole-token span does, or it is not allowed)."""
+        if self.logp is None:
+            return None
+        offsets = self.encoded.offsets[passage]
+        first = next((i for i, (a, b) in enumerate(offsets) if a == start and a < b), None)
+        last = next((i for i, (a, b) in enumerate(offsets) if b == end and a < b), None)
+        if first is None or last is None or not 0 <= last - first < self.logp.shape[2]:
+            return None
+        value = float(self.logp[passage, self.encoded.starts[passage] + first, last - first])
+        return None if value == float("-inf") else value
 
 
 @dataclass
@@ -265,3 +303,16 @@ def reader_for(backbone, folder: str | Path | None = None) -> "Reader | None":
     if key not in _LOADED:
         _LOADED[key] = Reader.load(path, backbone.model.config.hidden_size)
     return _LOADED[key]
+
+
+def describe(reader: "Reader | None") -> dict | None:
+    """What `evsel models info` says of a reader: what it was trained on and its held-out numbers."""
+    if reader is None:
+        return None
+    trained = reader.meta.get("trained_on", {})
+    sources = {k: len(v.get("question_ids", [])) for k, v in trained.items() if isinstance(v, dict)}
+    rescore = reader.meta.get("rescore", {})
+    return {"trained_on": {"fold": trained.get("fold"), "questions": sources},
+            "dev": reader.meta.get("dev"), "abstain_below": round(reader.threshold, 4),
+            "abstention_dev": {k: v for k, v in reader.meta.get("abstention", {}).items() if k != "abstain_below"},
+            "answer_step_dev": rescore.get("dev")}

@@ -26,7 +26,7 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .common import AdapterTrainer, check_sources, config_of, folded_dataset, ignore_event, pick_recipe
@@ -63,11 +63,13 @@ class TrainConfig:
     chunk_tokens: int = 140
     threads: int | None = None
     seed: int = 0
+    rescore_questions: int = 120  # per source: held-out questions the answer step's weights are chosen on
+    rescore_only: bool = False  # keep the head in OUT, choose only those weights
 
 
 SMOKE = {"stories": 3, "questions_per_story": 3, "dev_stories": 1, "dev_questions_per_story": 3,
          "folded_questions": 4, "calibration_questions": 6, "steps": 4, "batch": 2, "dev_every": 2,
-         "checkpoint_every": 2, "warmup": 1}
+         "checkpoint_every": 2, "warmup": 1, "rescore_questions": 3}
 FULL = {}
 
 
@@ -374,6 +376,157 @@ class ReaderTrainer(AdapterTrainer):
         return calibration
 
 
+# the grid the answer step's weights are chosen on (models/reader.Reader.rescore_weights)
+# (a whole sentence is too long for the head: it competes from the unread floor, -25, hence its range)
+RESCORE_GRID = {"typed": (0.0, 1.0, 2.0, 3.0, 4.0), "support": (0.0, 2.0, 4.0, 6.0, 8.0),
+                "repeats": (0.0, -1.0, -2.0, -4.0), "long": (0.0, -0.1, -0.3), "sentence": (0.0, 18.0, 21.0, 24.0)}
+PHRASE_TYPES = ("person", "place", "number", "date", "organisation")  # may get their own weight set
+MIN_GROUP_QUESTIONS = 50  # dev questions a group needs to get its own weights
+
+
+def rescore_examples(config: TrainConfig, backbone, trained_on: dict, data_dir: Path | None, on_event) -> list[dict]:
+    """Held-out questions of every source the head was trained on, each with BM25's top passages
+    as `evsel ask` shows them: FairytaleQA's held-out train stories, LoCoMo's held-out conversation
+    (answerable questions), and the fold's MuSiQue / HotpotQA questions the head never trained on.
+    {"id", "source", "question", "answers", "chunks"}."""
+    from evsel.evaluation.runner import build_corpus
+    from evsel.models.selectors import SelectorContext, get_selector
+
+    bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
+    rng = random.Random(config.seed + 1)
+    out = []
+    for source in config.sources:
+        seen = trained_on.get(source, {})
+        dataset = folded_dataset(source, Path(data_dir) if data_dir else None,
+                                 config.fold if source != "fairytaleqa-train" else None)
+        trained = set(seen.get("question_ids", [])) | set(trained_on.get("dev_question_ids", []))
+        held_out = set(seen.get("held_out_documents", []))  # FairytaleQA's dev stories, LoCoMo's conversation
+        pool = [q for q in dataset.questions if q.answers and q.docs and q.group != "adversarial"
+                and (q.docs[0] in held_out if held_out else f"{source}/{q.qid}" not in trained)]
+        rng.shuffle(pool)
+        pool = pool[: config.rescore_questions]
+        keys = sorted({q.docs[0] for q in pool})
+        corpus = build_corpus(dataset, keys, backbone, config.chunk_tokens, on_event)
+        for q in pool:
+            ranked = bm25.rank(q.question, corpus.chunks[q.docs[0]], config.top_n)
+            out.append({"id": f"{source}/{q.qid}", "source": source, "question": q.question,
+                        "answers": list(q.answers), "chunks": [s.chunk for s in ranked[: config.top_n]]})
+    return out
+
+
+def candidate_table(reader, backbone, examples: list[dict], cache_dir: Path, on_event) -> list[dict]:
+    """Per example: its answer type and every candidate span's reader log-probability, features and
+    token F1 to the references, as the answer step sees them. Each example's reading (the span
+    log-probabilities, one backbone pass) is cached under cache_dir, so the candidates and the
+    weights can be chosen again at no backbone cost."""
+    from evsel import grounding
+    from evsel.answer import candidate_spans, reader_answers
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, item in enumerate(examples):
+        if i % 10 == 0:
+            on_event({"type": "progress", "task": "rescore", "label": "reading held-out questions", "done": i,
+                      "total": len(examples)})
+        asked = grounding.answer_type(item["question"])
+        if not reader_answers(item["question"], asked, any(c.speakers for c in item["chunks"])):
+            continue  # the answer step answers it without the reader
+        found = grounding.sentences(item["chunks"])
+        ranked = grounding.rank_sentences(item["question"], found)
+        candidates = []
+        if ranked and grounding.support(item["question"], ranked[0][1]) > 0:
+            reading = _cached_reading(reader, backbone, item["question"], [c.text for c in item["chunks"]], cache_dir)
+            candidates = [{"logp": c.reader_logp, "features": c.features(), "f1": span_f1(c.text, item["answers"])}
+                          for c in candidate_spans(reading, item["question"], asked, found, ranked)]
+        rows.append({"id": item["id"], "source": item["source"], "type": asked, "candidates": candidates})
+    return rows
+
+
+def _cached_reading(reader, backbone, question: str, passages: list[str], cache_dir: Path):
+    import torch
+
+    from evsel.models.reader import Encoded, Reading
+
+    blob = json.dumps([backbone.fingerprint, reader.meta.get("dev"), question, passages])
+    path = cache_dir / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.pt"
+    if path.is_file():
+        got = torch.load(path, weights_only=True)
+        return Reading(passages, Encoded(**got["encoded"]), got["logp"], got["allowed"])
+    reading = reader.reading(backbone, question, passages)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"encoded": asdict(reading.encoded), "logp": reading.logp, "allowed": reading.allowed}, tmp)
+    tmp.rename(path)
+    return reading
+
+
+def _f1_per_weights(rows: list[dict], grid: list[dict]):
+    """(len(grid),) the F1 of the best-scored candidate under each weight set, averaged per source,
+    then over sources (so a source with many questions does not choose for the others)."""
+    import numpy as np
+
+    from evsel.answer import UNREAD_LOGP
+
+    names = list(RESCORE_GRID)
+    weights = np.array([[w[n] for n in names] for w in grid])  # (G, F)
+    per_source: dict[str, list] = {}
+    for row in rows:
+        if not row["candidates"]:
+            got = np.zeros(len(grid))
+        else:
+            base = np.array([max(c["logp"], UNREAD_LOGP) for c in row["candidates"]])  # (N,)
+            features = np.array([[c["features"].get(n, 0.0) for n in names] for c in row["candidates"]])  # (N, F)
+            f1 = np.array([c["f1"] for c in row["candidates"]])
+            got = f1[(base[:, None] + features @ weights.T).argmax(0)]  # (G,)
+        per_source.setdefault(row["source"], []).append(got)
+    return np.mean([np.mean(v, axis=0) for v in per_source.values()], axis=0)
+
+
+def choose_rescoring(rows: list[dict], min_group: int = MIN_GROUP_QUESTIONS) -> dict:
+    """One weight set by dev F1 over the grid on every question ("*"), and one for the phrase
+    questions (PHRASE_TYPES) when at least `min_group` of them say what suits them (fewer: they
+    share "*"); the reader alone (all weights 0, grid[0]) beside each; ties go to smaller weights."""
+    import itertools
+
+    names = list(RESCORE_GRID)
+    grid = [dict(zip(names, values)) for values in itertools.product(*(RESCORE_GRID[n] for n in names))]
+    report = {}
+
+    def fit(group: str, part: list[dict]) -> dict:
+        f1 = _f1_per_weights(part, grid)
+        best = int(f1.argmax())
+        report[group] = {"questions": len(part), "f1_reader_alone": round(float(f1[0]), 4),
+                         "f1": round(float(f1[best]), 4), "weights": grid[best]}
+        return grid[best]
+
+    chosen = {"*": fit("*", rows)} if rows else {}
+    phrase = [r for r in rows if r["type"] in PHRASE_TYPES]
+    if len(phrase) >= min_group:
+        weights = fit("phrase", phrase)
+        chosen.update({kind: weights for kind in PHRASE_TYPES})
+    elif phrase:  # too few to choose on: what the shared weights give them
+        f1 = _f1_per_weights(phrase, [grid[0], chosen["*"]])
+        report["phrase"] = {"questions": len(phrase), "f1_reader_alone": round(float(f1[0]), 4),
+                            "f1": round(float(f1[1]), 4), "weights": "*",
+                            "why": f"fewer than {min_group} questions: the weights of every question"}
+    return {"weights": chosen, "dev": report,
+            "sources": sorted({r["source"] for r in rows}), "question_ids": [r["id"] for r in rows]}
+
+
+def fit_rescoring(config: TrainConfig, backbone, data_dir: Path | None, on_event) -> dict:
+    """Choose the answer step's weights for the reader in OUT on held-out questions; recorded in
+    OUT/reader.json as "rescore"."""
+    from evsel.models.reader import Reader
+
+    out = Path(config.out)
+    reader = Reader.load(out, backbone.model.config.hidden_size)
+    examples = rescore_examples(config, backbone, reader.meta.get("trained_on", {}), data_dir, on_event)
+    rows = candidate_table(reader, backbone, examples, out / "rescore", on_event)
+    chosen = choose_rescoring(rows)
+    reader.meta["rescore"] = chosen
+    reader.save(out)
+    return {"questions": len(rows), **{k: v for k, v in chosen.items() if k != "question_ids"}}
+
+
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
                  data_dir: str | None = None, on_event: Callable[[dict], None] = ignore_event) -> dict:
     """`evsel train reader`: the recipe's settings with the given options over them."""
@@ -387,8 +540,13 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
         on_event({"type": "log", "message": line})
 
     backbone = engine.backbone
-    train, dev, calibration, described = _examples(config, backbone, Path(data_dir) if data_dir else None, on_event)
+    data = Path(data_dir) if data_dir else None
+    if config.rescore_only:
+        return {"rescore": fit_rescoring(config, backbone, data, on_event), "out": str(config.out)}
+    train, dev, calibration, described = _examples(config, backbone, data, on_event)
     log(f"examples: {len(train)} train, {len(dev)} dev, {len(calibration)} calibration")
     trainer = ReaderTrainer(config, backbone, command or "", on_event, log)
     trainer.setup(train, dev, calibration, described)
-    return trainer.run()
+    summary = trainer.run()
+    summary["rescore"] = fit_rescoring(config, backbone, data, on_event)
+    return summary

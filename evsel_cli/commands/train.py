@@ -417,6 +417,12 @@ def train_reader(
         "--minutes", parser=FLOAT, help="Checkpoint and stop after this many minutes; a rerun continues.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", parser=INT, help="CPU threads for torch.")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", parser=INT)] = None,
+    rescore_questions: Annotated[Optional[int], typer.Option(
+        "--rescore-questions", parser=INT,
+        help="Held-out questions per source on which the answer step's weights are chosen (full: 120).")] = None,
+    rescore_only: Annotated[bool, typer.Option(
+        "--rescore-only", help="Keep the reader in OUT; choose only the answer step's weights (reader.json: rescore).")
+    ] = False,
     as_json: JsonOption = False,
 ):
     """The reader (the answer step of --style short): a span head on the frozen backbone's states
@@ -432,7 +438,8 @@ def train_reader(
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
     options = {"sources": list(sources) if sources else None, "fold": fold, "stories": stories,
                "questions_per_story": questions_per_story, "folded_questions": folded_questions, "steps": steps,
-               "batch": batch, "lr": lr, "minutes": minutes, "threads": threads, "seed": seed}
+               "batch": batch, "lr": lr, "minutes": minutes, "threads": threads, "seed": seed,
+               "rescore_questions": rescore_questions, "rescore_only": rescore_only or None}
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:
         def on_event(event: dict) -> None:
@@ -443,6 +450,11 @@ def train_reader(
                                       recipe_name=recipe)
     if as_json:
         print_json(summary)
+        return
+    for group, row in summary["rescore"]["dev"].items():
+        stderr.print(f"answer step weights ({group}, {row['questions']} held-out questions): F1 {row['f1']:.3f}, "
+                     f"the reader alone {row['f1_reader_alone']:.3f}")
+    if rescore_only:
         return
     best = summary["best_dev"] or {}
     abstain = summary["abstention"]
