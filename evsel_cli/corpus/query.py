@@ -30,7 +30,6 @@ from evsel.errors import EvselError, InputError
 
 from . import schema
 
-FIRST_STAGES = ("bm25", "dense", "unreal")
 K1, B, EPSILON = 1.5, 0.75, 0.25  # BM25Okapi's defaults, as the local selector uses them
 ANN_CANDIDATES = 200  # chunks the vector search returns for the exact rescore
 BUILD_HINT = "build one with: evsel corpus build SOURCE --out DIR"
@@ -371,11 +370,13 @@ class CorpusStage:
     def __init__(self, corpus: Corpus, select: str, context, bm25_candidates: int | None = None,
                  candidates: int = ANN_CANDIDATES):
         from evsel.defaults import DEFAULT_SELECT
+        from evsel.models.selectors import corpus_first_stages
 
         select = "bm25" if select == DEFAULT_SELECT else select  # the default over a corpus: words
-        if select not in FIRST_STAGES:
+        stages = sorted(corpus_first_stages())
+        if select not in stages:
             raise EvselError(f"--select {select} cannot read a corpus",
-                             f"use --select {', '.join(FIRST_STAGES[:-1])} or {FIRST_STAGES[-1]} with --corpus "
+                             f"use --select {', '.join(stages[:-1])} or {stages[-1]} with --corpus "
                              "(any --rerank works on their candidates)")
         if select not in corpus.methods:
             raise InputError(f"the corpus {corpus.path} holds no {select} states (it has: "

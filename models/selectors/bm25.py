@@ -28,6 +28,9 @@ NO_MATCH = ("no passage shares a word with the question; the passages shown are 
 class BM25Selector(Selector):
     name = "bm25"
     needs_model = False
+    help = "words"
+    light = True
+    corpus_first_stage = True
 
     def __init__(self, context, k1: float = 1.5, b: float = 0.75, **_):
         super().__init__(context)

@@ -48,6 +48,7 @@ def resolve_select(select: str, settings) -> str:
 @register("default")
 class DefaultSelector(Selector):
     name = "default"
+    help = "the method measured best for the model, else bm25 (evsel models info names it and why)"
 
     def __init__(self, context, **_):
         super().__init__(context)

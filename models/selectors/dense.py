@@ -93,6 +93,8 @@ class MiniLM:
 class DenseSelector(Selector):
     name = "dense"
     needs_model = False  # needs MiniLM, not the backbone
+    help = "MiniLM bi-encoder"
+    corpus_first_stage = True
 
     def __init__(self, context: SelectorContext, **_):
         super().__init__(context)

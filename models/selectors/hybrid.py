@@ -32,6 +32,10 @@ class HybridSelector(Selector):
     name = "hybrid"
     needs_model = True
     argument = "groups"  # hybrid:GROUP+GROUP
+    help = "BM25 fused with dense, UNREAL and QR-head scores and dialogue cues by learned weights"
+    forms = (("hybrid:GROUPS", "... with fewer signals, e.g. hybrid:bm25+dense (groups: bm25, dense, unreal, qr, "
+                               "dialogue)"),)
+    settings_fields = ("hybrid_weights",)
 
     def __init__(self, context, groups: str | None = None, weights: str | dict | None = None, **_):
         from evsel.models import hybrid as fusion

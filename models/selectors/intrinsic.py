@@ -22,6 +22,7 @@ class IntrinsicSelector(Selector):
 
     name = "intrinsic"
     needs_model = True
+    help = "the backbone's untrained attention floor"
     LAYERS = (1, 2, 3, 4, 5, 6)
 
     def __init__(self, context, layers: tuple[int, ...] | None = None, **_):

@@ -18,6 +18,8 @@ DEFAULT_SEED = 0
 class RandomSelector(Selector):
     name = "random"
     needs_model = False
+    help = "random passages (a baseline)"
+    light = True
 
     def __init__(self, context, seed: int = DEFAULT_SEED, **_):
         super().__init__(context)

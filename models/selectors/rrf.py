@@ -17,6 +17,8 @@ K = 60  # the constant of Cormack et al. (2009)
 class RRFSelector(Selector):
     name = "rrf"
     argument = "other"  # rrf:OTHER
+    usage = "rrf:METHOD"
+    help = "BM25 fused with METHOD, e.g. rrf:unreal"
 
     def __init__(self, context, other: str = "dense", **kwargs):
         super().__init__(context)

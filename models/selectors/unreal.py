@@ -20,6 +20,9 @@ MAX_QUERIES = 4096  # query vectors kept per selector (~9 KB each)
 class UnrealSelector(Selector):
     name = "unreal"
     needs_model = True
+    help = "the backbone's own states with the trained adapter"
+    corpus_first_stage = True
+    settings_fields = ("unreal_adapter",)
 
     def __init__(self, context, adapter: str | None = None, **_):
         super().__init__(context)
