@@ -33,6 +33,7 @@ from pathlib import Path
 from evsel import __version__, paths
 from evsel import settings as settings_module
 from evsel.engine import DEFAULT_SELECT, REQUESTS, Engine, IngestOptions, resume_arguments
+from evsel.models.selectors import needs_model
 from evsel.models.selectors.default import resolve_select
 from evsel.errors import EvselError, InputError, NotFoundError, from_dict, user_message
 from evsel.parsers import collect_files
@@ -51,9 +52,6 @@ DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
 BACKGROUND_SLICE_S = 0.5  # seconds of background encoding between checks for waiting requests (it yields)
 BACKGROUND_BATCH = 16  # the most chunks in one such slice
-# an ask that reads no model (evidence only, one of these first stages, no reranker) is answered
-# beside the model worker: it never waits behind background work
-LIGHT_SELECTORS = ("bm25", "random")
 RECONCILE_S = 2.0  # how often the watch list is re-read from the store
 MAX_CLIENTS = 1024  # connections served at once (EVSEL_DAEMON_MAX_CLIENTS); one more is refused with an error
 CLIENT_IDLE_S = 600.0  # a connection silent this long between requests is closed (EVSEL_DAEMON_CLIENT_IDLE)
@@ -664,7 +662,7 @@ class Daemon:
             select = resolve_select(params.get("select") or DEFAULT_SELECT, job.settings)
         except EvselError:  # a missing model: the worker reports it
             return False
-        if select not in LIGHT_SELECTORS:
+        if needs_model(select):
             return False
         with self.waiting_lock:
             return not any(not j.background for j in self.waiting) and (

@@ -255,8 +255,7 @@ class Corpus:
         import numpy as np
 
         pool, hidden = self.manifest["dims"]["unreal"]
-        # by row id (what the searches return; stable across deletes): pylance 14 has no public name for it
-        table = self.dataset._take_rows(list(map(int, row_ids)), columns=["unreal"])
+        table = self.rows(row_ids, ["unreal"])
         return _flat(table.column("unreal"), np.float16).reshape(len(row_ids), pool, hidden).copy()  # writable
 
     def unreal_candidates(self, query, candidates: int) -> list[int]:
@@ -270,9 +269,22 @@ class Corpus:
 
         if not hits:
             return []
-        table = self.dataset._take_rows([h.row_id for h in hits], columns=RECORD_COLUMNS)
+        table = self.rows([h.row_id for h in hits], RECORD_COLUMNS)
         rows = table.to_pylist()
         return [Scored(chunk_record(row), float(h.score), rank) for rank, (h, row) in enumerate(zip(hits, rows), 1)]
+
+    def rows(self, row_ids, columns: list[str]):
+        """The rows of these row ids (what the searches return; stable across deletes), in their
+        order: a filter on `_rowid`, which Lance reads as a take of those rows."""
+        import pyarrow as pa
+
+        wanted = list(map(int, row_ids))
+        if not wanted:
+            return self.dataset.schema.empty_table().select(columns)
+        table = self.dataset.to_table(columns=columns, with_row_id=True,
+                                      filter=f"_rowid IN ({', '.join(map(str, sorted(set(wanted))))})")
+        where = {row_id: i for i, row_id in enumerate(table.column("_rowid").to_pylist())}
+        return table.select(columns).take(pa.array([where[row_id] for row_id in wanted], type=pa.int64()))
 
     def first_rows(self, n: int) -> list[Hit]:
         """The first `n` chunks with score 0 (what a question sharing no word with the corpus gets)."""
