@@ -113,13 +113,13 @@ class Corpus:
         match, so the exact top-n is the local one), else the manifest's (`text`: Lance stems
         words its own way, so a chunk whose local term equals a question's by another stem, e.g.
         "nilly" and "nils" both "nil", can be missed)."""
-        indexed = self._inverted()
+        indexed = self.indexed_columns()
         if "bm25_terms" in indexed:
             return "bm25_terms"
         named = (self.manifest.get("indexes") or {}).get("fts")
         return named if named in indexed or not indexed else indexed[0]
 
-    def _inverted(self) -> list[str]:
+    def indexed_columns(self) -> list[str]:
         """Columns with an inverted (full-text) index."""
         out = []
         for index in self.dataset.describe_indices():
@@ -298,7 +298,7 @@ def index_terms(directory: str | Path) -> None:
 
     path, _ = check_directory(directory)
     dataset = lance.dataset(str(path / schema.CHUNKS))
-    if dataset.count_rows() and "bm25_terms" not in Corpus(path, {}, dataset, 0.0)._inverted():
+    if dataset.count_rows() and "bm25_terms" not in Corpus(path, {}, dataset, 0.0).indexed_columns():
         dataset.create_scalar_index("bm25_terms", "INVERTED", **TERMS_INDEX)
 
 
