@@ -210,6 +210,8 @@ def _light_coercion(params) -> None:
     Typer makes its parameters itself, with no hook for their class or their conversion, so each
     becomes its light subclass here."""
     for param in params:
+        if getattr(param, "type_descriptor", None) is None:
+            continue
         if type(param) is TyperOption:
             param.__class__ = _LightOption
         elif type(param) is TyperArgument:
