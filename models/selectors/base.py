@@ -9,9 +9,9 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from evsel.settings import Settings
-from evsel.store import ChunkRecord
 
 if TYPE_CHECKING:
+    from evsel.store import ChunkRecord
     from evsel.models.backbone import Backbone
     from evsel.models.statecache import StateCache
     from evsel.store import Store

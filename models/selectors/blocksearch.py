@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-
-from evsel.store import ChunkRecord, Store
+from typing import TYPE_CHECKING
 
 from . import base, register
 from .base import Selector
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord, Store
 
 
 TOP_B = {"top16": 16, "top32": 32, "top64": 64, "top128": 128, "top256": 256, "top512": 512}

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from evsel.store import ChunkRecord
-
 from . import register
 from .base import Ranking, Selector
 
 if TYPE_CHECKING:
+    from evsel.store import ChunkRecord
     from rank_bm25 import BM25Okapi
 
 __all__ = ["BM25Selector", "STOPWORDS", "tokenize"]

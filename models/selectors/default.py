@@ -6,11 +6,15 @@ missing here, it is BM25, and the request says so once."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from evsel.errors import EvselError
-from evsel.store import ChunkRecord
 
 from . import get_selector, register
 from .base import Ranking, Selector
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord
 
 FALLBACK = "bm25"
 NO_RECORD = "no measured default ships for this backbone: BM25 (words), the best method without trained parts"

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from evsel.store import ChunkRecord
-
 from . import register
 from .base import Selector
 
 if TYPE_CHECKING:  # numpy is imported where scores are made: the CLI's request checks load this module
+    from evsel.store import ChunkRecord
     import numpy as np
 
 

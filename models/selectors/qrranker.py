@@ -9,11 +9,15 @@ Those files are deleted with the last chunk that holds their text (`on_chunks_de
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from evsel.errors import EvselError
-from evsel.store import ChunkRecord, Store
 
 from . import base, register
 from .base import IngestWork, Ranking, Selector, timed_slices
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord, Store
 
 MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
 VARIANTS = ("untrained", "memory", "causal")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-
-from evsel.store import ChunkRecord
+from typing import TYPE_CHECKING
 
 from . import register
 from .base import Selector
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord
 
 DEFAULT_SEED = 0
 
