@@ -7,29 +7,13 @@ import inspect
 import json
 import os
 
-from evsel.api import REQUESTS, Requests
+from evsel.api import REQUEST
 from evsel.defaults import DEFAULT_SELECT
 from evsel.errors import EvselError, InputError
 
-# Request params: types from the engine methods' annotations, and the params that are paths (the
-# client makes them absolute where the user typed them; the daemon runs in / and never guesses).
-PATH_PARAMS = {"ingest": ("targets",), "ask": ("corpus",), "eval": ("data_dir", "reader"), "train_convert": ("out", "data_dir"),
-               "train_unreal": ("out", "data"), "train_qrranker": ("out",), "train_blocksearch": ("out",), "train_hybrid": ("out",),
-               "train_reader": ("out",),
-               "watch_add": ("path",),
-               "watch_remove": ("path",), "corpus_add": ("corpus", "targets"), "corpus_rm": ("corpus",)}
-_HINTS: dict[str, dict] = {}
-
-
-def _hints(method: str) -> dict:
-    if method not in _HINTS:
-        import typing
-
-        _HINTS[method] = typing.get_type_hints(getattr(Requests, method))
-    return _HINTS[method]
-
 
 def _conforms(value, tp) -> bool:
+    """Does a JSON value fit a parameter's annotation (the request table's types)?"""
     import types
     import typing
 
@@ -81,16 +65,16 @@ def json_type(value) -> str:
 def check_params(method: str, params: dict) -> dict | None:
     """The error reply for params an engine request cannot take (unknown or missing names, a value
     of the wrong type, a relative path), or None. Checked before anything runs or is queued."""
-    fn = getattr(Requests, method, None)  # Engine's signatures, without importing the engine
-    if method not in REQUESTS or not inspect.isfunction(fn):
+    request = REQUEST.get(method)  # Engine's signatures, without importing the engine
+    if request is None:
         return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
                 "hint": "a client of another evsel version? run: evsel daemon stop"}
     try:
-        bind_params(fn, params, with_self=True)
+        bind_params(request.method, params, with_self=True)
     except EvselError as exc:
         return exc.to_dict()
     hint = "a client of another evsel version? run: evsel daemon stop"
-    hints = _hints(method)
+    hints = request.types
     for name, value in params.items():
         if name in hints and not _conforms(value, hints[name]):
             shown = json.dumps(value, ensure_ascii=False, default=str)
@@ -101,7 +85,7 @@ def check_params(method: str, params: dict) -> dict | None:
         check_methods(method, params)
     except EvselError as exc:
         return exc.to_dict()
-    names = PATH_PARAMS.get(method, ())
+    names = request.paths  # the client made them absolute where the user typed them; the daemon runs in /
     dataset = params.get("dataset") if method == "eval" else None
     if isinstance(dataset, str) and (dataset.endswith(".jsonl") or os.sep in dataset):
         names = (*names, "dataset")

@@ -11,7 +11,6 @@ in the client.
 
 from __future__ import annotations
 
-import inspect
 import os
 import socket
 import subprocess
@@ -20,11 +19,10 @@ import time
 import uuid
 
 from evsel import __version__, settings
-from evsel.api import REQUESTS, Requests
+from evsel.api import REQUEST, REQUESTS
 from evsel.errors import EvselError, from_dict
 
 from . import runtime
-from .checks import PATH_PARAMS  # the params resolved against the client's working directory before sending
 from .protocol import PROTOCOL_VERSION, LineReader, ProtocolError, encode
 from .runtime import DaemonError, DaemonFiles
 
@@ -114,7 +112,7 @@ def _absolute(value, cwd: str):
 def resolve_paths(method: str, params: dict, typed: dict[str, str] | None = None) -> dict:
     """Params with their paths made absolute (the daemon runs in /, not in the user's directory).
     `typed`, when given, collects {absolute: as typed}, to name paths in messages as the user did."""
-    names = PATH_PARAMS.get(method, ())
+    names = REQUEST[method].paths if method in REQUEST else ()
     if method == "eval" and isinstance(params.get("dataset"), str):
         dataset = params["dataset"]
         if dataset.endswith(".jsonl") or os.path.isfile(dataset):
@@ -357,7 +355,7 @@ class DaemonClient:
     def __getattr__(self, name: str):
         if name not in REQUESTS:
             raise AttributeError(name)
-        signature = inspect.signature(getattr(Requests, name))
+        signature = REQUEST[name].signature
 
         def remote(*args, **kwargs):
             bound = signature.bind(None, *args, **kwargs)  # None stands for self

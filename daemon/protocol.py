@@ -6,13 +6,14 @@ import json
 import socket
 from pathlib import PurePath
 
+from evsel.api import REQUEST
+
 PROTOCOL_VERSION = 2  # 2: requests carry `settings` (was: cwd, env, engine)
 MAX_LINE = 64 << 20  # a request or response line larger than this is refused
 
-# Requests answered at once on the connection's own thread: they never wait behind model work.
-FAST_METHODS = frozenset(
-    {"hello", "status", "shutdown", "watch_add", "watch_remove", "watch_list", "docs_list", "docs_show", "docs_rm"}
-)
+# Requests answered at once on the connection's own thread: they never wait behind model work (the
+# daemon's own, and the engine requests the request table marks fast).
+FAST_METHODS = frozenset({"hello", "status", "shutdown", *(name for name, r in REQUEST.items() if r.fast)})
 
 
 class ProtocolError(Exception):

@@ -1,23 +1,26 @@
-"""The engine's requests as a client sees them: their names and signatures, without the engine.
+"""The engine's requests as a client sees them, defined once: their names, signatures and how the
+daemon treats them, without the engine.
 
-The daemon's client checks a request against these before it contacts a daemon, and the daemon
-checks every request it gets (daemon/checks.py). Importing `evsel.engine` would cost the client
-the store, numpy and the model code, so the signatures are declared here once more;
-tests/test_startup_imports.py fails when they differ from `Engine`'s.
+`REQUEST` is the table: per request, its parameters (the signature of its method in `Requests`),
+the parameters that are paths and its fast/light flags. The daemon's client checks a request
+against it before it contacts a daemon, the daemon checks every request it gets
+(daemon/checks.py), and the protocol's fast requests come from it (daemon/protocol.py).
+Importing `evsel.engine` would cost the client the store, numpy and the model code, so the
+signatures are declared here once more; tests/test_startup_imports.py fails when they differ
+from `Engine`'s.
 """
 
 from __future__ import annotations
 
+import inspect
+import typing
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 from .defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, DEFAULT_SELECT, RERANK_TOP
 
-__all__ = ["REQUESTS", "Requests"]
-
-# The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
-REQUESTS = ("ingest", "encode_states", "ask", "docs_list", "docs_show", "docs_rm", "models_info", "eval",
-            "train_convert", "train_unreal", "train_qrranker", "train_blocksearch", "train_hybrid", "train_reader", "watch_add", "watch_remove",
-            "watch_list", "corpus_add", "corpus_rm")
+__all__ = ["REQUEST", "REQUESTS", "Request", "Requests", "methods", "select_help"]
 
 EventSink = Callable[[dict], None]
 
@@ -85,3 +88,69 @@ class Requests:
     def corpus_add(self, corpus: str, targets: list[str], on_event: EventSink = _ignore) -> dict: ...
 
     def corpus_rm(self, corpus: str, docs: list[str]) -> dict: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    """One engine request: its name (the `Engine` method, its signature in `Requests`), the
+    parameters that are paths (the client makes them absolute where the user typed them; the
+    daemon runs in / and never guesses), whether the daemon answers it at once on the connection's
+    own thread (`fast`: it never waits behind model work), and whether it may run beside model work
+    when its method needs no model (`light`: an evidence-only ask with a light selector)."""
+
+    name: str
+    paths: tuple[str, ...] = ()
+    fast: bool = False
+    light: bool = False
+
+    @property
+    def method(self) -> Callable:
+        return getattr(Requests, self.name)
+
+    @property
+    def signature(self) -> inspect.Signature:
+        return inspect.signature(self.method)
+
+    @cached_property
+    def types(self) -> dict:
+        """{parameter: type} from the signature's annotations."""
+        return typing.get_type_hints(self.method)
+
+
+# The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
+REQUEST: dict[str, Request] = {r.name: r for r in (
+    Request("ingest", paths=("targets",)),
+    Request("encode_states"),
+    Request("ask", paths=("corpus",), light=True),
+    Request("docs_list", fast=True),
+    Request("docs_show", fast=True),
+    Request("docs_rm", fast=True),
+    Request("models_info"),
+    Request("eval", paths=("data_dir", "reader")),
+    Request("train_convert", paths=("out", "data_dir")),
+    Request("train_unreal", paths=("out", "data")),
+    Request("train_qrranker", paths=("out",)),
+    Request("train_blocksearch", paths=("out",)),
+    Request("train_hybrid", paths=("out",)),
+    Request("train_reader", paths=("out",)),
+    Request("watch_add", paths=("path",), fast=True),
+    Request("watch_remove", paths=("path",), fast=True),
+    Request("watch_list", fast=True),
+    Request("corpus_add", paths=("corpus", "targets")),
+    Request("corpus_rm", paths=("corpus",)),
+)}
+REQUESTS = tuple(REQUEST)
+
+
+def methods() -> list[tuple[str, str]]:
+    """What `select`/`rerank` accept: every method with what it does (the selector registry's)."""
+    from evsel.models.selectors import listing
+
+    return listing()
+
+
+def select_help() -> str:
+    """`--select`'s help text, from the selector registry."""
+    from evsel.models.selectors import select_help as help_text
+
+    return help_text()

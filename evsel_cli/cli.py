@@ -7,12 +7,11 @@ import sys
 from typing import Annotated, Literal, Optional
 
 import typer
-from typer._click.exceptions import ClickException, UsageError
 
 from . import __version__, settings
 from .commands import corpus, daemon, docs, models, train
 from .commands.ask import ask
-from .commands.base import BOOL, CONTEXT_SETTINGS, App, choice, show_usage_error
+from .commands.base import BOOL, CONTEXT_SETTINGS, App, ClickException, UsageError, choice, show_usage_error
 from .commands.eval import eval_command
 from .commands.ingest import ingest
 from .commands.man import man

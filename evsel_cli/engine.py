@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-# the selectors package is light to import (no numpy, no model); importing it also registers the
-# cleanups of what selectors keep beside a store, so every process with an engine runs them
+# the selectors package is light to import (no numpy, no model)
 from evsel.models.selectors import DEFAULT as DEFAULT_SELECT
-from evsel.models.selectors import DEFAULT_METHODS, MethodSpec
-from evsel.models.selectors import HELP as SELECTORS_HELP
+from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, register_cleanups
 
 from . import chunker
 from .answer import STYLES
@@ -33,7 +31,7 @@ from .store import DEFAULT_COLLECTION, ChunkRecord, Store
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_METHODS", "DEFAULT_SELECT", "KINDS",
-           "REQUESTS", "RERANK_TOP", "SELECTORS_HELP", "STYLES", "Engine", "IngestOptions", "IngestOutcome",
+           "REQUESTS", "RERANK_TOP", "STYLES", "Engine", "IngestOptions", "IngestOutcome",
            "evidence_label", "resume_arguments"]
 
 Event = dict
@@ -64,6 +62,7 @@ class Engine:
             settings = settings.with_(model=model if model is not None else settings.model,
                                       device=device or settings.device)
         self.settings = settings
+        register_cleanups()  # every process with an engine deletes what selectors keep beside a store
         self._store = store
         self._backbone = None
         self.scope_cache = scope_cache  # keeps `scope_data` between requests (the daemon's); None: built each time

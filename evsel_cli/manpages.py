@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from typer._click import Command, Context
-from typer.core import TyperGroup
+from typer import Context
+from typer.core import TyperCommand, TyperGroup
 
 from . import __version__
 
@@ -39,7 +39,7 @@ def _commands(group: TyperGroup, prefix: list[str]):
             yield from _commands(command, prefix + [name])
 
 
-def _help_text(command: Command, words: list[str]) -> str:
+def _help_text(command: TyperCommand | TyperGroup, words: list[str]) -> str:
     from .cli import CONTEXT_SETTINGS
 
     # the CLI's own help option names (-h, --help): click caches a command's help option the first
@@ -53,7 +53,7 @@ def _help_text(command: Command, words: list[str]) -> str:
     return command.get_help(ctx)
 
 
-def render(command: Command, words: list[str], subcommands: list[list[str]]) -> str:
+def render(command: TyperCommand | TyperGroup, words: list[str], subcommands: list[list[str]]) -> str:
     name = "-".join(words)
     summary = (command.get_short_help_str(limit=200) or "").rstrip(".")
     out = [

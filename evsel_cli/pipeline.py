@@ -110,10 +110,10 @@ def needs_model(select: str, settings, rerank: str | None = None, memory: bool =
     EvselError when the default cannot be resolved (the settings' model is missing)."""
     if not evidence_only or rerank or memory:
         return True
+    from evsel.models.selectors import needs_model as method_needs_model
     from evsel.models.selectors.default import resolve_select
 
-    model_free = ("bm25", "random")  # first stages that read no model at all (dense reads MiniLM)
-    return resolve_select(select or DEFAULT, settings) not in model_free
+    return method_needs_model(resolve_select(select or DEFAULT, settings))
 
 
 def in_document_order(scored: list) -> list:

@@ -172,6 +172,20 @@ def debug(env: Mapping[str, str] | None = None) -> bool:
     return env.get("EVSEL_DEBUG", "").strip().lower() not in ("", *FALSE)
 
 
+def variables_named(names: tuple[str, ...], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables among `names` that are set (and not empty), in that order: what a run
+    records of the settings that chose its model and adapters (eval's report)."""
+    env = os.environ if env is None else env
+    return {name: env[name] for name in names if env.get(name)}
+
+
+def variables_prefixed(prefixes: tuple[str, ...], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every variable starting with one of `prefixes`: what worker processes (corpus build's Ray
+    workers) resolve their own Settings from."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k.startswith(prefixes)}
+
+
 GENERATORS = ("auto", "transformers", "llama-cpp")
 
 

@@ -117,44 +117,48 @@ def test_train_cli_router_smoke_and_the_selector_loads_it(gqa_model_dir, tmp_pat
 
     from evsel.models.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.settings import Settings
 
     backbone = Backbone(str(gqa_model_dir), "cpu")
-    monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(out))
-    selector = get_selector("blocksearch:router", SelectorContext(load_backbone=lambda: backbone, states=None))
+
+    def context(router):  # EVSEL_BLOCKSEARCH_ROUTER=router
+        return SelectorContext(load_backbone=lambda: backbone, states=None,
+                               settings=Settings.resolve(env={"EVSEL_BLOCKSEARCH_ROUTER": str(router)}))
+
+    selector = get_selector("blocksearch:router", context(out))
     assert selector.name == "blocksearch:router"
     assert selector.router.adapter is not None and selector.router.adapter.config.layers == [1, 2]
-    monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(tmp_path / "none"))
-    missing = get_selector("blocksearch:router", SelectorContext(load_backbone=lambda: backbone, states=None))
+    missing = get_selector("blocksearch:router", context(tmp_path / "none"))
     with pytest.raises(Exception, match="no trained BlockSearch router"):
         missing.router
 
 
-def test_the_default_uses_a_router_where_one_is_set_and_untrained_never(gqa_model_dir, tmp_path, monkeypatch):
+def test_the_default_uses_a_router_where_one_is_set_and_untrained_never(gqa_model_dir, tmp_path):
     from evsel.models.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.settings import Settings
 
     backbone = Backbone(str(gqa_model_dir), "cpu")
     out = tmp_path / "router"
     _adapter(backbone.model).save(out)
 
-    def selector(spec):
-        return get_selector(spec, SelectorContext(load_backbone=lambda: backbone, states=None))
+    def selector(spec, router=None):  # EVSEL_BLOCKSEARCH_ROUTER=router
+        env = {"EVSEL_BLOCKSEARCH_ROUTER": str(router)} if router else {}
+        return get_selector(spec, SelectorContext(load_backbone=lambda: backbone, states=None,
+                                                  settings=Settings.resolve(env=env)))
 
-    monkeypatch.delenv("EVSEL_BLOCKSEARCH_ROUTER", raising=False)
     assert selector("blocksearch").router.adapter is None  # none ships for the tiny model
-    monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(out))
-    default = selector("blocksearch")
+    default = selector("blocksearch", out)
     assert default.name == "blocksearch" and default.router.adapter is not None
-    untrained = selector("blocksearch:untrained")
+    untrained = selector("blocksearch:untrained", out)
     assert untrained.name == "blocksearch:untrained" and untrained.router.adapter is None
     assert untrained.router.digest != default.router.digest
-    assert selector("blocksearch:seed").router.adapter is None  # not what the router was trained for
-    assert selector("blocksearch:faithful").router.adapter is None
+    assert selector("blocksearch:seed", out).router.adapter is None  # not what the router was trained for
+    assert selector("blocksearch:faithful", out).router.adapter is None
     with pytest.raises(Exception, match="contradict"):
-        selector("blocksearch:router+untrained")
-    monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(tmp_path / "none"))
+        selector("blocksearch:router+untrained", out)
     with pytest.raises(Exception, match="no trained BlockSearch router"):
-        selector("blocksearch").router  # a folder named and missing is an error, not a silent fallback
+        selector("blocksearch", tmp_path / "none").router  # a folder named and missing is an error, not a silent fallback
 
 
 def test_train_cli_router_on_a_locomo_fold_reads_that_fold_only(gqa_model_dir, tmp_path, capsys, monkeypatch):
@@ -201,16 +205,17 @@ def test_train_cli_router_on_a_locomo_fold_reads_that_fold_only(gqa_model_dir, t
 def test_shipped_names_the_shipped_router_even_where_another_is_set(gqa_model_dir, tmp_path, monkeypatch):
     from evsel.models.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.settings import Settings
 
     backbone = Backbone(str(gqa_model_dir), "cpu")
     shipped, other = tmp_path / "shipped", tmp_path / "other"
     br.new_router_adapter(backbone.model, [1, 2], rank=4).save(shipped)
     br.new_router_adapter(backbone.model, [0, 1, 2], rank=4).save(other)
     monkeypatch.setattr(br, "shipped_router_dir", lambda fingerprint: shipped)
-    monkeypatch.setenv("EVSEL_BLOCKSEARCH_ROUTER", str(other))
+    settings = Settings.resolve(env={"EVSEL_BLOCKSEARCH_ROUTER": str(other)})
 
     def selector(spec):
-        return get_selector(spec, SelectorContext(load_backbone=lambda: backbone, states=None))
+        return get_selector(spec, SelectorContext(load_backbone=lambda: backbone, states=None, settings=settings))
 
     assert selector("blocksearch").router.adapter.config.layers == [0, 1, 2]  # the one set
     assert selector("blocksearch:router").router.adapter.config.layers == [0, 1, 2]

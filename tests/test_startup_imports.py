@@ -53,12 +53,12 @@ def test_commands_sent_to_a_running_daemon_import_nothing_heavy(daemon_home):  #
     assert [r["method"] for r in status(daemon_home)["recent"]].count("ask") == 1
 
 
-def test_the_clients_request_signatures_are_the_engines():
-    from evsel.api import REQUESTS, Requests
+def test_the_request_tables_signatures_are_the_engines():
+    from evsel.api import REQUEST, REQUESTS
     from evsel.engine import Engine
 
     for name in REQUESTS:
-        ours, engines = inspect.signature(getattr(Requests, name)), inspect.signature(getattr(Engine, name))
+        ours, engines = REQUEST[name].signature, inspect.signature(getattr(Engine, name))
         assert ours.return_annotation == engines.return_annotation, name
         assert list(ours.parameters) == list(engines.parameters), f"update evsel/api.py: Engine.{name}{engines}"
         for mine, theirs in zip(ours.parameters.values(), engines.parameters.values()):

@@ -4,6 +4,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from evsel import api
 from evsel.defaults import DEFAULT_SELECT, RERANK_TOP, STYLES
 from evsel.output import ProgressView, escape, flat, print_json, stdout
 from evsel.provenance import evidence_label
@@ -11,48 +12,20 @@ from evsel.provenance import evidence_label
 from .base import INT, choice
 from .common import CollectionOption, JsonOption, engine_from, wall_timings
 
-# Every --select/--rerank method with its variants, for --list-methods (in step with the selector
-# registry's own help text: tests/test_first_hour.py). --help names only the methods.
-METHODS = (
-    ("default", "the method measured best for the model, else bm25 (evsel models info names it and why)"),
-    ("bm25", "words"),
-    ("hybrid", "BM25 fused with dense, UNREAL and QR-head scores and dialogue cues by learned weights"),
-    ("hybrid:GROUPS", "... with fewer signals, e.g. hybrid:bm25+dense (groups: bm25, dense, unreal, qr, dialogue)"),
-    ("unreal", "the backbone's own states with the trained adapter"),
-    ("intrinsic", "the backbone's untrained attention floor"),
-    ("dense", "MiniLM bi-encoder"),
-    ("rrf:METHOD", "BM25 fused with METHOD, e.g. rrf:unreal"),
-    ("random", "random passages (a baseline)"),
-    ("qrranker", "a reranker: the backbone's QR attention heads (--rerank qrranker)"),
-    ("qrranker:untrained", "... with the untrained heads"),
-    ("qrranker:memory", "... reading the block summaries (see --memory)"),
-    ("qrranker:causal", "... with one causal prefill of all candidates"),
-    ("blocksearch", "in-context retrieval by the backbone's QK routing (QR heads over the question, calibrated; "
-                    "the trained router where one ships)"),
-    ("blocksearch:untrained", "... the same without the trained router"),
-    ("blocksearch:seed", "... the seed's score: QK-MaxSim of the last position, every head"),
-    ("blocksearch:seed+mass+ssmax", "... the seed's attention mass with SSMax"),
-    ("blocksearch:faithful", "... routing as the full model attends (slower)"),
-    ("blocksearch:router", "... through the trained router (EVSEL_BLOCKSEARCH_ROUTER or the shipped one)"),
-    ("blocksearch:shipped", "... through the router shipped for the backbone, even where EVSEL_BLOCKSEARCH_ROUTER "
-                            "names another"),
-    ("blocksearch:trained", "... its top 256 chunks' codes decoded by the trained decoder"),
-    ("blocksearch:trained+top64", "... the same on its top 64"),
-    ("blocksearch:decode", "... decoded by the untouched backbone"),
-)
-
 
 def _list_methods(ctx: typer.Context, value: bool) -> None:
+    """Every --select/--rerank method with its variants (the selector registry's listing); --help
+    names only the methods."""
     if not value or ctx.resilient_parsing:
         return
-    width = max(len(name) for name, _ in METHODS)
-    for name, what in METHODS:
+    methods = api.methods()
+    width = max(len(name) for name, _ in methods)
+    for name, what in methods:
         typer.echo(f"{name.ljust(width)}  {what}")
     ctx.exit()
 
 
-SELECT_HELP = ("Selector (variants: --list-methods): " + ", ".join(name for name, _ in METHODS if ":" not in name)
-               + ", rrf:METHOD.")
+SELECT_HELP = api.select_help()
 
 
 def ask(

@@ -16,10 +16,12 @@ help, usage lines and errors are a contract (scripts, the man pages, the tests),
   parameter of a command it runs, and importing pydantic took longer than the rest of `evsel docs
   list` through the daemon.
 
-Typer bundles its own Click as the private `typer._click` (it does not depend on `click`, and
-evsel imports no `click`). What Typer exports publicly is taken from `typer`; the usage-error
-classes are not exported, and the help layout overrides `typer.core` internals, so typer is
-pinned to the tested minor version in pyproject.toml.
+Only public names are used: `typer`, the command and parameter classes of `typer.core`, and Click's
+public methods and attributes on them. Typer bundles its own Click (it does not depend on `click`,
+and evsel imports no `click`) without exporting two things evsel needs, kept here in one place
+each: the usage-error classes (found by name under the exported `typer.TyperException`,
+`_typer_exception`), and a parameter's value conversion (Typer has no hook for it: a parameter's
+class becomes a subclass that overrides the public `get_runtime_param`, `_light_coercion`).
 """
 
 from __future__ import annotations
@@ -31,13 +33,31 @@ from gettext import ngettext
 from typing import Any
 
 import typer
-from typer import BadParameter, echo, format_filename
-from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError  # not exported by typer
+from typer import BadParameter, TyperException, echo, format_filename
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from ..output import visible
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 88}
+
+
+def _typer_exception(name: str) -> type[TyperException]:
+    """A class of Typer's bundled Click's errors that Typer does not export, by name, among the
+    subclasses of the one it does."""
+    found, stack = None, [TyperException]
+    while stack and found is None:
+        cls = stack.pop()
+        found = cls if cls.__name__ == name else None
+        stack.extend(cls.__subclasses__())
+    if found is None:
+        raise ImportError(f"typer has no {name} error: this typer is not one evsel supports")
+    return found
+
+
+ClickException = _typer_exception("ClickException")  # what Click shows and exits with (exit code 1)
+UsageError = _typer_exception("UsageError")  # a usage error (exit code 2), shown by show_usage_error
+NoSuchOption = _typer_exception("NoSuchOption")
+NoArgsIsHelpError = _typer_exception("NoArgsIsHelpError")
 
 
 # values: Click's types, as Typer parsers
@@ -141,11 +161,12 @@ class _Coercion:
     """A parameter's runtime coercion (what Typer's `get_runtime_param()` returns), equal to
     Typer's for what evsel's parameters get: no value, a value for one of the parsers above (the
     TypeAdapter Typer builds for a parser only calls it), or a string for a `str` parameter (kept as
-    it is). Anything else, and a parser's ValueError (which pydantic words), goes to Typer's own."""
+    it is). Anything else, and a parser's ValueError (which pydantic words), goes to Typer's own
+    (`typers`: the parameter's own `get_runtime_param`, built on first use)."""
 
-    def __init__(self, descriptor):
+    def __init__(self, descriptor, typers):
         self.descriptor = descriptor
-        self.typers = None
+        self.typers = typers
 
     def coerce(self, value: Any, param, ctx) -> Any:
         multi = param.multiple or param.nargs == -1
@@ -162,21 +183,39 @@ class _Coercion:
                     return value
             except (ValueError, AssertionError):
                 pass
-        return self.typer_coercion().coerce(value, param=param, ctx=ctx)
+        return self.typers().coerce(value, param=param, ctx=ctx)  # pydantic: only for what evsel never passes
 
-    def typer_coercion(self):
-        if self.typers is None:
-            from typer._coercion import build_runtime_param  # pydantic: only for what evsel never passes
 
-            self.typers = build_runtime_param(self.descriptor)
-        return self.typers
+def _light_runtime_param(param, typers) -> _Coercion:
+    """The parameter's `_Coercion`, made once; `typers`: Typer's own `get_runtime_param`."""
+    if getattr(param, "light_coercion", None) is None:
+        param.light_coercion = _Coercion(param.type_descriptor, typers)
+    return param.light_coercion
+
+
+# Typer's parameter classes with `get_runtime_param()` returning `_Coercion` (subclasses of one
+# class each: a parameter made by Typer can become one)
+class _LightOption(TyperOption):
+    def get_runtime_param(self):
+        return _light_runtime_param(self, super().get_runtime_param)
+
+
+class _LightArgument(TyperArgument):
+    def get_runtime_param(self):
+        return _light_runtime_param(self, super().get_runtime_param)
 
 
 def _light_coercion(params) -> None:
-    """Before a command's values are read (Typer appends the completion options after building it)."""
+    """Before a command's values are read (Typer appends the completion options after building it):
+    Typer makes its parameters itself, with no hook for their class or their conversion, so each
+    becomes its light subclass here."""
     for param in params:
-        if getattr(param, "type_descriptor", None) is not None and not isinstance(param._runtime_param, _Coercion):
-            param._runtime_param = _Coercion(param.type_descriptor)  # what Typer's get_runtime_param() returns
+        if getattr(param, "type_descriptor", None) is None:
+            continue
+        if type(param) is TyperOption:
+            param.__class__ = _LightOption
+        elif type(param) is TyperArgument:
+            param.__class__ = _LightArgument
 
 
 def _with_light_coercion(help_option):

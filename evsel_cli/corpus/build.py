@@ -331,7 +331,9 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
 def _ray_env(settings) -> dict:
     """The variables the workers' Settings resolve from: this process' EVSEL_* and the request's
     model and device."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+    from evsel.settings import variables_prefixed
+
+    env = variables_prefixed(ENV_PREFIXES)
     if settings.model:
         env["EVSEL_MODEL"] = settings.model
     env["EVSEL_DEVICE"] = settings.device

@@ -30,7 +30,6 @@ from evsel.errors import EvselError, InputError
 
 from . import schema
 
-FIRST_STAGES = ("bm25", "dense", "unreal")
 K1, B, EPSILON = 1.5, 0.75, 0.25  # BM25Okapi's defaults, as the local selector uses them
 ANN_CANDIDATES = 200  # chunks the vector search returns for the exact rescore
 BUILD_HINT = "build one with: evsel corpus build SOURCE --out DIR"
@@ -114,13 +113,13 @@ class Corpus:
         match, so the exact top-n is the local one), else the manifest's (`text`: Lance stems
         words its own way, so a chunk whose local term equals a question's by another stem, e.g.
         "nilly" and "nils" both "nil", can be missed)."""
-        indexed = self._inverted()
+        indexed = self.indexed_columns()
         if "bm25_terms" in indexed:
             return "bm25_terms"
         named = (self.manifest.get("indexes") or {}).get("fts")
         return named if named in indexed or not indexed else indexed[0]
 
-    def _inverted(self) -> list[str]:
+    def indexed_columns(self) -> list[str]:
         """Columns with an inverted (full-text) index."""
         out = []
         for index in self.dataset.describe_indices():
@@ -256,8 +255,7 @@ class Corpus:
         import numpy as np
 
         pool, hidden = self.manifest["dims"]["unreal"]
-        # by row id (what the searches return; stable across deletes): pylance 14 has no public name for it
-        table = self.dataset._take_rows(list(map(int, row_ids)), columns=["unreal"])
+        table = self.rows(row_ids, ["unreal"])
         return _flat(table.column("unreal"), np.float16).reshape(len(row_ids), pool, hidden).copy()  # writable
 
     def unreal_candidates(self, query, candidates: int) -> list[int]:
@@ -271,9 +269,22 @@ class Corpus:
 
         if not hits:
             return []
-        table = self.dataset._take_rows([h.row_id for h in hits], columns=RECORD_COLUMNS)
+        table = self.rows([h.row_id for h in hits], RECORD_COLUMNS)
         rows = table.to_pylist()
         return [Scored(chunk_record(row), float(h.score), rank) for rank, (h, row) in enumerate(zip(hits, rows), 1)]
+
+    def rows(self, row_ids, columns: list[str]):
+        """The rows of these row ids (what the searches return; stable across deletes), in their
+        order: a filter on `_rowid`, which Lance reads as a take of those rows."""
+        import pyarrow as pa
+
+        wanted = list(map(int, row_ids))
+        if not wanted:
+            return self.dataset.schema.empty_table().select(columns)
+        table = self.dataset.to_table(columns=columns, with_row_id=True,
+                                      filter=f"_rowid IN ({', '.join(map(str, sorted(set(wanted))))})")
+        where = {row_id: i for i, row_id in enumerate(table.column("_rowid").to_pylist())}
+        return table.select(columns).take(pa.array([where[row_id] for row_id in wanted], type=pa.int64()))
 
     def first_rows(self, n: int) -> list[Hit]:
         """The first `n` chunks with score 0 (what a question sharing no word with the corpus gets)."""
@@ -287,7 +298,7 @@ def index_terms(directory: str | Path) -> None:
 
     path, _ = check_directory(directory)
     dataset = lance.dataset(str(path / schema.CHUNKS))
-    if dataset.count_rows() and "bm25_terms" not in Corpus(path, {}, dataset, 0.0)._inverted():
+    if dataset.count_rows() and "bm25_terms" not in Corpus(path, {}, dataset, 0.0).indexed_columns():
         dataset.create_scalar_index("bm25_terms", "INVERTED", **TERMS_INDEX)
 
 
@@ -371,11 +382,13 @@ class CorpusStage:
     def __init__(self, corpus: Corpus, select: str, context, bm25_candidates: int | None = None,
                  candidates: int = ANN_CANDIDATES):
         from evsel.defaults import DEFAULT_SELECT
+        from evsel.models.selectors import corpus_first_stages
 
         select = "bm25" if select == DEFAULT_SELECT else select  # the default over a corpus: words
-        if select not in FIRST_STAGES:
+        stages = sorted(corpus_first_stages())
+        if select not in stages:
             raise EvselError(f"--select {select} cannot read a corpus",
-                             f"use --select {', '.join(FIRST_STAGES[:-1])} or {FIRST_STAGES[-1]} with --corpus "
+                             f"use --select {', '.join(stages[:-1])} or {stages[-1]} with --corpus "
                              "(any --rerank works on their candidates)")
         if select not in corpus.methods:
             raise InputError(f"the corpus {corpus.path} holds no {select} states (it has: "

@@ -184,7 +184,9 @@ def run_info(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    env = [f"{k}={shlex.quote(os.environ[k])}" for k in RECORDED_ENV if os.environ.get(k)]
+    from evsel.settings import variables_named
+
+    env = [f"{k}={shlex.quote(v)}" for k, v in variables_named(RECORDED_ENV).items()]
     return {
         "command": " ".join(env + list(argv if argv is not None else sys.argv)),
         "commit": git_commit(),

@@ -4,10 +4,17 @@ Selectors register by name, so `evsel ask --select NAME` and `evsel eval --metho
 every method the same way. A method (`FIRST` or `FIRST>RERANKER`, each `NAME[:ARGUMENT]`) is
 parsed once into a `MethodSpec` here; the pipeline builds its stages from it, so the engine, the
 pipeline and eval never name a selector.
+
+The registry also carries what the rest of evsel knows about a selector, from the selector
+class's metadata (see `Selector`): the CLI's method list and help (`listing`, `select_help`),
+whether a method needs a model (`needs_model`, the daemon's light requests), which ones a
+corpus can stand in for (`corpus_first_stages`), the cleanups of files kept beside a store
+(`register_cleanups`). A new selector is its module plus a line in `BUILTINS`.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,19 +44,62 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-# What `--select` / `--methods` accept, for help texts (kept in step with the registry by a test).
-HELP = ("default (the method measured best for the model: evsel models info says which and why), "
-        "bm25 (words), hybrid (BM25 fused with dense, UNREAL and QR-head scores by learned weights; "
-        "hybrid:bm25+dense etc. for fewer signals), unreal (the backbone's own states with the trained adapter), "
-        "intrinsic (its untrained attention floor), dense (MiniLM bi-encoder), "
-        "rrf:METHOD (BM25 fused with METHOD, e.g. rrf:unreal), random, "
-        "qrranker (a reranker: the backbone's QR attention heads, e.g. --rerank qrranker; "
-        "qrranker:untrained, qrranker:memory, qrranker:causal for its variants), "
-        "blocksearch (in-context retrieval by the backbone's QK routing, scored by QRRanker's heads "
-        "over the question, calibrated; blocksearch:seed the seed's QK-MaxSim of the last position, "
-        "blocksearch:seed+mass+ssmax, blocksearch:faithful for other variants; blocksearch:trained decodes "
-        "the top 256 chunks' codes with the trained decoder, blocksearch:trained+top64 the top 64, "
-        "blocksearch:decode with the untouched backbone)")
+def selectors() -> list[type[Selector]]:
+    """The registered selector classes: the built-ins in `BUILTINS`' order, then any other in the
+    order it registered."""
+    _load_builtins()
+    place = {f"{__name__}.{module}": i for i, module in enumerate(BUILTINS)}
+    classes = [factory for factory in _REGISTRY.values() if isinstance(factory, type)]
+    return sorted(classes, key=lambda cls: place.get(cls.__module__, len(place)))
+
+
+def listing() -> list[tuple[str, str]]:
+    """Every method a user can name, with what it does: each selector as named (`usage`, else its
+    name) and its argument forms worth listing (`ask --list-methods`)."""
+    return [pair for cls in selectors() for pair in ((cls.usage or cls.name, cls.help), *cls.forms)]
+
+
+def select_help() -> str:
+    """`--select`'s help: the selectors by name, then those a method names with an argument."""
+    plain = [cls.name for cls in selectors() if not cls.usage]
+    with_argument = [cls.usage for cls in selectors() if cls.usage]
+    return "Selector (variants: --list-methods): " + ", ".join(plain + with_argument) + "."
+
+
+def corpus_first_stages() -> list[str]:
+    """The selectors a corpus's indexes can stand in for as the first stage (ask --corpus)."""
+    return [cls.name for cls in selectors() if cls.corpus_first_stage]
+
+
+def needs_model(method: str) -> bool:
+    """Does running `method` (`FIRST` or `FIRST>RERANKER`, each `NAME[:ARGUMENT]`) load a model, the
+    backbone or an encoder? False only where every stage's selector is light (ranks with no model:
+    the daemon answers an evidence-only ask with it beside model work). `default` counts as
+    needing one: resolve it first (selectors.default.resolve_select). A method no selector takes
+    counts as needing one too; building it reports why."""
+    _load_builtins()
+    try:
+        spec = MethodSpec.parse(method)
+    except EvselError:
+        return True
+    for stage in (spec.first, spec.rerank):
+        if stage is None:
+            continue
+        factory = _REGISTRY.get(stage.selector)
+        if not getattr(factory, "light", False):
+            return True
+    return False
+
+
+def register_cleanups() -> None:
+    """Register with the store each selector's cleanup of what it keeps beside a store (the files
+    of chunks no longer held, `Selector.on_chunks_deleted`). Every process that deletes chunks
+    calls it (the engine does, when built); registering twice is a no-op."""
+    from evsel.store import Store
+
+    for cls in selectors():
+        if cls.on_chunks_deleted.__func__ is not Selector.on_chunks_deleted.__func__:
+            Store.on_chunks_deleted(cls.on_chunks_deleted)
 
 
 @dataclass(frozen=True)
@@ -151,7 +201,8 @@ def check_stage(stage: StageSpec) -> str | None:
     if arg:
         takes = getattr(_REGISTRY.get(base), "argument", None)
         if takes is None:
-            raise EvselError(f"selector {name!r}: only rrf, qrranker and blocksearch take an argument",
+            taking = [cls.name for cls in selectors() if cls.argument]
+            raise EvselError(f"selector {name!r}: only {', '.join(taking[:-1])} and {taking[-1]} take an argument",
                              "use rrf:OTHER (e.g. rrf:unreal) or qrranker:untrained / qrranker:memory")
     if base not in _REGISTRY:
         raise EvselError(f"unknown selector {name!r}", f"choose one of: {', '.join(sorted(_REGISTRY))}, rrf:OTHER")
@@ -174,27 +225,32 @@ def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
 
 def ingest_hooks() -> list[type[Selector]]:
     """The selectors with ingest-time work (`Selector.ingest_work`), in the registry's order."""
-    _load_builtins()
-    return [factory for name in _ORDER if isinstance(factory := _REGISTRY.get(name), type)
-            and factory.ingest_work.__func__ is not Selector.ingest_work.__func__]
+    return [factory for factory in selectors() if factory.ingest_work.__func__ is not Selector.ingest_work.__func__]
 
 
-# the built-in selectors' order: the order their ingest work runs in
-_ORDER = ("bm25", "dense", "random", "rrf", "intrinsic", "unreal", "qrranker", "blocksearch", "hybrid", "default")
+# The built-in selectors, one module each (it registers its class with @register), in the order
+# `ask --list-methods` lists them and their ingest work runs (UNREAL's states before QRRanker's KV).
+# The modules are light to import: numpy and the model code load where a selector is used.
+BUILTINS = (
+    "default",  # what ask uses with no --select: the method measured best for the model
+    "bm25",
+    "hybrid",  # the learned fusion
+    "unreal",  # model-internal selection, seed 000
+    "intrinsic",
+    "dense",  # baselines for evsel eval
+    "rrf",
+    "random_order",
+    "qrranker",  # reranking with QR heads, seed 003
+    "blocksearch",  # in-context retrieval by QK routing, seed 001
+)
 
 
 def _load_builtins() -> None:
-    from . import bm25  # noqa: F401  (registers itself)
-    from . import dense, random_order, rrf  # noqa: F401  (baselines for evsel eval)
-    from . import intrinsic, unreal  # noqa: F401  (model-internal selection, seed 000)
-    from . import qrranker  # noqa: F401  (reranking with QR heads, seed 003)
-    from . import blocksearch  # noqa: F401  (in-context retrieval by QK routing, seed 001)
-    from . import hybrid, default  # noqa: F401  (the learned fusion, and what ask uses by default)
+    for module in BUILTINS:
+        importlib.import_module(f"{__name__}.{module}")
 
 
-# selectors that keep files beside a store register their cleanup when imported; these are light
-# to import, so every process that can delete chunks (the engine imports this package) has them
-from . import blocksearch, qrranker  # noqa: E402,F401
-
-__all__ = ["DEFAULT", "DEFAULT_METHODS", "HELP", "IngestWork", "MethodSpec", "check_stage", "Ranking", "Scored", "Selector", "SelectorContext",
-           "StageSpec", "available", "build", "get_selector", "ingest_hooks", "methods_with_memory", "register"]
+__all__ = ["BUILTINS", "DEFAULT", "DEFAULT_METHODS", "IngestWork", "MethodSpec", "check_stage", "Ranking", "Scored",
+           "Selector", "SelectorContext", "StageSpec", "available", "build", "corpus_first_stages", "get_selector",
+           "ingest_hooks", "listing", "methods_with_memory", "needs_model", "register", "register_cleanups",
+           "select_help", "selectors"]

@@ -9,9 +9,9 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from evsel.settings import Settings
-from evsel.store import ChunkRecord
 
 if TYPE_CHECKING:
+    from evsel.store import ChunkRecord
     from evsel.models.backbone import Backbone
     from evsel.models.statecache import StateCache
     from evsel.store import Store
@@ -122,13 +122,23 @@ class Selector(ABC):
     Construction is cheap: what a selector needs from the model (the backbone, an adapter) is
     loaded by `load()`, which the pipeline calls where it reports loading, or on first use.
     `argument` names the keyword a spec's NAME:ARGUMENT fills (None: the selector takes none);
-    `variants` are the ones NAME:VARIANT[+VARIANT] may name."""
+    `variants` are the ones NAME:VARIANT[+VARIANT] may name.
+
+    The class attributes below the first group are the registry's metadata, read without building
+    the selector (the CLI's help, the request checks, the daemon's scheduling)."""
 
     name: str = ""
     needs_model: bool = False
     argument: str | None = None
     variants: tuple[str, ...] = ()
     variant_example: str = ""  # for the error naming an unknown variant
+
+    help: str = ""  # what it ranks by, one line (ask --list-methods)
+    usage: str = ""  # how a method names it where the bare name is not one (rrf:METHOD)
+    forms: tuple[tuple[str, str], ...] = ()  # argument forms worth listing, each with what it does
+    light: bool = False  # ranks with no model at all (no backbone, no encoder)
+    corpus_first_stage: bool = False  # a corpus's indexes can stand in for it as the first stage (ask --corpus)
+    settings_fields: tuple[str, ...] = ()  # the `Settings` fields it reads (EVSEL_* variables)
 
     def __init__(self, context: SelectorContext, **_options):
         self.context = context
@@ -163,6 +173,12 @@ class Selector(ABC):
     def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
         """`rank`, with what this selector reports beside the order (see Ranking)."""
         return Ranking(self.rank(question, chunks, top_n))
+
+    @classmethod
+    def on_chunks_deleted(cls, store: "Store", hashes: list[str]) -> None:
+        """Delete what this method keeps outside the store's database (files beside it) for
+        content hashes no chunk holds any more; the store runs it after the deletion commits,
+        once `register_cleanups` has registered it."""
 
     @classmethod
     def ingest_work(cls, chunks: list[ChunkRecord], work: IngestWork) -> dict:

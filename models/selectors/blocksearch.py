@@ -18,19 +18,21 @@ the scoring is the default one in prefix mode, what it was trained for (measured
 docs/BLOCKSEARCH.md); `blocksearch:untrained` never does. `blocksearch:shipped` is the router
 shipped for the backbone even where EVSEL_BLOCKSEARCH_ROUTER names another (to compare the two).
 
-The key files of chunks deleted from a store are deleted with them (`delete_key_files`, a cleanup
-the store runs after the deletion commits); this module registers it when the selectors package
-is imported, so it stays light: numpy and the model code are imported where used."""
+The key files of chunks deleted from a store are deleted with them (`on_chunks_deleted`, a cleanup
+the store runs after the deletion commits, registered by `register_cleanups`); this module stays
+light to import: numpy and the model code are imported where used."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-
-from evsel.store import ChunkRecord, Store
+from typing import TYPE_CHECKING
 
 from . import base, register
 from .base import Selector
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord, Store
 
 
 TOP_B = {"top16": 16, "top32": 32, "top64": 64, "top128": 128, "top256": 256, "top512": 512}
@@ -54,17 +56,6 @@ def parse_variants(text: str | None) -> list[str]:
     return base.parse_variants("blocksearch", text, VARIANTS, BlockSearchSelector.variant_example)
 
 
-@Store.on_chunks_deleted
-def delete_key_files(store: Store, hashes: list[str]) -> None:
-    """The routing keys cached beside a store for content hashes no chunk holds any more, under
-    every model and config (an in-memory store has no files)."""
-    from evsel.models import blocksearch as bs
-
-    folder = bs.store_dir_of(store)
-    if folder is not None:
-        bs.delete_cached_keys(folder, hashes)
-
-
 @register("blocksearch")
 class BlockSearchSelector(Selector):
     name = "blocksearch"
@@ -72,6 +63,31 @@ class BlockSearchSelector(Selector):
     argument = "variants"
     variants = VARIANTS
     variant_example = "blocksearch:mass+ssmax"
+    help = ("in-context retrieval by the backbone's QK routing (QR heads over the question, calibrated; "
+            "the trained router where one ships)")
+    forms = (
+        ("blocksearch:untrained", "... the same without the trained router"),
+        ("blocksearch:seed", "... the seed's score: QK-MaxSim of the last position, every head"),
+        ("blocksearch:seed+mass+ssmax", "... the seed's attention mass with SSMax"),
+        ("blocksearch:faithful", "... routing as the full model attends (slower)"),
+        ("blocksearch:router", "... through the trained router (EVSEL_BLOCKSEARCH_ROUTER or the shipped one)"),
+        ("blocksearch:shipped", "... through the router shipped for the backbone, even where EVSEL_BLOCKSEARCH_ROUTER "
+                                "names another"),
+        ("blocksearch:trained", "... its top 256 chunks' codes decoded by the trained decoder"),
+        ("blocksearch:trained+top64", "... the same on its top 64"),
+        ("blocksearch:decode", "... decoded by the untouched backbone"),
+    )
+    settings_fields = ("blocksearch_decoder", "blocksearch_router")
+
+    @classmethod
+    def on_chunks_deleted(cls, store: Store, hashes: list[str]) -> None:
+        """The routing keys cached beside a store for content hashes no chunk holds any more, under
+        every model and config (an in-memory store has no files)."""
+        from evsel.models import blocksearch as bs
+
+        folder = bs.store_dir_of(store)
+        if folder is not None:
+            bs.delete_cached_keys(folder, hashes)
 
     def __init__(self, context, ssmax: bool = False, variant: str | None = None, query_mode: str = "prefix",
                  layer: int | None = None, top_b: int = 256, ssmax_layers: str = "readout",
@@ -202,12 +218,9 @@ class BlockSearchSelector(Selector):
     def router_folder(self) -> tuple[Path, bool]:
         """(where the trained router is, whether EVSEL_BLOCKSEARCH_ROUTER named it). `:shipped`
         reads the shipped one even when the variable is set, so both compare in one run."""
-        import os
-
         from evsel.models import blockrouter as br
 
-        setting = (getattr(self.context.settings, "blocksearch_router", None)
-                   or os.environ.get("EVSEL_BLOCKSEARCH_ROUTER"))
+        setting = self.context.settings.blocksearch_router
         if setting and not self.shipped:
             return Path(setting), True
         return br.shipped_router_dir(self.context.backbone.fingerprint), False
@@ -238,7 +251,7 @@ class BlockSearchSelector(Selector):
         if self._decoder is None:
             context = self.context
             backbone = context.backbone
-            setting = getattr(context.settings, "blocksearch_decoder", None)
+            setting = context.settings.blocksearch_decoder
             folder = Path(setting) if setting else bd.shipped_adapter_dir(backbone.fingerprint)
             if not (folder / ADAPTER_FILE).is_file():
                 raise ModelError(f"no trained BlockSearch decoder in {folder}",

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from evsel.store import ChunkRecord
-
 from . import register
 from .base import Ranking, Selector
 
 if TYPE_CHECKING:
+    from evsel.store import ChunkRecord
     from rank_bm25 import BM25Okapi
 
 __all__ = ["BM25Selector", "STOPWORDS", "tokenize"]
@@ -28,6 +27,9 @@ NO_MATCH = ("no passage shares a word with the question; the passages shown are 
 class BM25Selector(Selector):
     name = "bm25"
     needs_model = False
+    help = "words"
+    light = True
+    corpus_first_stage = True
 
     def __init__(self, context, k1: float = 1.5, b: float = 0.75, **_):
         super().__init__(context)

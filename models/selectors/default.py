@@ -6,11 +6,15 @@ missing here, it is BM25, and the request says so once."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from evsel.errors import EvselError
-from evsel.store import ChunkRecord
 
 from . import get_selector, register
 from .base import Ranking, Selector
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord
 
 FALLBACK = "bm25"
 NO_RECORD = "no measured default ships for this backbone: BM25 (words), the best method without trained parts"
@@ -48,6 +52,7 @@ def resolve_select(select: str, settings) -> str:
 @register("default")
 class DefaultSelector(Selector):
     name = "default"
+    help = "the method measured best for the model, else bm25 (evsel models info names it and why)"
 
     def __init__(self, context, **_):
         super().__init__(context)

@@ -11,12 +11,12 @@ import os
 from typing import TYPE_CHECKING
 
 from evsel.errors import ModelError
-from evsel.store import ChunkRecord
 
 from . import register
 from .base import Selector, SelectorContext
 
 if TYPE_CHECKING:  # numpy is imported where vectors are made: the CLI's request checks load this module
+    from evsel.store import ChunkRecord
     import numpy as np
 
 MAX_TOKENS = 256  # the model's max_seq_length; longer texts are truncated as sentence-transformers does
@@ -93,6 +93,8 @@ class MiniLM:
 class DenseSelector(Selector):
     name = "dense"
     needs_model = False  # needs MiniLM, not the backbone
+    help = "MiniLM bi-encoder"
+    corpus_first_stage = True
 
     def __init__(self, context: SelectorContext, **_):
         super().__init__(context)

@@ -16,12 +16,15 @@ adapter or QR heads uses the best set whose signals it has, and says so once.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evsel.errors import EvselError, ModelError
-from evsel.store import ChunkRecord
 
 from . import get_selector, register
 from .base import Selector
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord
 
 # numpy and the fusion's arithmetic (evsel.models.hybrid) load with the selector, not with the
 # registry: the client checks method names without them
@@ -32,6 +35,10 @@ class HybridSelector(Selector):
     name = "hybrid"
     needs_model = True
     argument = "groups"  # hybrid:GROUP+GROUP
+    help = "BM25 fused with dense, UNREAL and QR-head scores and dialogue cues by learned weights"
+    forms = (("hybrid:GROUPS", "... with fewer signals, e.g. hybrid:bm25+dense (groups: bm25, dense, unreal, qr, "
+                               "dialogue)"),)
+    settings_fields = ("hybrid_weights",)
 
     def __init__(self, context, groups: str | None = None, weights: str | dict | None = None, **_):
         from evsel.models import hybrid as fusion

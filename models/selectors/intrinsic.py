@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from evsel.store import ChunkRecord
-
 from . import register
 from .base import Selector
 
 if TYPE_CHECKING:  # numpy is imported where scores are made: the CLI's request checks load this module
+    from evsel.store import ChunkRecord
     import numpy as np
 
 
@@ -22,6 +21,7 @@ class IntrinsicSelector(Selector):
 
     name = "intrinsic"
     needs_model = True
+    help = "the backbone's untrained attention floor"
     LAYERS = (1, 2, 3, 4, 5, 6)
 
     def __init__(self, context, layers: tuple[int, ...] | None = None, **_):

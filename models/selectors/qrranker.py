@@ -5,30 +5,22 @@ backbone; a trained adapter (adapter.safetensors) beside that heads.json is appl
 requests (the engine's resources, so a resident daemon re-encodes only new candidates), and with
 EVSEL_QRRANKER_KV in files beside the user's store (models/qrranker_kv.py), which the daemon fills
 in the background after an ingest (`encode_store_kv`), so a book's first rerank encodes nothing.
-Those files are deleted with the last chunk that holds their text (registered on import)."""
+Those files are deleted with the last chunk that holds their text (`on_chunks_deleted`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from evsel.errors import EvselError
-from evsel.store import ChunkRecord, Store
 
 from . import base, register
 from .base import IngestWork, Ranking, Selector, timed_slices
 
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord, Store
+
 MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
 VARIANTS = ("untrained", "memory", "causal")
-
-
-@Store.on_chunks_deleted
-def delete_kv_files(store: Store, hashes: list[str]) -> None:
-    """The block KV files beside a store of content hashes no chunk holds any more, under every
-    backbone and config (an in-memory store has none)."""
-    from evsel.models import qrranker_kv
-    from evsel.models.blocksearch import store_dir_of
-
-    folder = store_dir_of(store)
-    if folder is not None:
-        qrranker_kv.delete_kv_files(folder, hashes)
 
 
 def parse_variants(text: str | None) -> set[str]:
@@ -43,6 +35,24 @@ class QRRankerSelector(Selector):
     argument = "variants"
     variants = VARIANTS
     variant_example = "qrranker:untrained+memory"
+    help = "a reranker: the backbone's QR attention heads (--rerank qrranker)"
+    forms = (
+        ("qrranker:untrained", "... with the untrained heads"),
+        ("qrranker:memory", "... reading the block summaries (see --memory)"),
+        ("qrranker:causal", "... with one causal prefill of all candidates"),
+    )
+    settings_fields = ("qrranker_heads", "qrranker_kv")
+
+    @classmethod
+    def on_chunks_deleted(cls, store: Store, hashes: list[str]) -> None:
+        """The block KV files beside a store of content hashes no chunk holds any more, under every
+        backbone and config (an in-memory store has none)."""
+        from evsel.models import qrranker_kv
+        from evsel.models.blocksearch import store_dir_of
+
+        folder = store_dir_of(store)
+        if folder is not None:
+            qrranker_kv.delete_kv_files(folder, hashes)
 
     def __init__(self, context, heads: str | None = None, encoding: str | None = None, truncate: bool = True,
                  block_labels: str = "same", variants: str | None = None, memory: bool = False, **_):

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-
-from evsel.store import ChunkRecord
+from typing import TYPE_CHECKING
 
 from . import register
 from .base import Selector
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord
 
 DEFAULT_SEED = 0
 
@@ -18,6 +20,8 @@ DEFAULT_SEED = 0
 class RandomSelector(Selector):
     name = "random"
     needs_model = False
+    help = "random passages (a baseline)"
+    light = True
 
     def __init__(self, context, seed: int = DEFAULT_SEED, **_):
         super().__init__(context)

@@ -4,11 +4,15 @@ model-internal selector whose signal is weak alone."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from evsel.errors import EvselError
-from evsel.store import ChunkRecord
 
 from . import get_selector, register
 from .base import Selector
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord
 
 K = 60  # the constant of Cormack et al. (2009)
 
@@ -17,6 +21,8 @@ K = 60  # the constant of Cormack et al. (2009)
 class RRFSelector(Selector):
     name = "rrf"
     argument = "other"  # rrf:OTHER
+    usage = "rrf:METHOD"
+    help = "BM25 fused with METHOD, e.g. rrf:unreal"
 
     def __init__(self, context, other: str = "dense", **kwargs):
         super().__init__(context)

@@ -5,12 +5,13 @@ C0, the passages the query pass reads before the question, are the top BM25 chun
 from __future__ import annotations
 
 from collections import OrderedDict
-
-
-from evsel.store import ChunkRecord
+from typing import TYPE_CHECKING
 
 from . import get_selector, register
 from .base import IngestWork, Selector, timed_slices
+
+if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
+    from evsel.store import ChunkRecord
 
 
 MAX_QUERIES = 4096  # query vectors kept per selector (~9 KB each)
@@ -20,6 +21,9 @@ MAX_QUERIES = 4096  # query vectors kept per selector (~9 KB each)
 class UnrealSelector(Selector):
     name = "unreal"
     needs_model = True
+    help = "the backbone's own states with the trained adapter"
+    corpus_first_stage = True
+    settings_fields = ("unreal_adapter",)
 
     def __init__(self, context, adapter: str | None = None, **_):
         super().__init__(context)
