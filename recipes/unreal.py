@@ -20,7 +20,6 @@ states come from the state cache, without gradients.
 from __future__ import annotations
 
 import json
-import math
 import random
 import shlex
 import sys
@@ -43,11 +42,12 @@ from .common import (FOLDED_SOURCES, FORBIDDEN, SOURCES, check_sources, fold_dev
 
 
 class InvertedBM25:
-    """Okapi BM25 over a fixed corpus with evsel's BM25 tokenizer; scores all documents per query
-    with one numpy scatter per query term."""
+    """Okapi BM25 over a fixed corpus with evsel's BM25 tokenizer and scoring (evsel.bm25_index),
+    in float32 and with Lucene's idf (never negative: a seed passage shares many common words);
+    scores all documents per query with one numpy scatter per query term."""
 
     def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75):
-        from evsel.models.selectors.bm25 import tokenize
+        from evsel.bm25_index import lucene_idf, term_scores, tokenize
 
         self.tokenize = tokenize
         postings: dict[str, dict[int, int]] = defaultdict(dict)
@@ -58,15 +58,13 @@ class InvertedBM25:
             for w in words:
                 postings[w][i] = postings[w].get(i, 0) + 1
         n = len(texts)
-        avg = float(lengths.mean()) if n else 1.0
-        norm = k1 * (1 - b + b * lengths / max(avg, 1e-9))
+        avg = max(float(lengths.mean()) if n else 1.0, 1e-9)
         self.n = n
         self.index = {}
         for w, docs in postings.items():
             ids = np.fromiter(docs.keys(), dtype=np.int64)
             tf = np.fromiter(docs.values(), dtype=np.float32)
-            idf = math.log((n - len(ids) + 0.5) / (len(ids) + 0.5) + 1.0)
-            self.index[w] = (ids, idf * tf * (k1 + 1) / (tf + norm[ids]))
+            self.index[w] = (ids, term_scores(tf, lengths[ids], avg, lucene_idf(n, len(ids)), k1, b, weight_first=True))
 
     def scores(self, text: str) -> np.ndarray:
         out = np.zeros(self.n, dtype=np.float32)
