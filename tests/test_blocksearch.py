@@ -30,7 +30,7 @@ QUESTION = "who killed the keeper ?"
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
-    from conftest import write_tiny_llama
+    from helpers import write_tiny_llama
 
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
     for word in WORDS:

@@ -135,7 +135,7 @@ def test_the_rules_style_stays_available(real_backbone):
 
 
 def test_train_reader_smoke_on_the_real_model_resumes_from_its_state_cache(tmp_path, capsys, monkeypatch):
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
     from evsel.models.reader import CONFIG_FILE, HEAD_FILE, Reader
 
@@ -167,7 +167,7 @@ def test_train_reader_smoke_on_the_real_model_resumes_from_its_state_cache(tmp_p
 
 
 def test_eval_reports_reader_recall_beside_the_rules_step(capsys, monkeypatch):
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
 
     shared_data("fairytaleqa", "questions", "val")
