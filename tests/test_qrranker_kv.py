@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from evsel.chunker import content_hash
 from evsel.models import qrranker as qr
 from evsel.models import qrranker_kv
 
@@ -112,7 +113,7 @@ def test_files_are_private_atomic_and_damaged_ones_are_recomputed(gqa_model_dir,
     want = scorer.scores(QUESTION, TEXTS)
     folder = scorer.kv_files.folder
     files = sorted(folder.glob("*.npy"))
-    assert {f.stem for f in files} == {qrranker_kv.content_hash(t) for t in TEXTS}
+    assert {f.stem for f in files} == {content_hash(t) for t in TEXTS}
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     at = folder
     while at != tmp_path:  # every folder made, 0700
