@@ -36,7 +36,6 @@ denominator differs.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,7 +60,8 @@ from evsel.models.blocksparse import (
 from evsel.models.caches import LRUCache
 from evsel.models.lora import ADAPTER_FILE, AdapterConfig, AdapterKind, LoRAAdapter
 from evsel.models.lora import load_adapter as load_lora
-from evsel.models.qr_heads import (
+# the head list's format and reader are shared with BlockSearch; QRRanker's users read them here too
+from evsel.models.qr_heads import (  # noqa: F401  (HEADS_FORMAT, format_heads: for the recipe and tests)
     HEADS_FILE,
     HEADS_FORMAT,
     format_heads,
