@@ -19,6 +19,10 @@ its order (vocabulary summed in first-occurrence order, one query token after an
 bit-for-bit those of `BM25Okapi` built on the scope's chunks. A chunk list that is not whole indexed
 documents (a reranker's candidates, chunks held only in memory) gets None: build in memory then.
 
+Its arithmetic (`okapi_idf`, `average_idf`, `term_scores`, `query_scores`) is the one BM25 of the
+project: the corpus (evsel.corpus.query) scores with it too, and UNREAL's training recipe mines
+with `term_scores` and `lucene_idf`.
+
 This module sits beside the store (the store calls it at ingest and removal); it imports nothing
 from evsel.models.
 """
