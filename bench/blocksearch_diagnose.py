@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     from evsel.evaluation.gold import resolve
     from evsel.evaluation.report import run_info
     from evsel.models import blocksearch as bs
+    from evsel.models.blocksearch_scoring import head_logits
     from evsel.models import qrranker as qr
     from evsel.models.backbone import Backbone
     from evsel.models.blocksparse import Context, ReadStates, SuffixStates, head_attention, suffix_states
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
             shipped = bs.maxsim(qs_all[:, -1], scope.packed, router.scaling).double().numpy()  # (N, H)
             rows["maxsim (shipped: last token, all heads)"] = shipped.sum(1)
             # where the max lands, for the shipped rule
-            logits = bs.head_logits(qs_all[:, -1], scope.packed.keys, router.scaling).numpy()  # (H, T)
+            logits = head_logits(qs_all[:, -1], scope.packed.keys, router.scaling).numpy()  # (H, T)
             for i, (a, b) in enumerate(zip(scope.packed.offsets[:-1], scope.packed.offsets[1:])):
                 seg = logits[:, a + start:b]
                 pos = seg.argmax(axis=1)

@@ -19,6 +19,10 @@ its order (vocabulary summed in first-occurrence order, one query token after an
 bit-for-bit those of `BM25Okapi` built on the scope's chunks. A chunk list that is not whole indexed
 documents (a reranker's candidates, chunks held only in memory) gets None: build in memory then.
 
+Its arithmetic (`okapi_idf`, `average_idf`, `term_scores`, `query_scores`) is the one BM25 of the
+project: the corpus (evsel.corpus.query) scores with it too, and UNREAL's training recipe mines
+with `term_scores` and `lucene_idf`.
+
 This module sits beside the store (the store calls it at ingest and removal); it imports nothing
 from evsel.models.
 """
@@ -33,7 +37,7 @@ from array import array
 from operator import attrgetter
 import sqlite3
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -84,6 +88,57 @@ def chunk_tokens(text: str) -> list[str]:
 def digest(content_hashes: Iterable[str]) -> str:
     """Identifies a document's chunk list: its chunks' content hashes, in order."""
     return hashlib.sha1("\n".join(content_hashes).encode()).hexdigest()
+
+
+# the scoring arithmetic: the store's index, the corpus (evsel.corpus) and the training recipes -----
+
+def okapi_idf(n: int, df: int) -> float:
+    """rank-bm25's BM25Okapi idf over N chunks: ln(N - df + 0.5) - ln(df + 0.5), negative for a
+    term in more than half of them (callers floor it at EPSILON x `average_idf`)."""
+    return math.log(n - df + 0.5) - math.log(df + 0.5)
+
+
+def lucene_idf(n: int, df: int) -> float:
+    """Lucene's idf, ln(1 + (N - df + 0.5) / (df + 0.5)): never negative, so it needs no floor.
+    UNREAL's training recipe mines its hard negatives with it (its shipped data was mined so)."""
+    return math.log((n - df + 0.5) / (df + 0.5) + 1.0)
+
+
+def average_idf(n: int, dfs) -> float:
+    """rank-bm25's average idf over a vocabulary (`dfs`: each term's df, in the order its terms
+    are met): `okapi_idf` of each term summed one after another, as rank-bm25's `idf_sum += idf`
+    (np.sum adds pairwise: other roundings), over the vocabulary size; 0.0 for none."""
+    dfs = np.asarray(dfs, dtype=np.int64)
+    if not len(dfs):
+        return 0.0
+    values, where = np.unique(dfs, return_inverse=True)
+    idf = np.array([okapi_idf(n, f) for f in values.tolist()], dtype=np.float64)
+    return float(np.add.accumulate(idf[where.ravel()])[-1]) / len(dfs)
+
+
+def term_scores(tf, doc_len, avgdl: float, idf: float, k1: float, b: float, weight_first: bool = False):
+    """One query term's BM25 score in each chunk, from its frequency `tf` and the chunk lengths
+    `doc_len` (arrays alike), in rank-bm25's order of operations:
+    idf * (tf (k1 + 1) / (tf + k1 (1 - b + b doc_len / avgdl))). `weight_first`: the same value as
+    (idf tf (k1 + 1)) / (...), the order UNREAL's recipe mined its training data with (in float32
+    the two round differently, and near-ties then rank otherwise)."""
+    norm = k1 * (1 - b + b * doc_len / avgdl)
+    if weight_first:
+        return idf * tf * (k1 + 1) / (tf + norm)
+    return idf * (tf * (k1 + 1) / (tf + norm))
+
+
+def query_scores(query: Sequence[str], frequencies: Mapping[str, np.ndarray], idf: Mapping[str, float],
+                 doc_len: np.ndarray, avgdl: float, k1: float, b: float) -> np.ndarray:
+    """BM25 of every chunk for the query tokens `query`, added one token after another as
+    rank-bm25's get_scores (a repeated token counts again): `frequencies` holds each query term's
+    frequency in every chunk, `idf` its idf; a term absent from `frequencies` adds 0."""
+    score = np.zeros(len(doc_len))
+    for q in query:
+        tf = frequencies.get(q)
+        if tf is not None:
+            score += term_scores(tf, doc_len, avgdl, idf[q], k1, b)
+    return score
 
 
 # schema and writes (inside the store's transactions) ------------------------------------------------
@@ -326,12 +381,7 @@ class Scope:
             np.minimum.at(first, ids, np.arange(len(ids), dtype=np.int64))
             total = np.bincount(ids, weights=dfs, minlength=len(first)).astype(np.int64)  # exact below 2^53
             present = np.flatnonzero(first < len(ids))
-            df = total[present[np.argsort(first[present], kind="stable")]]
-            values, where = np.unique(df, return_inverse=True)
-            n = self.n
-            idf = np.array([math.log(n - f + 0.5) - math.log(f + 0.5) for f in values.tolist()], dtype=np.float64)
-            # summed one after another, as rank-bm25's `idf_sum += idf` (np.sum adds pairwise: other roundings)
-            self._average_idf = float(np.add.accumulate(idf[where.ravel()])[-1]) / len(df)
+            self._average_idf = average_idf(self.n, total[present[np.argsort(first[present], kind="stable")]])
         return self._average_idf
 
     def _frequencies(self, conn: sqlite3.Connection, terms: list[str]) -> dict[str, np.ndarray]:
@@ -364,17 +414,10 @@ class Scope:
         freqs = self._frequencies(conn, list(dict.fromkeys(query)))
         idf: dict[str, float] = {}
         for term, q_freq in freqs.items():
-            df = int(np.count_nonzero(q_freq))
-            idf[term] = math.log(self.n - df + 0.5) - math.log(df + 0.5)
+            idf[term] = okapi_idf(self.n, int(np.count_nonzero(q_freq)))
             if idf[term] < 0:  # in more than half of the chunks: rank-bm25's floor
                 idf[term] = epsilon * self.average_idf()
-        score = np.zeros(self.n)
-        doc_len, avgdl = self.doc_len, self.avgdl
-        for q in query:  # rank-bm25's get_scores, query token after query token
-            if q not in freqs:
-                continue  # a term absent from the scope adds 0 everywhere
-            q_freq = freqs[q]
-            score += (idf[q] or 0) * (q_freq * (k1 + 1) / (q_freq + k1 * (1 - b + b * doc_len / avgdl)))
+        score = query_scores(query, freqs, idf, self.doc_len, self.avgdl, k1, b)
         now = dict(_in_batches(conn, "select doc_id, digest from bm25_docs where doc_id in ({marks})", [],
                                list(self.offsets)))
         if any(now.get(d.doc_id) != d.digest for d in self.docs):

@@ -35,6 +35,11 @@ _DOTTED = re.compile(r"(?:\w\.)+\w")  # e.g, U.S, p.m
 _NEXT_WORD = re.compile(r"\s*[\"'(\[\u201c\u2018]*(\w)")
 
 
+def content_hash(text: str) -> str:
+    """The store's key of a chunk text: what its states, KV and key files are cached under."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 class TokenCounter(Protocol):
     def count(self, texts: list[str]) -> list[int]: ...
 
@@ -117,7 +122,7 @@ class Chunk:
         return {
             "seq": self.seq,
             "text": self.text,
-            "content_hash": hashlib.sha256(self.text.encode("utf-8")).hexdigest(),
+            "content_hash": content_hash(self.text),
             "n_tokens": self.n_tokens,
             "char_start": self.start,
             "char_end": self.end,

@@ -381,21 +381,15 @@ def rotate(x, cos, sin):
     return x * cos + rotated * sin
 
 
-def query_attention(model, context: Context, suffix: list[int], span_start: int, layers: list[int],
-                    check_rope: bool = False, adapter=None) -> dict:
-    """Run `suffix` over `context` (only the suffix is computed; the context KV is not changed)
-    and return {layer: (heads, T_ctx) float32}: the attention of each query-span token (suffix
-    tokens from `span_start` on) onto each context token, averaged over those tokens. Softmax rows
-    over everything a suffix token sees (context, earlier suffix tokens, itself), as the model
-    computes them; only those rows are built. `layers` are 0-based; the pass stops after the
-    deepest. `check_rope`: also verify that our RoPE of k_proj reproduces the cache's keys."""
-    return query_attentions(model, context, [(suffix, span_start)], layers, check_rope, adapter)[0]
-
-
 def query_attentions(model, context: Context, suffixes: list[tuple[list[int], int]], layers: list[int],
                      check_rope: bool = False, adapter=None) -> list[dict]:
-    """`query_attention` for several suffixes (the question and the null query) in one batched
-    pass over the same context: [(ids, span_start)] -> one {layer: (heads, T_ctx)} each. Shorter
+    """Run each suffix over `context` (only the suffixes are computed; the context KV is not
+    changed), the question and the null query in one batched pass: [(ids, span_start)] -> one
+    {layer: (heads, T_ctx) float32} each, the attention of each query-span token (suffix tokens
+    from `span_start` on) onto each context token, averaged over those tokens. Softmax rows over
+    everything a suffix token sees (context, earlier suffix tokens, itself), as the model computes
+    them; only those rows are built. `layers` are 0-based; the pass stops after the deepest.
+    `check_rope`: also verify that our RoPE of k_proj reproduces the cache's keys. Shorter
     suffixes are right-padded; under the causal mask no real token sees a pad. With `adapter`
     (a LoRAAdapter) the read layers' q/k carry its deltas; the backbone's pass does not."""
     import torch

@@ -1,9 +1,13 @@
 """The models' caches: `LRUCache`, values in memory, least recently used first out, bounded by size
 or count; `ArrayCache`, arrays by name in a folder (one .npy file each, written atomically), or in
-an `LRUCache` where there is no folder."""
+an `LRUCache` where there is no folder; and the layout of the per-chunk files a method keeps
+beside a store (BlockSearch's keys, QRRanker's block KV):
+<store dir>/<method>/<backbone fingerprint>/<config digest>/<chunk content hash>.npy."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import tempfile
@@ -218,3 +222,42 @@ class ArrayCache:
         if self.folder is None:
             return self.memory.bytes
         return sum(p.stat().st_size for p in self.folder.glob("*.npy")) if self.folder.is_dir() else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# per-chunk files beside a store
+
+
+def store_dir_of(store) -> Path | None:
+    """The folder of a Store's database file (None for an in-memory one)."""
+    if store is None:
+        return None
+    for _seq, name, file in store.db.conn.execute("pragma database_list").fetchall():
+        if name == "main":
+            return Path(file).parent if file else None
+    return None
+
+
+def config_digest(data: dict) -> str:
+    """The folder name for what a method's cached files depend on besides the chunk text and the
+    weights (`data`: JSON, its keys in any order)."""
+    return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def method_root(store_dir: str | Path, method: str) -> Path:
+    return Path(store_dir) / method
+
+
+def method_folders(store_dir: str | Path, method: str) -> list[Path]:
+    """Every <fingerprint>/<digest> folder of a method's files beside a store."""
+    root = method_root(store_dir, method)
+    if not root.is_dir():
+        return []
+    return [d for fp in root.iterdir() if fp.is_dir() for d in fp.iterdir() if d.is_dir()]
+
+
+def delete_chunk_files(store_dir: str | Path, method: str, hashes) -> int:
+    """Delete the files of these content hashes under every backbone and config of a method
+    (the store's delete path calls it with the hashes no chunk holds any more). Returns files deleted."""
+    hashes = [h for h in hashes if NAME.fullmatch(h or "")]
+    return sum(ArrayCache(folder).delete(hashes) for folder in method_folders(store_dir, method))

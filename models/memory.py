@@ -18,7 +18,7 @@ from evsel.store import ChunkRecord, Store
 
 BLOCK_CHUNKS = 20  # consecutive chunks per prose block (the seed's memory granularity)
 MEMORY_TOKENS = 512  # the memory prefix's budget in the reranking prompt
-MIN_WORDS, MAX_WORDS = 50, 100
+MAX_WORDS = 100
 
 
 @dataclass(frozen=True)

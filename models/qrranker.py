@@ -36,12 +36,12 @@ denominator differs.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from evsel.chunker import content_hash
 from evsel.errors import ModelError
 from evsel.models.blocksparse import (
     BlockStateCache,
@@ -60,62 +60,24 @@ from evsel.models.blocksparse import (
 from evsel.models.caches import LRUCache
 from evsel.models.lora import ADAPTER_FILE, AdapterConfig, AdapterKind, LoRAAdapter
 from evsel.models.lora import load_adapter as load_lora
+# the head list's format and reader are shared with BlockSearch; QRRanker's users read them here too
+from evsel.models.qr_heads import (  # noqa: F401  (HEADS_FORMAT, format_heads: for the recipe and tests)
+    HEADS_FILE,
+    HEADS_FORMAT,
+    format_heads,
+    heads_of,
+    load_head_file,
+    parse_heads,
+    shipped_heads_dir,
+)
 
 METHOD = "qrranker"
-HEADS_FILE = "heads.json"
 ENCODINGS = ("block", "causal")
 DEFAULT_ENCODING = "block"
-HEADS_FORMAT = "evsel-qrranker-heads/1"
 # LoRA on q_proj and k_proj of the read layers, applied inside QR scoring only (blocksparse's
 # `head_attention`): layers above an adapted one get the untouched hidden states
 ADAPTER = AdapterKind(format="evsel-qrranker-adapter/1", projections=("q", "k"), name="QRRanker adapter",
                       train_command="evsel train qrranker")
-
-
-# ---------------------------------------------------------------------------------------------
-# heads
-
-
-def parse_heads(text: str) -> list[tuple[int, int]]:
-    """'14-3,17-0' -> [(14, 3), (17, 0)]: (layer, head), layer 0-based as in model.layers and
-    the seed's 'l-h' notation."""
-    out = []
-    for part in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)-(\d+)\s*", part)
-        if not match:
-            raise ModelError(f"{text!r} is not a head list like 14-3,17-0", "give LAYER-HEAD pairs, 0-based")
-        out.append((int(match.group(1)), int(match.group(2))))
-    return out
-
-
-def format_heads(heads: list[tuple[int, int]]) -> str:
-    return ",".join(f"{layer}-{head}" for layer, head in heads)
-
-
-def shipped_heads_dir(fingerprint: str) -> Path:
-    """Where the package keeps the detected heads for a backbone (by fingerprint prefix)."""
-    return Path(__file__).parent / "adapters" / fingerprint[:16] / METHOD
-
-
-def load_head_file(path: str | Path) -> dict:
-    path = Path(path)
-    if path.is_dir():
-        path = path / HEADS_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read a QR head list from {path}: {exc}",
-                         "give a heads.json written by: evsel train qrranker --detect-heads") from exc
-    if data.get("format") != HEADS_FORMAT or not data.get("heads"):
-        raise ModelError(f"{path} is not a QR head list ({HEADS_FORMAT})",
-                         "give a heads.json written by: evsel train qrranker --detect-heads")
-    return data
-
-
-def heads_of(data: dict, encoding: str | None = None) -> list[tuple[int, int]]:
-    """The head list of a heads.json for an encoding (its own list when detected under it)."""
-    chosen = (data.get("by_encoding") or {}).get(encoding) if encoding else None
-    return [(int(h["layer"]), int(h["head"])) for h in (chosen or data["heads"])]
 
 
 def resolve_heads(backbone, setting: str | None, encoding: str | None = None) -> tuple[list[tuple[int, int]], str]:
@@ -377,11 +339,9 @@ class QRScorer:
         """Encode and write the block KV files of `texts` that are missing (ingest's background work);
         the in-memory cache is left as it is, so a large ingest does not evict what asks read.
         Returns the blocks written."""
-        from evsel.models import qrranker_kv
-
         if self.kv_files is None:
             raise ModelError("this QRRanker scorer keeps no block KV files", "give it a store folder (use_kv_files)")
-        hashes = list(hashes) if hashes is not None else [qrranker_kv.content_hash(t) for t in texts]
+        hashes = list(hashes) if hashes is not None else [content_hash(t) for t in texts]
         todo = {h: t for h, t in zip(hashes, texts) if not self.kv_files.has(h)}
         if not todo:
             return 0
@@ -450,8 +410,6 @@ class _FileBacking:
     """`encode_blocks_cached`'s backing for a candidate list: block i <-> the KV file of texts[i]."""
 
     def __init__(self, files, texts: list[str], lengths: list[int]):
-        from evsel.models.qrranker_kv import content_hash
-
         self.files = files
         self.hashes = [content_hash(t) for t in texts]
         self.lengths = lengths

@@ -18,24 +18,17 @@ selectors package deletes a chunk's files once no chunk of the store holds its t
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
-from evsel.models.caches import NAME, ArrayCache
+from evsel.models.caches import ArrayCache, config_digest, delete_chunk_files, method_root
 
 FORMAT = "evsel-qrranker-kv/1"
 FOLDER = "qrranker"
 
 
 def kv_root(store_dir: str | Path) -> Path:
-    return Path(store_dir) / FOLDER
-
-
-def content_hash(text: str) -> str:
-    """The store's key of a chunk text (as the chunker computes it)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return method_root(store_dir, FOLDER)
 
 
 def kv_digest(model_dtype: str, depth: int, prefix: list[int], separator: list[int], max_chunk_tokens: int,
@@ -43,20 +36,12 @@ def kv_digest(model_dtype: str, depth: int, prefix: list[int], separator: list[i
     data = {"format": FORMAT, "model_dtype": model_dtype, "depth": depth, "prefix": list(prefix),
             "separator": list(separator), "max_chunk_tokens": max_chunk_tokens, "labels": labels,
             "capture": list(capture)}
-    return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=8).hexdigest()
-
-
-def _folders(store_dir: str | Path) -> list[Path]:
-    root = kv_root(store_dir)
-    if not root.is_dir():
-        return []
-    return [d for fp in root.iterdir() if fp.is_dir() for d in fp.iterdir() if d.is_dir()]
+    return config_digest(data)
 
 
 def delete_kv_files(store_dir: str | Path, hashes) -> int:
     """Delete the KV files of these content hashes under every backbone and config of a store."""
-    hashes = [h for h in hashes if NAME.fullmatch(h or "")]
-    return sum(ArrayCache(folder).delete(hashes) for folder in _folders(store_dir))
+    return delete_chunk_files(store_dir, FOLDER, hashes)
 
 
 # numpy has no bfloat16: its bits are stored as int16 (and read back as they were)

@@ -234,6 +234,10 @@ class AdapterTrainer:
     selection_key = "recall@1"
     progress_label: str | None = None  # a progress event before each step, with this label
     log_nested = False  # the console line of a record shows its dict values too
+    betas = (0.9, 0.999)  # AdamW's
+    json_indent = 1  # of config.json and summary.json
+    stops_at_minutes = True  # --minutes stops the loop (False: the subclass fits its steps to it instead)
+    first_check_without_dev = True  # a step-0 record and best/ even without dev data
 
     def __init__(self, config, backbone, command: str = "", on_event=ignore_event,
                  log: Callable[[str], None] = lambda line: None):
@@ -256,7 +260,7 @@ class AdapterTrainer:
         state = None
         if (resume / ADAPTER_FILE).is_file():
             self.adapter = load(resume)
-            for p in self.adapter.parameters():
+            for p in self.trainable():
                 p.requires_grad_(True)
             state = json.loads((resume / "trainer.json").read_text())
             self.step, self.best = state["step"], state.get("best")
@@ -264,10 +268,17 @@ class AdapterTrainer:
             self.adapter = new()
             self.step, self.best = 0, None
         self.total_steps = cfg.steps
-        self.optimizer = torch.optim.AdamW(self.adapter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.trainable(), lr=cfg.lr, betas=self.betas,
+                                           weight_decay=cfg.weight_decay)
         if (resume / "optimizer.pt").is_file():
+            # read onto the CPU (a run may resume on another device); load_state_dict moves the
+            # state to the parameters' device
             self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location="cpu"))
         return state
+
+    def trainable(self) -> list:
+        """The parameters the optimizer steps and the gradient clip reads, in a fixed order."""
+        return list(self.adapter.parameters())
 
     def lr_at(self, step: int) -> float:
         return warmup_then_linear(step, self.config.lr, self.config.warmup, self.total_steps)
@@ -281,7 +292,7 @@ class AdapterTrainer:
         """Clip, step the optimizer, count the step; returns the gradient norm before clipping."""
         import torch
 
-        norm = float(torch.nn.utils.clip_grad_norm_(self.adapter.parameters(), self.config.clip))
+        norm = float(torch.nn.utils.clip_grad_norm_(self.trainable(), self.config.clip))
         self.optimizer.step()
         self.step += 1
         return norm
@@ -314,7 +325,7 @@ class AdapterTrainer:
         tmp = folder.with_name("checkpoint.tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        self.adapter.save(tmp, {"step": self.step})
+        self.save_adapter(tmp)
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / "trainer.json").write_text(json.dumps(self.trainer_state()) + "\n")
         old = folder.with_name("checkpoint.old")
@@ -325,6 +336,10 @@ class AdapterTrainer:
         tmp.rename(folder)
         if old.exists():
             shutil.rmtree(old)
+
+    def save_adapter(self, folder: Path) -> None:
+        """Write the adapter into a checkpoint folder."""
+        self.adapter.save(folder, {"step": self.step})
 
     def first_record(self, dev: dict) -> dict:
         """The log record of step 0 (before any training)."""
@@ -338,17 +353,18 @@ class AdapterTrainer:
     def run(self) -> dict:
         cfg = self.config
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
-        started = time.perf_counter()
+        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=self.json_indent) + "\n")
+        started = self.started = time.perf_counter()
         last: dict = {}
         with open(self.out / "log.jsonl", "a", encoding="utf-8") as log_file:
-            if self.step == 0:
+            if self.step == 0 and (self.dev or self.first_check_without_dev):
                 last = self.dev_metrics() if self.dev else {}
                 write_record(log_file, self.first_record(last), self.log, self.log_nested)
                 self.best = last or None
                 self.save_best(last)
             while self.step < self.total_steps:
-                if cfg.minutes is not None and time.perf_counter() - started > cfg.minutes * 60:
+                out_of_time = cfg.minutes is not None and time.perf_counter() - started > cfg.minutes * 60
+                if self.stops_at_minutes and out_of_time:
                     self.log(f"--minutes {cfg.minutes:g} reached at step {self.step}; rerun to continue")
                     break
                 t = time.perf_counter()
@@ -378,5 +394,5 @@ class AdapterTrainer:
                         self.save_best(last)
                 self.save_checkpoint()
         summary = {**self.summary(last), "seconds": round(time.perf_counter() - started, 1)}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=self.json_indent) + "\n")
         return summary

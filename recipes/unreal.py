@@ -20,7 +20,6 @@ states come from the state cache, without gradients.
 from __future__ import annotations
 
 import json
-import math
 import random
 import shlex
 import sys
@@ -34,8 +33,8 @@ import numpy as np
 
 from evsel.errors import EvselError, InputError
 
-from .common import (FOLDED_SOURCES, FORBIDDEN, SOURCES, check_sources, fold_dev_split, folded_dataset, ignore_event,
-                     pick_recipe, write_record)
+from .common import (FOLDED_SOURCES, FORBIDDEN, SOURCES, AdapterTrainer, check_sources, fold_dev_split, folded_dataset,
+                     ignore_event, pick_recipe)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,11 +42,12 @@ from .common import (FOLDED_SOURCES, FORBIDDEN, SOURCES, check_sources, fold_dev
 
 
 class InvertedBM25:
-    """Okapi BM25 over a fixed corpus with evsel's BM25 tokenizer; scores all documents per query
-    with one numpy scatter per query term."""
+    """Okapi BM25 over a fixed corpus with evsel's BM25 tokenizer and scoring (evsel.bm25_index),
+    in float32 and with Lucene's idf (never negative: a seed passage shares many common words);
+    scores all documents per query with one numpy scatter per query term."""
 
     def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75):
-        from evsel.models.selectors.bm25 import tokenize
+        from evsel.bm25_index import lucene_idf, term_scores, tokenize
 
         self.tokenize = tokenize
         postings: dict[str, dict[int, int]] = defaultdict(dict)
@@ -58,15 +58,13 @@ class InvertedBM25:
             for w in words:
                 postings[w][i] = postings[w].get(i, 0) + 1
         n = len(texts)
-        avg = float(lengths.mean()) if n else 1.0
-        norm = k1 * (1 - b + b * lengths / max(avg, 1e-9))
+        avg = max(float(lengths.mean()) if n else 1.0, 1e-9)
         self.n = n
         self.index = {}
         for w, docs in postings.items():
             ids = np.fromiter(docs.keys(), dtype=np.int64)
             tf = np.fromiter(docs.values(), dtype=np.float32)
-            idf = math.log((n - len(ids) + 0.5) / (len(ids) + 0.5) + 1.0)
-            self.index[w] = (ids, idf * tf * (k1 + 1) / (tf + norm[ids]))
+            self.index[w] = (ids, term_scores(tf, lengths[ids], avg, lucene_idf(n, len(ids)), k1, b, weight_first=True))
 
     def scores(self, text: str) -> np.ndarray:
         out = np.zeros(self.n, dtype=np.float32)
@@ -279,18 +277,26 @@ class _Chunk:
         self.text = c["text"]
 
 
-class Trainer:
-    """One training run; `run()` trains, checkpoints and logs. Resumes from out/checkpoint."""
+class Trainer(AdapterTrainer):
+    """One training run on recipes/common.py's loop: `run()` trains, checks dev recall, checkpoints
+    and logs. Resumes from out/checkpoint. `engine`: what gives the backbone and the state cache
+    (an evsel Engine)."""
+
+    log_nested = True
+    betas = (0.9, 0.95)  # the paper's (B.3)
+    json_indent = 2
+    stops_at_minutes = False  # --minutes lowers the step count after 3 measured steps instead
+    first_check_without_dev = False
 
     def __init__(self, config: TrainConfig, engine, command: str = "", on_event: Callable[[dict], None] = ignore_event,
                  log: Callable[[str], None] = lambda line: None):
-        self.config = config
+        super().__init__(config, None, command, on_event, log)
         self.engine = engine
-        self.command = command
-        self.on_event = on_event
-        self.log = log
-        self.out = Path(config.out)
         self.trained_on: dict = {}  # the data folder's sources and fold, recorded with the adapter
+
+    @property
+    def selection_key(self) -> str:
+        return f"recall@{self.config.k}"
 
     # setup
     def setup(self, chunks: list[dict], train: list[dict], dev: list[dict]) -> None:
@@ -302,41 +308,28 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
-        self.chunks, self.dev = chunks, dev
+        self.chunks, self.dev = chunks, dev[: cfg.dev_queries]
         self.train = train[: cfg.max_train] if cfg.max_train else train
         if not self.train:
             raise InputError("no training queries", "check the data folder")
         backbone = self.engine.backbone
         self.backbone = backbone
-        hidden = backbone.model.config.hidden_size
-        resume = self.out / "checkpoint"
         device = backbone.plan.device  # the adapter, its statistics and the chunk keys live there
-        if (resume / unreal.CONFIG_FILE).is_file():
-            self.adapter = unreal.load_adapter(resume, device)
-            state = json.loads((resume / "trainer.json").read_text())
+        state = self.start_or_resume(lambda folder: unreal.load_adapter(folder, device),
+                                     lambda: self._new_adapter(chunks, device))
+        if state is not None:
             # the same command resumes its (possibly budget-fitted) plan; a new --steps replaces it
-            same = state.get("asked_steps") == cfg.steps
-            self.step, self.total_steps = state["step"], state["total_steps"] if same else cfg.steps
-            self.best = state.get("best", -1.0)
+            if state.get("asked_steps") == cfg.steps:
+                self.total_steps = state["total_steps"]
+            self.best = {self.selection_key: state.get("best", -1.0)}
             self.log(f"resuming at step {self.step} of {self.total_steps}")
-        elif cfg.init:
-            self.adapter = unreal.load_adapter(Path(cfg.init), device)
-            self._adopt_shape(self.adapter.config)
-            self.log(f"starting from the adapter in {cfg.init}")
-            self.step, self.total_steps, self.best = 0, cfg.steps, -1.0
-        else:
-            self.adapter = unreal.new_adapter(cfg.unreal_config(), hidden, device)
-            self.adapter.init_from_backbone(backbone, cfg.seed)
-            sample = random.Random(cfg.seed).sample(range(len(chunks)), min(cfg.calibrate_chunks, len(chunks)))
-            unreal.calibrate(self.adapter, backbone, [chunks[i]["text"] for i in sample])
-            self.step, self.total_steps, self.best = 0, cfg.steps, -1.0
         self.query = unreal.UnrealQuery(backbone, self.adapter)
         self.doc_chunks: dict[str, list[int]] = defaultdict(list)
         for c in chunks:
             self.doc_chunks[c["doc"]].append(c["id"])
         # every chunk the run touches: training candidates and dev documents
         needed = sorted({c for q in self.train for c in self._candidates_of(q)} |
-                        {c for q in self.dev[: cfg.dev_queries] for c in self.doc_chunks[q["doc"]]})
+                        {c for q in self.dev for c in self.doc_chunks[q["doc"]]})
         states = unreal.chunk_states(backbone, self.engine.states, [_Chunk(chunks[i]) for i in needed], cfg.layer,
                                      cfg.pool, self.on_event)
         self.row = {c: i for i, c in enumerate(needed)}
@@ -347,12 +340,42 @@ class Trainer:
             self.adapter.config.tau = cfg.tau = self._auto_tau()
             self.log(f"temperature set from the untrained scores: tau = {cfg.tau:.3g}")
         self.adapter.config.tau = cfg.tau
-        self.optimizer = torch.optim.AdamW(self.adapter.trainable(), lr=cfg.lr, betas=(0.9, 0.95),
-                                           weight_decay=cfg.weight_decay)
-        if (resume / "optimizer.pt").is_file():
-            # read onto the CPU (a run may resume on another device); load_state_dict moves the
-            # state to the parameters' device
-            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location="cpu"))
+        self.order = self._batch_order()
+        self.step_times: list[float] = []
+        self.dev_seconds = 0.0  # what the dev check at step 0 took (the budget fit counts it)
+        self.last_dev: dict = {}
+
+    def _new_adapter(self, chunks: list[dict], device):
+        """The adapter a run starts from: --init's (its shape and temperature kept), else a fresh
+        one initialised from the backbone and calibrated on a sample of the chunks."""
+        from evsel.models import unreal
+
+        cfg = self.config
+        if cfg.init:
+            adapter = unreal.load_adapter(Path(cfg.init), device)
+            self._adopt_shape(adapter.config)
+            self.log(f"starting from the adapter in {cfg.init}")
+            return adapter
+        adapter = unreal.new_adapter(cfg.unreal_config(), self.backbone.model.config.hidden_size, device)
+        adapter.init_from_backbone(self.backbone, cfg.seed)
+        sample = random.Random(cfg.seed).sample(range(len(chunks)), min(cfg.calibrate_chunks, len(chunks)))
+        unreal.calibrate(adapter, self.backbone, [chunks[i]["text"] for i in sample])
+        return adapter
+
+    def _batch_order(self) -> list[int]:
+        """Training queries in seeded shuffled epochs, enough for every step's batch (the same on a
+        resumed run)."""
+        cfg = self.config
+        order_rng = random.Random(cfg.seed)
+        order: list[int] = []
+        for _ in range(cfg.steps * cfg.batch // max(1, len(self.train)) + 2):
+            epoch = list(range(len(self.train)))
+            order_rng.shuffle(epoch)
+            order += epoch
+        return order
+
+    def trainable(self) -> list:
+        return self.adapter.trainable()
 
     def _adopt_shape(self, adapter_config) -> None:
         """A warm start keeps the adapter's shape and its temperature; a clashing option is an error."""
@@ -394,13 +417,21 @@ class Trainer:
             spreads.append(float(scores.std()))
         return max(float(np.mean(spreads)) / 2, 1e-3)
 
-    def lr_at(self, step: int) -> float:
-        warmup = min(self.config.warmup, max(1, self.total_steps // 10))
-        if step < warmup:
-            return self.config.lr * (step + 1) / warmup
-        return self.config.lr * max(0.0, (self.total_steps - step) / max(1, self.total_steps - warmup))
-
     # one step
+    def train_step(self) -> dict:
+        cfg = self.config
+        t = time.perf_counter()
+        at = self.step * cfg.batch
+        batch = [self.train[i] for i in self.order[at:at + cfg.batch]]
+        self.begin_step()
+        loss = self.batch_loss(batch)
+        norm = self.end_step()
+        self.step_times.append(time.perf_counter() - t)
+        if cfg.minutes and len(self.step_times) == 3 and self.step == 3:
+            self._fit_budget(self.step_times, self.started)
+        return {"loss": round(loss, 5), "lr": self.lr_at(self.step - 1), "grad_norm": round(norm, 4),
+                "alpha_norm": float(self.adapter.alpha.detach().norm())}
+
     def batch_loss(self, batch: list[dict], backward: bool = True) -> float:
         """Mean InfoNCE over `batch`, every query against the batch's pooled candidates; the
         queries run as one padded batch (one graph, one backward)."""
@@ -432,6 +463,13 @@ class Trainer:
             loss.backward()
         return float(loss.detach())
 
+    def dev_metrics(self) -> dict:
+        t = time.perf_counter()
+        self.last_dev = self.dev_recall(self.dev)
+        if self.step == 0:
+            self.dev_seconds = time.perf_counter() - t
+        return self.last_dev
+
     def dev_recall(self, queries: list[dict]) -> dict:
         """recall@k and MRR of the adapter on dev queries, ranking each query's document."""
         from evsel.evaluation.metrics import ranking_metrics
@@ -447,85 +485,42 @@ class Trainer:
             results.append(ranking_metrics(ranked, [set(u) for u in q["units"]], [1, cfg.k]))
         return {key: float(np.mean([r[key] for r in results])) for key in results[0]} if results else {}
 
+    def best_recall(self) -> float:
+        """The best dev recall@k so far (-1 before any check)."""
+        return (self.best or {}).get(self.selection_key, -1.0)
+
+    def is_better(self, dev: dict) -> bool:
+        return bool(dev) and dev[self.selection_key] > self.best_recall()
+
+    def first_record(self, dev: dict) -> dict:
+        return {"step": 0, **{f"dev_{k}": v for k, v in dev.items()}, "elapsed_s": time.perf_counter() - self.started}
+
+    def summary(self, last: dict) -> dict:
+        return {"steps": self.step, "best_dev": self.best_recall(), "last_dev": last}
+
     # checkpoints
-    def save(self, folder: Path, metrics: dict | None = None) -> None:
-        import torch
+    def trainer_state(self) -> dict:
+        return {"step": self.step, "total_steps": self.total_steps, "asked_steps": self.config.steps,
+                "best": self.best_recall()}
 
-        extra = {"backbone": self.backbone.name, "fingerprint": self.backbone.fingerprint,
-                 "train_config": asdict(self.config), "trained_on": self.trained_on, "step": self.step}
-        if metrics is not None:
-            metrics = {"trained_on": self.trained_on, **metrics}
+    def _extra(self) -> dict:
+        return {"backbone": self.backbone.name, "fingerprint": self.backbone.fingerprint,
+                "train_config": asdict(self.config), "trained_on": self.trained_on, "step": self.step}
+
+    def save_adapter(self, folder: Path) -> None:
+        self.adapter.save(folder, metrics={"trained_on": self.trained_on, "step": self.step, "dev": self.last_dev},
+                          command=self.command, extra=self._extra())
+
+    def save_best(self, dev: dict) -> None:
+        import shutil
+
+        folder = self.out / "best"
         tmp = folder.with_name(folder.name + ".tmp")
-        self.adapter.save(tmp, metrics=metrics, command=self.command, extra=extra)
-        if folder.name == "checkpoint":
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            (tmp / "trainer.json").write_text(json.dumps(
-                {"step": self.step, "total_steps": self.total_steps, "asked_steps": self.config.steps,
-                 "best": self.best}) + "\n")
+        self.adapter.save(tmp, metrics={"trained_on": self.trained_on, "step": self.step, "dev": dev},
+                          command=self.command, extra=self._extra())
         if folder.exists():
-            import shutil
-
             shutil.rmtree(folder)
         tmp.rename(folder)
-
-    def run(self) -> dict:
-        import torch
-
-        cfg = self.config
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-        started = time.perf_counter()
-        log_file = open(self.out / "log.jsonl", "a", encoding="utf-8")
-        dev = self.dev[: cfg.dev_queries]
-        order_rng = random.Random(cfg.seed)
-        order: list[int] = []
-        for _ in range(cfg.steps * cfg.batch // max(1, len(self.train)) + 2):
-            epoch = list(range(len(self.train)))
-            order_rng.shuffle(epoch)
-            order += epoch
-        last = {}
-        self.dev_seconds = 0.0
-        if self.step == 0 and dev:
-            t = time.perf_counter()
-            last = self.dev_recall(dev)
-            self.dev_seconds = time.perf_counter() - t
-            self.best = last.get(f"recall@{cfg.k}", -1.0)
-            self._write(log_file, {"step": 0, **{f"dev_{k}": v for k, v in last.items()},
-                                   "elapsed_s": time.perf_counter() - started})
-            self.save(self.out / "best", {"step": 0, "dev": last})
-        step_times: list[float] = []
-        while self.step < self.total_steps:
-            t = time.perf_counter()
-            at = self.step * cfg.batch
-            batch = [self.train[i] for i in order[at:at + cfg.batch]]
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.lr_at(self.step)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.batch_loss(batch)
-            norm = float(torch.nn.utils.clip_grad_norm_(self.adapter.trainable(), cfg.clip))
-            self.optimizer.step()
-            self.step += 1
-            step_times.append(time.perf_counter() - t)
-            if cfg.minutes and len(step_times) == 3 and self.step == 3:
-                self._fit_budget(step_times, started)
-            record = {"step": self.step, "loss": round(loss, 5), "lr": self.lr_at(self.step - 1),
-                      "grad_norm": round(norm, 4), "alpha_norm": float(self.adapter.alpha.detach().norm()),
-                      "step_s": round(step_times[-1], 2), "elapsed_s": round(time.perf_counter() - started, 1)}
-            final = self.step >= self.total_steps
-            if dev and ((cfg.dev_every and self.step % cfg.dev_every == 0) or final):
-                last = self.dev_recall(dev)
-                record.update({f"dev_{k}": v for k, v in last.items()})
-                if last[f"recall@{cfg.k}"] > self.best:
-                    self.best = last[f"recall@{cfg.k}"]
-                    self.save(self.out / "best", {"step": self.step, "dev": last})
-            self._write(log_file, record)
-            if self.step % cfg.checkpoint_every == 0 or final:
-                self.save(self.out / "checkpoint", {"step": self.step, "dev": last})
-        log_file.close()
-        summary = {"steps": self.step, "best_dev": self.best, "last_dev": last,
-                   "seconds": time.perf_counter() - started}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
 
     def _fit_budget(self, step_times: list[float], started: float) -> None:
         """After 3 measured steps, lower the step count so that the loop, dev checks included,
@@ -544,18 +539,12 @@ class Trainer:
                      f"{planned} steps fit in {cfg.minutes:g} min (asked for {self.total_steps})")
             self.total_steps = planned
 
-    def _write(self, handle, record: dict) -> None:
-        write_record(handle, record, self.log)
 
-
-def train(config: TrainConfig, engine=None, on_event: Callable[[dict], None] = ignore_event,
+def train(config: TrainConfig, engine, on_event: Callable[[dict], None] = ignore_event,
           log: Callable[[str], None] = lambda line: None, command: str | None = None) -> dict:
-    """Train (or resume) a run; returns its summary."""
-    from evsel.engine import Engine
-
+    """Train (or resume) a run with `engine`'s backbone and state cache; returns its summary."""
     if not config.data or not config.out:
         raise EvselError("training needs --data and --out")
-    engine = engine or Engine(device=config.device)
     chunks, train_queries, dev = load_data(Path(config.data))
     trainer = Trainer(config, engine, command or current_command(), on_event, log)
     trainer.trained_on = trained_on(Path(config.data))

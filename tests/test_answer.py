@@ -128,7 +128,7 @@ def test_unknown_style_is_an_error():
 
 @pytest.fixture(scope="module")
 def tiny_backbone(tmp_path_factory):
-    from conftest import write_tiny_llama
+    from helpers import write_tiny_llama
     from evsel.models.backbone import Backbone
     from transformers import PreTrainedTokenizerFast
 

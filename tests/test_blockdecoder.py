@@ -17,7 +17,7 @@ from evsel.models import blockdecoder as bd
 from evsel.models import blocksparse, lora
 from evsel.models import qrranker as qr
 
-from test_qrranker import QUESTION, _text, gqa_model_dir, tiny_backbone, trained_looking  # noqa: F401  (fixtures)
+from test_qrranker import QUESTION, _text, trained_looking
 
 TEXTS = [_text(11, 7), _text(12, 3), _text(13, 10), _text(14, 5), _text(15, 2), _text(16, 8)]
 
@@ -212,7 +212,7 @@ def test_the_training_pass_shares_the_query_and_matches_teacher_forcing(tiny_bac
 def test_train_cli_smoke_on_a_tiny_model(gqa_model_dir, tmp_path, capsys, monkeypatch):
     import sys
 
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
 
     shared_data("fairytaleqa", "questions", "train")

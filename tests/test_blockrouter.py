@@ -14,7 +14,7 @@ from evsel.models import blockrouter as br
 from evsel.models import lora
 from evsel.models.blocksearch import BlockSearch, BlockSearchConfig
 
-from test_qrranker import QUESTION, _text, gqa_model_dir, tiny_backbone, trained_looking  # noqa: F401  (fixtures)
+from test_qrranker import QUESTION, _text, trained_looking
 
 TEXTS = [_text(21, 7), _text(22, 3), _text(23, 10), _text(24, 5), _text(25, 2), _text(26, 8)]
 
@@ -94,7 +94,7 @@ def test_training_resumes_with_the_same_losses(tiny_backbone, tmp_path):
 def test_train_cli_router_smoke_and_the_selector_loads_it(gqa_model_dir, tmp_path, capsys, monkeypatch):
     import sys
 
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
 
     shared_data("fairytaleqa", "questions", "train")
@@ -167,7 +167,7 @@ def test_train_cli_router_on_a_locomo_fold_reads_that_fold_only(gqa_model_dir, t
     the fold ignored, most documents (and so questions) would be fold 2's."""
     import sys
 
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
     from evsel.evaluation.folds import LOCOMO_FOLDS
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from evsel.chunker import content_hash
 from evsel.models import blocksearch as bs
 from evsel.models import blocksparse
-from evsel.models.caches import ArrayCache
+from evsel.models.caches import ArrayCache, store_dir_of
 
 WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
          "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil",
@@ -30,7 +31,7 @@ QUESTION = "who killed the keeper ?"
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
-    from conftest import write_tiny_llama
+    from helpers import write_tiny_llama
 
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
     for word in WORDS:
@@ -447,7 +448,7 @@ def test_key_cache_round_trip_permissions_and_bytes_per_token(backbone, tmp_path
     folder = bs.cache_folder(tmp_path, backbone.fingerprint, router.digest)
     files = sorted(folder.glob("*.npy"))
     assert len(files) == len(TEXTS) and router.encoded == len(TEXTS)
-    assert {f.stem for f in files} == {bs.content_hash(t) for t in TEXTS}
+    assert {f.stem for f in files} == {content_hash(t) for t in TEXTS}
     for level in (tmp_path / "blocksearch", tmp_path / "blocksearch" / backbone.fingerprint, folder):
         assert _mode(level) == 0o700
     assert all(_mode(f) == 0o600 for f in files)
@@ -470,7 +471,7 @@ def test_key_cache_rejects_truncated_mis_shaped_and_temp_files(backbone, tmp_pat
     router = bs.BlockSearch(backbone, _config(dtype="fp16"), store_dir=tmp_path)
     router.scope(TEXTS)
     folder = router.keys.folder
-    hashes = [bs.content_hash(t) for t in TEXTS]
+    hashes = [content_hash(t) for t in TEXTS]
     # a truncated file (a write killed mid-way on a filesystem without atomic rename)
     victim = folder / f"{hashes[2]}.npy"
     data = victim.read_bytes()
@@ -512,7 +513,7 @@ def test_key_cache_write_is_atomic(tmp_path, monkeypatch):
 def test_deleting_a_documents_chunks_deletes_their_key_files(backbone, tmp_path):
     for layer in (1, 2):  # two configs: deletion reaches both
         bs.BlockSearch(backbone, _config(dtype="fp16", layer=layer), store_dir=tmp_path).scope(TEXTS)
-    hashes = [bs.content_hash(t) for t in TEXTS]
+    hashes = [content_hash(t) for t in TEXTS]
     assert bs.delete_cached_keys(tmp_path, hashes[:2]) == 4
     left = sorted(p.stem for p in (tmp_path / "blocksearch").rglob("*.npy"))
     assert left == sorted(hashes[2:] * 2)
@@ -522,7 +523,7 @@ def test_deleting_a_documents_chunks_deletes_their_key_files(backbone, tmp_path)
 
 
 def _store_doc(texts: list[str]) -> dict:
-    chunks = [{"seq": i, "text": t, "content_hash": bs.content_hash(t), "n_tokens": 1, "char_start": 0,
+    chunks = [{"seq": i, "text": t, "content_hash": content_hash(t), "n_tokens": 1, "char_start": 0,
                "char_end": len(t)} for i, t in enumerate(texts)]
     return {"part": "", "kind": "book", "title": "t", "metadata": {}, "n_chars": 0, "chunks": chunks}
 
@@ -540,7 +541,7 @@ def test_removing_a_document_deletes_exactly_its_orphaned_key_files(capsys):
     register_cleanups()
 
     store = Store()
-    folder = bs.store_dir_of(store)
+    folder = store_dir_of(store)
     assert folder is not None and (folder / "evsel.db").exists()
     collection = store.collection_id("default", create=True)
     texts = {"a": ["shared text", "only in a"], "b": ["shared text", "only in b", "twice in b", "twice in b"],
@@ -550,8 +551,8 @@ def test_removing_a_document_deletes_exactly_its_orphaned_key_files(capsys):
     caches = [ArrayCache(bs.cache_folder(folder, fp, digest), top=bs.cache_root(folder))
               for fp, digest in (("model-1", "cfg-1"), ("model-1", "cfg-2"), ("model-2", "cfg-1"))]
     for cache in caches:
-        cache.put_many({bs.content_hash(t): np.zeros((2, 3, 8), dtype=np.float16) for t in planted})
-    by_hash = {bs.content_hash(t): t for t in planted}
+        cache.put_many({content_hash(t): np.zeros((2, 3, 8), dtype=np.float16) for t in planted})
+    by_hash = {content_hash(t): t for t in planted}
 
     def left() -> list[str]:
         """The texts whose key files remain, the same under every model and config."""
@@ -578,7 +579,7 @@ def test_removing_a_document_deletes_exactly_its_orphaned_key_files(capsys):
 def _records(texts):
     from evsel.store import ChunkRecord
 
-    return [ChunkRecord(id=i + 1, doc_id=1, seq=i, text=t, content_hash=bs.content_hash(t), n_tokens=len(t.split()),
+    return [ChunkRecord(id=i + 1, doc_id=1, seq=i, text=t, content_hash=content_hash(t), n_tokens=len(t.split()),
                         char_start=0, char_end=len(t)) for i, t in enumerate(texts)]
 
 
@@ -726,13 +727,13 @@ def test_the_spec_names_the_variants():
 
 
 def test_the_qr_heads_are_qrrankers_shipped_block_heads():
-    """The router reads QRRanker's shipped head list as data (the methods share no code): the same
-    list QRRanker's own reader gives for its block encoding; none for an unknown backbone."""
-    from evsel.models import qrranker
+    """The router reads QRRanker's shipped head list with QRRanker's reader (models/qr_heads.py): the
+    same list QRRanker gives for its block encoding; none for an unknown backbone."""
+    from evsel.models import qr_heads, qrranker
 
     [folder] = [p for p in (Path(bs.__file__).parent / "adapters").iterdir() if (p / "qrranker" / "heads.json").is_file()]
     fingerprint = folder.name + "0" * 48
-    heads, where = bs.shipped_qr_heads(fingerprint)
+    heads, where = qr_heads.shipped_heads(fingerprint, "block")
     assert heads == qrranker.heads_of(qrranker.load_head_file(qrranker.shipped_heads_dir(fingerprint)), "block")
     assert where and any(layer == 17 for layer, _ in heads)
-    assert bs.shipped_qr_heads("f" * 64) == ([], None)
+    assert qr_heads.shipped_heads("f" * 64, "block") == ([], None)

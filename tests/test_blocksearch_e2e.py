@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import shared_data
+from helpers import shared_data
 from daemon_helpers import TEST_BUILD, evsel, kill_daemon, pid_of, status
 
 pytestmark = [

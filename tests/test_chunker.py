@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import shared_data
+from helpers import shared_data
 from evsel.chunker import DEFAULT_CHUNK_TOKENS, chunk_document, split_sentences
 from evsel.parsers import parse_file
 from evsel.parsers.base import ParsedDocument, Segment

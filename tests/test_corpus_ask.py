@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA
+from helpers import DATA
 
 pytest.importorskip("lance", reason="the scale extra is not installed (pip install '.[scale]')")
 pytest.importorskip("pyarrow", reason="the scale extra is not installed (pip install '.[scale]')")

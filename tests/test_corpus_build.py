@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA
+from helpers import DATA
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("ray", "lance", "lance_ray", "pyarrow")),

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import shared_data
+from helpers import shared_data
 from daemon_helpers import (  # noqa: F401  (daemon_home is a fixture)
     alive, daemon_home, daemon_in_process, evsel, evsel_json, kill_process, pid_of, status, wait_for,
 )

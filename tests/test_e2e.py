@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import shared_data
+from helpers import shared_data
 
 pytestmark = pytest.mark.model
 

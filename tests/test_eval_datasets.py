@@ -7,7 +7,7 @@ page) and frozen here; they move only if the parsers or the chunker change.
 from __future__ import annotations
 
 import pytest
-from conftest import DATA, shared_data
+from helpers import DATA, shared_data
 
 from evsel.evaluation import load_dataset
 from evsel.evaluation.datasets import normalize_dia_ids

@@ -4,7 +4,7 @@ where it does not apply."""
 from __future__ import annotations
 
 import pytest
-from conftest import DATA, shared_data
+from helpers import DATA, shared_data
 
 from evsel.cli import main
 from evsel.evaluation import load_dataset

@@ -7,7 +7,7 @@ import importlib.util
 import sys
 
 import pytest
-from conftest import write_tiny_llama
+from helpers import write_tiny_llama
 
 VOCAB = {w: i for i, w in enumerate(
     ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "the", "keeper", "lit", "lamp", "Question:", "Answer:",

@@ -165,7 +165,7 @@ def test_the_default_is_what_models_info_names():
 def test_train_hybrid_smoke_writes_weights_the_selector_loads(tmp_path):
     """The recipe end to end on a few FairytaleQA train questions: features cached (a rerun reads
     them back), weight sets with dev metrics, the ablation and the default they imply."""
-    from conftest import shared_data
+    from helpers import shared_data
 
     from evsel.engine import Engine
 

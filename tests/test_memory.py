@@ -16,9 +16,8 @@ from evsel.models import qrranker as qr
 from evsel.store import ChunkRecord, Store
 
 from daemon_helpers import daemon_home, evsel, evsel_json, status, wait_for  # noqa: F401  (fixture)
-from test_qrranker import (  # noqa: F401  (fixtures)
-    HEADS, QUESTION, TEXTS, _block_reference, _eager, _reference_attention, _reference_scores, gqa_model_dir,
-    tiny_backbone)
+from test_qrranker import (HEADS, QUESTION, TEXTS, _block_reference, _eager, _reference_attention,
+                           _reference_scores)
 
 
 def _chunk(i: int, doc: int = 1, session: str | None = None, text: str | None = None) -> ChunkRecord:

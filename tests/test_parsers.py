@@ -9,7 +9,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from conftest import shared_data
+from helpers import shared_data
 from evsel.chunker import chunk_document
 from evsel.errors import InputError
 from evsel.parsers import collect_files, parse_file

@@ -1,5 +1,5 @@
 """QRRanker (seed 003) on a tiny random Llama with SmolLM2's head grouping (6 query heads over 2 KV
-heads, so query head h reads KV head h // 3), loaded through the real Backbone: head scores
+heads, so query head h reads KV head h // 3; tests/fixtures_tiny.py), loaded through the real Backbone: head scores
 against an explicit eager-attention computation (output_attentions) for both encodings, the
 block-sparse encoder against an explicit masked full-attention pass, calibration and trimming by
 hand, head detection writing a valid head list; and one end-to-end check with the real model."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,32 +15,7 @@ import torch
 from evsel.models import blocksparse, lora
 from evsel.models import qrranker as qr
 
-WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
-         "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil",
-         "who", "killed", "what", "where", "Query", "N", "A", "User", "Assistant", "[", "]", ":", "?", "/"]
-
-
-@pytest.fixture(scope="session")
-def gqa_model_dir(tmp_path_factory) -> Path:
-    """A random-weight Llama: 3 layers, hidden 48, 6 query heads over 2 KV heads (groups of 3, as
-    SmolLM2's 9 over 3), head_dim 8, with a word-level tokenizer and no chat template."""
-    from conftest import write_tiny_llama
-
-    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
-    for word in WORDS + [str(i) for i in range(60)]:
-        vocab.setdefault(word, len(vocab))
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-gqa-llama"), vocab, vocab_size=len(vocab), hidden_size=48,
-                            intermediate_size=96, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
-                            max_position_embeddings=2048)
-
-
-@pytest.fixture
-def tiny_backbone(gqa_model_dir):
-    from evsel.models.backbone import Backbone
-
-    backbone = Backbone(str(gqa_model_dir), "cpu")
-    backbone.model.float()  # fp32: hand computations compare to 1e-5
-    return backbone
+from fixtures_tiny import WORDS
 
 
 def _eager(backbone):
@@ -299,7 +273,7 @@ def test_detection_scores_heads_by_gold_mass(tiny_backbone):
 def test_detect_cli_writes_a_head_list_and_refuses_eval_sets(gqa_model_dir, tmp_path, capsys, monkeypatch):
     import sys
 
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
 
     shared_data("fairytaleqa", "questions", "train")
@@ -566,7 +540,7 @@ def test_building_a_pipeline_loads_nothing_and_load_loads_the_model_and_adapter(
 def test_train_cli_smoke_on_a_tiny_model(gqa_model_dir, tmp_path, capsys, monkeypatch):
     import sys
 
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
 
     shared_data("fairytaleqa", "questions", "train")

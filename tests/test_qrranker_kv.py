@@ -14,14 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from evsel.chunker import content_hash
 from evsel.models import qrranker as qr
 from evsel.models import qrranker_kv
 
 from daemon_helpers import daemon_home  # noqa: F401  (a fixture)
+from fixtures_tiny import WORDS
 
-WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
-         "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil",
-         "who", "killed", "what", "where", "Query", "N", "A", "User", "Assistant", "[", "]", ":", "?", "/", "."]
 HEADS = [(0, 4), (1, 0), (1, 5), (2, 2)]
 HEAD_SETTING = "0-4,1-0,1-5,2-2"
 QUESTION = "who killed the keeper ?"
@@ -38,22 +37,10 @@ def _text(seed: int, n: int) -> str:
 TEXTS = [_text(1, 9), _text(2, 4), _text(3, 13), _text(4, 6), _text(5, 1), _text(6, 21), _text(7, 3)]
 
 
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    from conftest import write_tiny_llama
-
-    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
-    for word in WORDS + [str(i) for i in range(60)]:
-        vocab.setdefault(word, len(vocab))
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-gqa-llama"), vocab, vocab_size=len(vocab), hidden_size=48,
-                            intermediate_size=96, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
-                            max_position_embeddings=2048)
-
-
-def _backbone(tiny_dir, dtype: str):
+def _backbone(gqa_model_dir, dtype: str):
     from evsel.models.backbone import Backbone
 
-    backbone = Backbone(str(tiny_dir), "cpu")
+    backbone = Backbone(str(gqa_model_dir), "cpu")
     backbone.model.to(getattr(torch, dtype))
     return backbone
 
@@ -78,8 +65,8 @@ def _scorer(backbone, store_dir=None, heads=HEADS, adapter=None, **config):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("adapted", [False, True], ids=["heads", "adapter"])
-def test_scores_from_files_equal_scores_computed_fresh(tiny_dir, tmp_path, dtype, adapted):
-    backbone = _backbone(tiny_dir, dtype)
+def test_scores_from_files_equal_scores_computed_fresh(gqa_model_dir, tmp_path, dtype, adapted):
+    backbone = _backbone(gqa_model_dir, dtype)
     adapter = _adapter(backbone) if adapted else None
     fresh = _scorer(backbone, None, adapter=adapter).scores(QUESTION, TEXTS)  # memory only, as before
 
@@ -106,8 +93,8 @@ def _assert_close(got, fresh, dtype: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_kv_written_at_ingest_in_other_batches_scores_within_tolerance(tiny_dir, tmp_path, dtype):
-    backbone = _backbone(tiny_dir, dtype)
+def test_kv_written_at_ingest_in_other_batches_scores_within_tolerance(gqa_model_dir, tmp_path, dtype):
+    backbone = _backbone(gqa_model_dir, dtype)
     adapter = _adapter(backbone)
     background = _scorer(backbone, tmp_path, adapter=adapter)
     for part in (TEXTS[:2], TEXTS[2:3], TEXTS[3:]):  # ingest's slices
@@ -120,13 +107,13 @@ def test_kv_written_at_ingest_in_other_batches_scores_within_tolerance(tiny_dir,
     _assert_close(scores, _scorer(backbone, None, adapter=adapter).scores(QUESTION, TEXTS), dtype)
 
 
-def test_files_are_private_atomic_and_damaged_ones_are_recomputed(tiny_dir, tmp_path):
-    backbone = _backbone(tiny_dir, "float32")
+def test_files_are_private_atomic_and_damaged_ones_are_recomputed(gqa_model_dir, tmp_path):
+    backbone = _backbone(gqa_model_dir, "float32")
     scorer = _scorer(backbone, tmp_path)
     want = scorer.scores(QUESTION, TEXTS)
     folder = scorer.kv_files.folder
     files = sorted(folder.glob("*.npy"))
-    assert {f.stem for f in files} == {qrranker_kv.content_hash(t) for t in TEXTS}
+    assert {f.stem for f in files} == {content_hash(t) for t in TEXTS}
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     at = folder
     while at != tmp_path:  # every folder made, 0700
@@ -146,14 +133,14 @@ def test_files_are_private_atomic_and_damaged_ones_are_recomputed(tiny_dir, tmp_
     assert damaged.stat().st_size == len(whole)
 
 
-def test_another_backbone_encoding_or_head_set_never_reads_the_files(tiny_dir, tmp_path):
-    backbone = _backbone(tiny_dir, "float32")
+def test_another_backbone_encoding_or_head_set_never_reads_the_files(gqa_model_dir, tmp_path):
+    backbone = _backbone(gqa_model_dir, "float32")
     first = _scorer(backbone, tmp_path)
     first.scores(QUESTION, TEXTS)
     folders = {first.kv_files.folder}
     for other in (_scorer(backbone, tmp_path, heads=[(0, 4), (1, 0)]),  # shallower: fewer layers run
                   _scorer(backbone, tmp_path, adapter=_adapter(backbone)),  # k_proj inputs kept too
-                  _scorer(_backbone(tiny_dir, "bfloat16"), tmp_path)):  # another compute dtype
+                  _scorer(_backbone(gqa_model_dir, "bfloat16"), tmp_path)):  # another compute dtype
         other.scores(QUESTION, TEXTS)
         assert other.kv_files.reads == 0 and other.kv_files.folder not in folders
         folders.add(other.kv_files.folder)
@@ -174,11 +161,11 @@ def test_another_backbone_encoding_or_head_set_never_reads_the_files(tiny_dir, t
     assert _scorer(backbone, tmp_path, encoding="causal").kv_files is None
 
 
-def _engine(tiny_dir, **settings):
+def _engine(gqa_model_dir, **settings):
     from evsel.engine import Engine
     from evsel.settings import Settings
 
-    return Engine(Settings.resolve().with_(**{"model": str(tiny_dir), "device": "cpu", "qrranker_heads": HEAD_SETTING,
+    return Engine(Settings.resolve().with_(**{"model": str(gqa_model_dir), "device": "cpu", "qrranker_heads": HEAD_SETTING,
                                               "qrranker_kv": True, "encode": True, **settings}))
 
 
@@ -192,8 +179,8 @@ def _kv_files(home: Path) -> set[str]:
     return {p.stem for p in (home / qrranker_kv.FOLDER).rglob("*.npy")} if (home / qrranker_kv.FOLDER).is_dir() else set()
 
 
-def test_ingest_writes_the_files_the_reranker_reads_and_removal_deletes_them(tiny_dir, tmp_path, evsel_home):
-    engine = _engine(tiny_dir)
+def test_ingest_writes_the_files_the_reranker_reads_and_removal_deletes_them(gqa_model_dir, tmp_path, evsel_home):
+    engine = _engine(gqa_model_dir)
     first, second = _story(tmp_path, "a.md", 10), _story(tmp_path, "b.md", 200)
     engine.ingest([str(first), str(second)])
     chunks = engine.store.chunks()
@@ -214,8 +201,8 @@ def test_ingest_writes_the_files_the_reranker_reads_and_removal_deletes_them(tin
     assert _kv_files(evsel_home) and not any(c.doc_id == doc_a for c in engine.store.chunks())
 
 
-def test_off_keeps_no_files(tiny_dir, tmp_path, evsel_home):
-    engine = _engine(tiny_dir, qrranker_kv=False)
+def test_off_keeps_no_files(gqa_model_dir, tmp_path, evsel_home):
+    engine = _engine(gqa_model_dir, qrranker_kv=False)
     engine.ingest([str(_story(tmp_path, "a.md", 10))])
     from evsel.models.selectors import get_selector
 
@@ -231,12 +218,12 @@ def test_settings_read_the_switch():
     assert Settings.resolve(env={"EVSEL_QRRANKER_KV": "1"}).qrranker_kv is True
 
 
-def test_background_job_through_a_real_daemon(tiny_dir, tmp_path, daemon_home, monkeypatch):  # noqa: F811
+def test_background_job_through_a_real_daemon(gqa_model_dir, tmp_path, daemon_home, monkeypatch):  # noqa: F811
     """Ingest returns, the daemon computes the files in the background (yielding to requests),
     an ask reads them, and removing the document deletes them."""
     from daemon_helpers import evsel_json, status, wait_for
 
-    monkeypatch.setenv("EVSEL_MODEL", str(tiny_dir))
+    monkeypatch.setenv("EVSEL_MODEL", str(gqa_model_dir))
     monkeypatch.setenv("EVSEL_DEVICE", "cpu")
     monkeypatch.setenv("EVSEL_ENCODE", "1")
     monkeypatch.setenv("EVSEL_QRRANKER_KV", "1")

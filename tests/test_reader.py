@@ -135,7 +135,7 @@ def test_the_rules_style_stays_available(real_backbone):
 
 
 def test_train_reader_smoke_on_the_real_model_resumes_from_its_state_cache(tmp_path, capsys, monkeypatch):
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
     from evsel.models.reader import CONFIG_FILE, HEAD_FILE, Reader
 
@@ -167,7 +167,7 @@ def test_train_reader_smoke_on_the_real_model_resumes_from_its_state_cache(tmp_p
 
 
 def test_eval_reports_reader_recall_beside_the_rules_step(capsys, monkeypatch):
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
 
     shared_data("fairytaleqa", "questions", "val")
@@ -263,7 +263,7 @@ def test_questions_about_a_real_novel(question, expected, capsys, real_backbone)
     """The book ingested as a user would, then asked: the default evidence and the reader. ("Whom
     did Irene Adler marry?" is not here: BM25's top 5 miss the passage with "Norton"; see
     docs/ANSWERS.md.)"""
-    from conftest import shared_data
+    from helpers import shared_data
     from evsel.cli import main
 
     book = shared_data("nocha", "books", "the_adventures_of_sherlock_holmes_arthur_conan_doyle.txt")

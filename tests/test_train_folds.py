@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import DATA, shared_data
+from helpers import DATA, shared_data
 
 from evsel.cli import main
 from evsel.evaluation import load_dataset
-from test_qrranker import _trainer, gqa_model_dir, tiny_backbone  # noqa: F401 (fixtures: a tiny random Llama)
+from test_qrranker import _trainer
 
 
 def _fold_ids(name: str) -> dict[int, set[str]]:

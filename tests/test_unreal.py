@@ -20,7 +20,7 @@ WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "se
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random-weight Llama (2 layers, hidden 32, vocab 99) with a word-level tokenizer."""
-    from conftest import write_tiny_llama
+    from helpers import write_tiny_llama
 
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
     for word in WORDS + [w.capitalize() for w in WORDS] + [f"w{i}" for i in range(99)]:
@@ -370,7 +370,7 @@ def test_recipes_name_only_known_settings():
 
 def test_smoke_recipe_converts_and_trains(tiny_model_dir, tmp_path, capsys):
     """`evsel train unreal --recipe smoke` from nothing: FairytaleQA train converted, trained, adapter written."""
-    from conftest import shared_data
+    from helpers import shared_data
 
     from evsel.cli import main
 

@@ -21,7 +21,6 @@ reopened when its dataset or manifest changed (`evsel corpus add/rm` from anothe
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,18 +153,18 @@ class Corpus:
     def average_idf(self) -> float:
         """rank-bm25's average idf over the whole vocabulary (the floor of negative idf)."""
         if self._average_idf is None:
-            import numpy as np
+            from evsel.bm25_index import average_idf
 
-            df = np.fromiter(self.df().values(), dtype=np.float64)
-            n = self.n_chunks
-            self._average_idf = float(np.sum(np.log(n - df + 0.5) - np.log(df + 0.5)) / max(1, len(df)))
+            self._average_idf = average_idf(self.n_chunks, list(self.df().values()))
         return self._average_idf
 
     def idf(self, term: str) -> float:
+        from evsel.bm25_index import okapi_idf
+
         df = self.df().get(term)
         if not df:
             return 0.0  # absent from the corpus: adds 0 to every score, as locally
-        value = math.log(self.n_chunks - df + 0.5) - math.log(df + 0.5)
+        value = okapi_idf(self.n_chunks, df)
         return EPSILON * self.average_idf() if value < 0 else value
 
     def bm25(self, query: list[str], depth: int, candidates: int | None = None, words: list[str] = (),
@@ -176,7 +175,8 @@ class Corpus:
         stems them as it stemmed the chunks, where a local stem may be stemmed otherwise.
         `column`: the full-text index to read (default `fts_column`)."""
         import lance.query as lq
-        import numpy as np
+
+        from evsel.bm25_index import query_scores
 
         if not query:
             return []
@@ -195,11 +195,8 @@ class Corpus:
         lengths = tf[:, -1]
         tf = tf[:, :-1]
         avgdl = self.manifest["bm25"]["total_len"] / self.n_chunks
-        score = np.zeros(len(row_ids))
-        position = {t: i for i, t in enumerate(terms)}
-        for q in query:  # rank-bm25's get_scores: one query token after another, repeats included
-            q_freq = tf[:, position[q]]
-            score += self.idf(q) * (q_freq * (K1 + 1) / (q_freq + K1 * (1 - B + B * lengths / avgdl)))
+        frequencies = {t: tf[:, i] for i, t in enumerate(terms)}
+        score = query_scores(query, frequencies, {t: self.idf(t) for t in terms}, lengths, avgdl, K1, B)
         hits = _top(row_ids, score, depth)
         if len(hits) < depth:  # as locally: chunks sharing no term follow, score 0, in corpus order
             seen = set(row_ids.tolist())

@@ -84,8 +84,9 @@ class BlockSearchSelector(Selector):
         """The routing keys cached beside a store for content hashes no chunk holds any more, under
         every model and config (an in-memory store has no files)."""
         from evsel.models import blocksearch as bs
+        from evsel.models.caches import store_dir_of
 
-        folder = bs.store_dir_of(store)
+        folder = store_dir_of(store)
         if folder is not None:
             bs.delete_cached_keys(folder, hashes)
 
@@ -190,11 +191,12 @@ class BlockSearchSelector(Selector):
         """Built on first use (building the pipeline does not load the model)."""
         from evsel.models import blocksearch as bs
         from evsel.models.blocksparse import BlockStateCache
+        from evsel.models.caches import store_dir_of
 
         if self._router is None:
             context = self.context
             store = context.store if context.store is not None else getattr(context.states, "store", None)
-            store_dir = bs.store_dir_of(store)
+            store_dir = store_dir_of(store)
             with context.resources_lock:  # shared by the engine's selectors (the daemon keeps them)
                 memory = context.resources.setdefault("blocksearch.keys", {})
                 kv_cache = context.resources.get("blocksearch.kv")
@@ -291,7 +293,7 @@ class BlockSearchSelector(Selector):
     @staticmethod
     def chunks_hashed(chunks: list[ChunkRecord]) -> list[ChunkRecord]:
         """Chunks with their content hash (records built in memory may lack one)."""
-        from evsel.models.blocksearch import content_hash
+        from evsel.chunker import content_hash
 
         if all(c.content_hash for c in chunks):
             return chunks

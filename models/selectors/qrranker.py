@@ -48,7 +48,7 @@ class QRRankerSelector(Selector):
         """The block KV files beside a store of content hashes no chunk holds any more, under every
         backbone and config (an in-memory store has none)."""
         from evsel.models import qrranker_kv
-        from evsel.models.blocksearch import store_dir_of
+        from evsel.models.caches import store_dir_of
 
         folder = store_dir_of(store)
         if folder is not None:
@@ -121,7 +121,7 @@ class QRRankerSelector(Selector):
             self._scorer = qr.QRScorer(context.backbone, self.heads, self.config, kv_cache=kv_cache,
                                       adapter=self.adapter)
             if getattr(context.settings, "qrranker_kv", False) and context.store is not None:
-                from evsel.models.blocksearch import store_dir_of
+                from evsel.models.caches import store_dir_of
 
                 self._scorer.use_kv_files(store_dir_of(context.store))  # eval (no store) stays in memory
         return self._scorer
