@@ -158,7 +158,7 @@ def test_returned_span_is_evidence_text_of_the_asked_type_or_none(tiny_backbone)
     assert {"person", "number", "date"} <= seen_types
 
 
-def _ask_sample(capsys, questions: list[str]) -> list[dict]:
+def _ask_sample(capsys, questions: list[str], style: str = "short") -> list[dict]:
     """The bundled sample ingested, then each question asked with --json, in-process."""
     from evsel.cli import main
 
@@ -168,19 +168,20 @@ def _ask_sample(capsys, questions: list[str]) -> list[dict]:
     capsys.readouterr()
     out = []
     for question in questions:
-        assert main(["--no-daemon", "ask", question, "--json"]) == 0
+        assert main(["--no-daemon", "ask", question, "--json", "--style", style]) == 0
         out.append(json.loads(capsys.readouterr().out))
     return out
 
 
 def test_real_model_answers_who_where_how_much_and_when_on_the_sample(capsys):
+    """The rules step (--style rules): the type table, the tagger's phrases and the LLM's pick."""
     asked = {
         "Who killed Ambrose Tenterden?": ("person", "Roland Pryce"),
         "Where did Cecily go to wash up?": ("place", "kitchen"),
         "How much had Roland Pryce lost to the doctor?": ("number", "eleven shillings"),
         "When did Agnes ask Bart to unlock the tower door?": ("date", "nine o'clock"),
     }
-    for result, (kind, expected) in zip(_ask_sample(capsys, list(asked)), asked.values()):
+    for result, (kind, expected) in zip(_ask_sample(capsys, list(asked), "rules"), asked.values()):
         grounded = result["grounding"]
         assert grounded["answer_type"] == kind
         assert result["answer"] == expected, result["question"]

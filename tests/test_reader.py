@@ -83,9 +83,13 @@ def test_locate_answer_finds_whole_words_and_near_copies():
     assert got and passages[got[0][0]][got[0][1]:got[0][2]] == "He went to the store"
 
 
+KEPT_BY = ("The lighthouse on the point was kept for forty years by Bartholomew Quill, who rowed to the town "
+           "once a month for oil and bread.")
+
+
 def test_the_shipped_reader_finds_a_planted_answer_among_distractors(real_backbone, shipped):
     for position in range(0, 5, 2):
-        texts = DISTRACTORS[:position] + [PLANTED] + DISTRACTORS[position:]
+        texts = DISTRACTORS[:position] + [KEPT_BY] + DISTRACTORS[position:]
         offset = 0
         chunks = []
         for i, text in enumerate(texts):
@@ -95,11 +99,11 @@ def test_the_shipped_reader_finds_a_planted_answer_among_distractors(real_backbo
         order = [chunks[(position + 1) % 5], chunks[position]] + [c for c in chunks if c not in
                                                                     (chunks[position], chunks[(position + 1) % 5])]
         evidence = sorted([Scored(c, 1.0 - r / 10, r + 1) for r, c in enumerate(order)], key=lambda s: s.chunk.seq)
-        out = answer(real_backbone, "What was the name of the man who kept the lighthouse?", evidence, 16)
+        out = answer(real_backbone, "Who kept the lighthouse on the point?", evidence, 16)
         assert out["kind"] == "span" and "Bartholomew Quill" in out["text"], out
         span = out["span"]
         cited = evidence[span["passage"] - 1].chunk
-        assert cited.text == PLANTED
+        assert cited.text == KEPT_BY
         assert cited.text[span["start"]:span["end"]] == out["text"] == span["text"]
         assert span["doc_start"] == cited.char_start + span["start"]
         assert 0.0 < out["confidence"] <= 1.0
