@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+K1, B = 1.5, 0.75  # BM25Okapi's defaults, as the local selector uses them (the corpus scores with them)
 EPSILON = 0.25  # BM25Okapi's default: negative idf becomes EPSILON * the scope's average idf
 EMPTY_TOKEN = "<empty>"  # a chunk without words is indexed as this one token (rank-bm25 needs one)
 _BATCH = 500  # bound parameters per IN (...) list, under SQLite's limit

@@ -25,11 +25,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evsel.bm25_index import B, EPSILON, K1
 from evsel.errors import EvselError, InputError
 
 from . import schema
 
-K1, B, EPSILON = 1.5, 0.75, 0.25  # BM25Okapi's defaults, as the local selector uses them
 ANN_CANDIDATES = 200  # chunks the vector search returns for the exact rescore
 BUILD_HINT = "build one with: evsel corpus build SOURCE --out DIR"
 EXTRA_HINT = "install the extra: pip install 'evsel[scale]'"
