@@ -381,7 +381,7 @@ class ReaderTrainer(AdapterTrainer):
 RESCORE_GRID = {"typed": (0.0, 1.0, 2.0, 3.0, 4.0), "support": (0.0, 2.0, 4.0, 6.0, 8.0),
                 "repeats": (0.0, -1.0, -2.0, -4.0), "long": (0.0, -0.1, -0.3), "sentence": (0.0, 18.0, 21.0, 24.0)}
 PHRASE_TYPES = ("person", "place", "number", "date", "organisation")  # may get their own weight set
-MIN_GROUP_QUESTIONS = 50  # dev questions a group needs to get its own weights
+MIN_GROUP_QUESTIONS = 10  # dev questions a group needs to get its own weights
 
 
 def rescore_examples(config: TrainConfig, backbone, trained_on: dict, data_dir: Path | None, on_event) -> list[dict]:
