@@ -149,10 +149,12 @@ def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, 
     candidates = candidate_spans(reading, question, asked, found, ranked)
     if not candidates:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
-    best = max(candidates, key=lambda c: c.score(reader.rescore_weights(asked)))
+    weights = reader.rescore_weights(asked)
+    best = max(candidates, key=lambda c: c.score(weights))
     said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
     probability = math.exp(best.reader_logp)
-    surest = max(math.exp(c.reader_logp) for c in candidates)  # the threshold was chosen on this
+    # the threshold was chosen on the head's best span (a span that only repeats the question aside)
+    surest = max(math.exp(c.reader_logp) for c in candidates)
     if dialogue and surest < reader.threshold:
         return Grounded(None, "abstained", f"the reader is unsure of every answer in the passages "
                         f"(best {surest:.2f}, threshold {reader.threshold:.2f})", best.passage,
@@ -163,6 +165,8 @@ def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, 
 
 
 READER_TOP = 30  # the reader's best spans that compete with the typed phrases
+SENTENCE_CANDIDATES = 3  # the best-matching sentences that compete as whole answers (the rules step's answer)
+SUPPORT_DECAY = {1: 0.7, 2: 0.5}  # the support a sentence lends the one or two sentences after it
 UNREAD_LOGP = -25.0  # a typed phrase no whole-token span of the reader covers
 
 
@@ -235,12 +239,6 @@ def candidate_spans(reading, question: str, asked: str, found: list, ranked: lis
         out.append(Candidate(p, a, b, text, UNREAD_LOGP if logp is None else logp, (p, a, b) in typed, near,
                              sum(w in asked_words for w in content) / len(content), len(said), (p, a, b) in trimmed))
     return out
-
-
-SENTENCE_CANDIDATES = 3  # the best-matching sentences that compete as whole answers (the rules step's answer)
-
-
-SUPPORT_DECAY = {1: 0.7, 2: 0.5}  # the support a sentence lends the one or two sentences after it
 
 
 def _context(found: list, sentence: grounding.Sentence) -> list[grounding.Sentence]:

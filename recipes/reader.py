@@ -302,9 +302,10 @@ class ReaderTrainer(AdapterTrainer):
         return {"loss": sum(losses) / max(1, len(losses)), "grad_norm": round(norm, 3), "lr": self.lr_at(self.step)}
 
     def best_spans(self, items: list[dict]) -> list:
+        """(text, probability) of the head's best span of each item, as `evsel ask` reads it."""
         import torch
 
-        from evsel.models.reader import span_mask
+        from evsel.models.reader import Reading, span_mask
 
         self.adapter.head.eval()
         out = []
@@ -312,14 +313,8 @@ class ReaderTrainer(AdapterTrainer):
             for item in items:
                 states, mask, encoded = self.cache.get(item)
                 allowed = span_mask(encoded, states.shape[1], self.adapter.config.max_span)
-                logp = self.adapter.scores(states, mask, allowed)
-                value, index = logp.reshape(-1).max(0)
-                width, span = logp.shape[1], logp.shape[2]
-                p, rest = divmod(int(index), width * span)
-                t, length = divmod(rest, span)
-                first = t - encoded.starts[p]
-                a, b = encoded.offsets[p][first][0], encoded.offsets[p][first + length][1]
-                out.append((item["passages"][p][a:b], float(value.exp())))
+                [best] = Reading(item["passages"], encoded, self.adapter.scores(states, mask, allowed), allowed).top(1)
+                out.append((best.text, best.probability))
         self.adapter.head.train()
         return out
 
