@@ -263,9 +263,9 @@ class Engine:
             timings["load_s"] = time.perf_counter() - t
         else:
             pipeline.load()  # what a selector loads apart from the backbone (MiniLM)
-        ran = spec.name  # `default` is named by what it runs (default>qrranker: bm25>qrranker)
-        if select == DEFAULT_SELECT and getattr(pipeline.first, "resolved", None):
-            ran = pipeline.first.resolved + spec.name[len(select):]
+        ran = spec.name  # `default` is named by what it runs for this scope (default>qrranker: bm25>qrranker)
+        if select == DEFAULT_SELECT and hasattr(pipeline.first, "plan"):
+            ran = pipeline.first.plan(chunks) + spec.name[len(select):]
         on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({ran})",
                   "done": 0, "total": 1})
         ranking = pipeline.ranking(question, chunks, pipeline.depth)
@@ -295,7 +295,7 @@ class Engine:
                                                   "session", "time_start")})
                 grounded["span"]["speaker"] = generated.get("speaker")
         timings["total_s"] = time.perf_counter() - started
-        # `default` reports the method it ran (bm25, or the measured best)
+        # `default` reports the method it ran (bm25, or the measured best; by kind in a mixed scope)
         method = {"select": getattr(pipeline.first, "resolved", None) or select, "top_n": top_n,
                   "candidates": len(chunks) if opened is None else opened.n_chunks}
         if opened is not None:
@@ -494,9 +494,11 @@ class Engine:
         seconds = backbone.load_generator() if load else 0.0
         info = backbone.info()
         info["load_s"] = round(backbone.load_seconds if backbone.loaded else seconds, 3)
-        from evsel.models.selectors.default import default_method
+        from evsel.models.selectors.default import default_method, default_methods
 
         info["default_method"], info["default_why"] = default_method(backbone, self.settings)
+        info["default_by_kind"] = {kind: {"method": method, "why": why}
+                                   for kind, (method, why) in default_methods(backbone, self.settings).items()}
         from evsel.models.reader import describe, reader_for
 
         info["reader"] = describe(reader_for(backbone)) if load else None

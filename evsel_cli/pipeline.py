@@ -111,9 +111,9 @@ def needs_model(select: str, settings, rerank: str | None = None, memory: bool =
     if not evidence_only or rerank or memory:
         return True
     from evsel.models.selectors import needs_model as method_needs_model
-    from evsel.models.selectors.default import resolve_select
+    from evsel.models.selectors.default import resolve_selects
 
-    return method_needs_model(resolve_select(select or DEFAULT, settings))
+    return any(method_needs_model(method) for method in resolve_selects(select or DEFAULT, settings))
 
 
 def in_document_order(scored: list) -> list:

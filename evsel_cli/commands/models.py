@@ -25,6 +25,11 @@ def models_info(ctx: typer.Context, as_json: JsonOption = False):
         print_json(info)
         return
     for key, value in info.items():
+        if key == "default_by_kind":  # one line a kind: chats, books and PDFs may differ
+            stdout.print(f"[bold]{key}:[/]")
+            for kind, chosen in value.items():
+                stdout.print(f"  [bold]{kind}:[/] {escape(chosen['method'])} ({escape(chosen['why'])})")
+            continue
         stdout.print(f"[bold]{key}:[/] {escape(str(value))}")
 
 

@@ -368,6 +368,10 @@ def train_hybrid(
         "--questions", parser=INT, help="Training questions (full: 240).")] = None,
     dev_questions: Annotated[Optional[int], typer.Option(
         "--dev-questions", parser=INT, help="Dev questions (full: 120).")] = None,
+    warm_ask_ratio: Annotated[Optional[float], typer.Option(
+        "--warm-ask-ratio", parser=FLOAT,
+        help="The hybrid's warm ask time over a BM25 one (bench/daemon.py); the fusion becomes the default "
+             "for the source's kind of document only when this is at most 2 (unmeasured: it does not).")] = None,
     as_json: JsonOption = False,
 ):
     """The learned fusion's weights (--select hybrid): BM25, dense, UNREAL and QR-head scores and
@@ -377,7 +381,7 @@ def train_hybrid(
     """
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
     options = {"source": source, "fold": fold, "groups": groups, "questions": questions,
-               "dev_questions": dev_questions}
+               "dev_questions": dev_questions, "warm_ask_ratio": warm_ask_ratio}
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:
         summary = engine.train_hybrid(str(Path(out).absolute()), options, command, on_event=view, recipe_name=recipe)
@@ -387,7 +391,9 @@ def train_hybrid(
     for ws in summary["weight_sets"]:
         dev = ws["dev"]
         stderr.print(f"{ws['name']} ({'+'.join(ws['groups'])}): dev recall@3 {dev['recall@3']:.3f} mrr {dev['mrr']:.3f}")
-    stderr.print(f"default: {summary['default']['method']} ({summary['default']['why']}); weights in {out}")
+    for kind, chosen in summary["defaults"].items():
+        stderr.print(f"default for {kind}: {chosen['method']} ({chosen['why']})")
+    stderr.print(f"weights in {out}")
 
 
 @app.command("reader")

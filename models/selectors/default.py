@@ -1,8 +1,9 @@
 """`default`: the method `evsel ask` uses with no --select, and `evsel eval --methods default`
-evaluates. It is the method measured best on the dev splits for this backbone, as recorded in the
-hybrid weights shipped for it (hybrid.json's "default": the method and why, written after the
-measurements of docs/FUSION.md); with no such record, or when the named method's trained parts are
-missing here, it is BM25, and the request says so once."""
+evaluates. For each kind of document (chats, books, PDFs) it is the method measured best on that
+kind's dev questions for this backbone, as recorded in the hybrid weights shipped for it
+(hybrid.json's "defaults", each chosen by the paired test of models/paired.py; docs/FUSION.md);
+with no such record, or when the named method's trained parts are missing here, it is BM25, and
+the request says so once. A scope of several kinds has each kind ranked by its own method."""
 
 from __future__ import annotations
 
@@ -12,17 +13,21 @@ from evsel.errors import EvselError
 
 from . import get_selector, register
 from .base import Ranking, Selector
+from ..paired import KINDS
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
     from evsel.store import ChunkRecord
 
 FALLBACK = "bm25"
 NO_RECORD = "no measured default ships for this backbone: BM25 (words), the best method without trained parts"
+MIXED_K = 60  # reciprocal-rank constant that merges the kinds' rankings in a scope of several kinds
 
 
-def default_method(backbone, settings=None) -> tuple[str, str]:
-    """(method, why) for this backbone: what the shipped (or EVSEL_HYBRID_WEIGHTS) hybrid.json
-    records as measured best, else BM25. Reads the file only (no weights, no model)."""
+def default_methods(backbone, settings=None) -> dict[str, tuple[str, str]]:
+    """{kind: (method, why)} for every kind of document: what the shipped (or
+    EVSEL_HYBRID_WEIGHTS) hybrid.json records as measured best for that kind ("defaults", chosen
+    by the paired test of models/paired.py; an older record's one "default" serves every kind),
+    else BM25. Reads the file only (no weights, no model)."""
     from pathlib import Path
 
     from evsel.models import hybrid
@@ -32,48 +37,69 @@ def default_method(backbone, settings=None) -> tuple[str, str]:
     try:
         data = hybrid.load_weights(where)
     except EvselError:
-        return FALLBACK, NO_RECORD
-    record = data.get("default") or {}
-    if not record.get("method"):
-        return FALLBACK, NO_RECORD
-    return record["method"], record.get("why", "")
+        return {kind: (FALLBACK, NO_RECORD) for kind in KINDS}
+    per_kind, shared = data.get("defaults") or {}, data.get("default") or {}
+    out = {}
+    for kind in KINDS:
+        record = per_kind.get(kind) or shared
+        out[kind] = (record["method"], record.get("why", "")) if record.get("method") else (FALLBACK, NO_RECORD)
+    return out
 
 
-def resolve_select(select: str, settings) -> str:
-    """What an ask with --select `select` runs first: `default` resolved for the settings' model
-    (the daemon's check whether an ask needs the model); any other name as given."""
+def default_method(backbone, settings=None, kind: str | None = None) -> tuple[str, str]:
+    """(method, why) for one kind of document; with no kind, the method every kind shares, or
+    "by kind" and each kind's method when they differ."""
+    methods = default_methods(backbone, settings)
+    if kind:
+        return methods[kind_of(kind)]
+    if len({m for m, _ in methods.values()}) == 1:
+        return next(iter(methods.values()))
+    return "by kind", "; ".join(f"{kind}: {m}" for kind, (m, _) in methods.items())
+
+
+def kind_of(kind: str) -> str:
+    """The kind a default is chosen for: a chunk without one (made in memory) reads as prose."""
+    return kind if kind in KINDS else "book"
+
+
+def resolve_selects(select: str, settings) -> list[str]:
+    """What an ask with --select `select` may run first: `default` resolved for the settings'
+    model, every kind's method (the daemon's check whether an ask needs the model, made before
+    the scope is known); any other name as given."""
     if select != "default":
-        return select
+        return [select]
     from evsel.models.backbone import Backbone
 
-    return default_method(Backbone(settings.model, settings.device), settings)[0]
+    return sorted({m for m, _ in default_methods(Backbone(settings.model, settings.device), settings).values()})
 
 
 @register("default")
 class DefaultSelector(Selector):
     name = "default"
-    help = "the method measured best for the model, else bm25 (evsel models info names it and why)"
+    help = "the method measured best for each kind of document (chats, books, PDFs), else bm25 (evsel models info)"
 
     def __init__(self, context, **_):
         super().__init__(context)
-        self._chosen: tuple[str, str] | None = None
-        self._inner: Selector | None = None
+        self._chosen: dict[str, tuple[str, str]] | None = None
+        self._inners: dict[str, Selector] = {}
+        self._ran: list[str] = []
         self.fallback_reason: str | None = None
 
     @property
-    def chosen(self) -> tuple[str, str]:
+    def chosen(self) -> dict[str, tuple[str, str]]:
         if self._chosen is None:
-            self._chosen = default_method(self.context.backbone, self.context.settings)
+            self._chosen = default_methods(self.context.backbone, self.context.settings)
         return self._chosen
 
     @property
     def needs_model(self) -> bool:  # the engine asks before loading: decided from the record alone
-        return self.chosen[0] != FALLBACK
+        methods = {method for method, _ in self.chosen.values()}
+        return any(get_selector(method, self.context).needs_model for method in methods if method != FALLBACK)
 
-    @property
-    def inner(self) -> Selector:
-        if self._inner is None:
-            method = self.chosen[0]
+    def inner(self, kind: str) -> Selector:
+        """The selector that ranks documents of `kind` (BM25, said once, where its method cannot run)."""
+        method = self.chosen[kind_of(kind)][0]
+        if method not in self._inners:
             inner = get_selector(method, self.context)
             if method != FALLBACK:
                 try:
@@ -83,22 +109,61 @@ class DefaultSelector(Selector):
                     self.context.on_event({"type": "warning", "message": (
                         f"the default method {method} cannot run here ({exc.message}); using {FALLBACK}")})
                     inner = get_selector(FALLBACK, self.context)
-            self._inner = inner
-        return self._inner
+            self._inners[method] = inner
+        return self._inners[method]
 
     @property
     def resolved(self) -> str:
-        """The name of the method this default runs (what ask's result reports)."""
-        return self.inner.name
+        """The name of the method this default ran last (what ask's result reports): one name, or
+        each kind's as "method (kind) + ..." when the scope held kinds with different methods."""
+        return " + ".join(self._ran) if self._ran else self.inner("book").name
+
+    def _parts(self, chunks: list[ChunkRecord]) -> dict[str, list[int]]:
+        """The chunks' indices by the selector that ranks them (one entry for a single-kind scope)."""
+        parts: dict[str, list[int]] = {}
+        kinds: dict[str, list[str]] = {}
+        for i, chunk in enumerate(chunks):
+            kind = kind_of(chunk.kind)
+            name = self.inner(kind).name
+            parts.setdefault(name, []).append(i)
+            kinds.setdefault(name, [])
+            if kind not in kinds[name]:
+                kinds[name].append(kind)
+        self._ran = [name if len(parts) == 1 else f"{name} ({', '.join(kinds[name])})" for name in parts]
+        return parts
+
+    def plan(self, chunks: list[ChunkRecord]) -> str:
+        """The name of what ranking `chunks` runs (as `resolved` reports it afterwards)."""
+        self._parts(chunks)
+        return self.resolved
 
     def load(self) -> None:
-        self.inner.load()
+        for kind in KINDS:
+            self.inner(kind).load()
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
-        self.inner.prepare(chunks)
+        for name, at in self._parts(chunks).items():
+            self._inners_by_name(name).prepare([chunks[i] for i in at])
+
+    def _inners_by_name(self, name: str) -> Selector:
+        return next(s for s in self._inners.values() if s.name == name)
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
-        return self.inner.scores(question, chunks)
+        parts = self._parts(chunks)
+        if len(parts) == 1:
+            return self._inners_by_name(next(iter(parts))).scores(question, chunks)
+        # several kinds, several methods: each ranks its own kind's chunks, merged by reciprocal rank
+        import numpy as np
+
+        out = [0.0] * len(chunks)
+        for name, at in parts.items():
+            part = self._inners_by_name(name).scores(question, [chunks[i] for i in at])
+            for rank, j in enumerate(np.argsort(-np.asarray(part, dtype=np.float64), kind="stable").tolist(), 1):
+                out[at[j]] = 1.0 / (MIXED_K + rank)
+        return out
 
     def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
-        return self.inner.ranking(question, chunks, top_n)
+        parts = self._parts(chunks)
+        if len(parts) == 1:
+            return self._inners_by_name(next(iter(parts))).ranking(question, chunks, top_n)
+        return super().ranking(question, chunks, top_n)
