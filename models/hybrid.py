@@ -105,10 +105,12 @@ def save_weights(path: str | Path, data: dict) -> Path:
     return path
 
 
-def choose_set(data: dict, available: set[str]) -> dict | None:
-    """The weight set using the most groups among those `available` (None: no set fits)."""
-    fitting = [ws for ws in data["weight_sets"] if set(ws["groups"]) <= available]
-    return max(fitting, key=lambda ws: len(ws["groups"]), default=None)
+def choose_set(data: dict, available: set[str], kind: str | None = None) -> dict | None:
+    """The weight set using the most groups among those `available` (None: no set fits); among
+    equals, the one fitted for documents of `kind`. A set without a kind serves every kind, one
+    fitted for another kind none."""
+    fitting = [ws for ws in data["weight_sets"] if set(ws["groups"]) <= available and ws.get("kind") in (None, kind)]
+    return max(fitting, key=lambda ws: (len(ws["groups"]), ws.get("kind") is not None), default=None)
 
 
 def parse_groups(text: str | None) -> list[str] | None:

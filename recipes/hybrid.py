@@ -188,12 +188,44 @@ def choose_default(sets: list[dict], ablation: dict, dev_rows: list[dict], dev_n
     return decision
 
 
+def fit_by_kind(runs: list[dict], available: list[str], warm_ask_ratio: float | None) -> dict:
+    """Weight sets and defaults over one or more sources: one pooled model over every source's
+    training questions, and where the sources hold several kinds of document, one model per kind,
+    kept for a kind only when it beats the pooled one on that kind's dev recall@3. Then each kind's
+    default by models/paired.py's rule, with the kind's chosen sets on its dev questions."""
+    train_all = [r for run in runs for r in run["train"]]
+    dev_all = [r for run in runs for r in run["dev"]]
+    sets, ablation = fit_sets(train_all, dev_all, available)
+    kinds: dict[str, list[dict]] = {}
+    for run in runs:
+        kinds.setdefault(run["kind"], []).append(run)
+    per_kind, defaults, kept_sets = {}, {}, []
+    for kind, kind_runs in kinds.items():
+        train_k = [r for run in kind_runs for r in run["train"]]
+        dev_k = [r for run in kind_runs for r in run["dev"]]
+        dev_name = "+".join(run["dev_name"] for run in kind_runs)
+        chosen_sets, chosen_ablation = sets, ablation
+        if len(kinds) > 1:
+            own_sets, own_ablation = fit_sets(train_k, dev_k, available)
+            dxs, dgs = arrays(dev_k)
+            totals = [r["gold_total"] for r in dev_k]
+            pooled = hy.evaluate([hy.score_pool(x, sets[0]) for x in dxs], dgs, totals=totals)
+            own = own_sets[0]["dev"]
+            keep_own = own["recall@3"] > pooled["recall@3"]
+            per_kind[kind] = {"dev": dev_name, "pooled": pooled, "own": own, "kept": "own" if keep_own else "pooled"}
+            if keep_own:
+                chosen_sets, chosen_ablation = own_sets, own_ablation
+                kept_sets += [{**ws, "name": f"{ws['name']}@{kind}", "kind": kind} for ws in own_sets]
+        defaults[kind] = choose_default(chosen_sets, chosen_ablation, dev_k, dev_name, warm_ask_ratio)
+    return {"weight_sets": sets + kept_sets, "ablation": ablation, "per_kind": per_kind, "defaults": defaults}
+
+
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None, data_dir,
                  on_event=ignore_event) -> dict:
     started = time.perf_counter()
     settings = pick_recipe(recipe_name, SMOKE, FULL)
     settings.update({k: v for k, v in options.items() if v is not None and k in settings})
-    source = options.get("source") or "fairytaleqa-train"
+    sources = list(dict.fromkeys(options.get("sources") or [options.get("source") or "fairytaleqa-train"]))
     fold = options.get("fold")
     out_dir = Path(out)
     context = engine.selector_context(on_event, for_eval=True)
@@ -203,21 +235,28 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
     available = [g for g in wanted if g in ("bm25", "dialogue") or g in selector.parts]
     for group, why in selector.missing.items():
         on_event({"type": "log", "message": f"hybrid: no {group} signal ({why})"})
-    data, dev_data, train_qs, dev_qs = questions_of(source, fold, Path(data_dir) if data_dir else None, True)
-    train_qs = spread(train_qs, settings["questions"], settings["per_document"])
-    dev_qs = spread(dev_qs, settings["dev_questions"], settings["per_document"])
-    name = source + (f"-fold{fold}" if fold else "")
-    other = source + (f"-fold{2 if fold == 1 else 1}" if fold else "-dev")
     features_dir = Path(options.get("features") or out_dir / "features")
-    train_rows = extract(engine, data, train_qs, features_dir / f"{name}.jsonl", selector, available, on_event)
-    dev_rows = extract(engine, dev_data, dev_qs, features_dir / f"{other}.jsonl", selector, available, on_event)
-    sets, ablation = fit_sets(train_rows, dev_rows, available)
-    kind = paired.SOURCE_KINDS[source]
-    defaults = {kind: choose_default(sets, ablation, dev_rows, other, options.get("warm_ask_ratio"))}
-    summary = {"source": name, "dev": other, "train_questions": len(train_rows), "dev_questions": len(dev_rows),
+    runs = []
+    for source in sources:
+        # with several sources, --fold is the folded sources' (FairytaleQA train has its own dev stories)
+        source_fold = None if len(sources) > 1 and source == "fairytaleqa-train" else fold
+        data, dev_data, train_qs, dev_qs = questions_of(source, source_fold, Path(data_dir) if data_dir else None, True)
+        train_qs = spread(train_qs, settings["questions"], settings["per_document"])
+        dev_qs = spread(dev_qs, settings["dev_questions"], settings["per_document"])
+        name = source + (f"-fold{source_fold}" if source_fold else "")
+        other = source + (f"-fold{2 if source_fold == 1 else 1}" if source_fold else "-dev")
+        runs.append({"name": name, "dev_name": other, "kind": paired.SOURCE_KINDS[source],
+                     "train": extract(engine, data, train_qs, features_dir / f"{name}.jsonl", selector, available,
+                                      on_event),
+                     "dev": extract(engine, dev_data, dev_qs, features_dir / f"{other}.jsonl", selector, available,
+                                    on_event)})
+    fitted = fit_by_kind(runs, available, options.get("warm_ask_ratio"))
+    summary = {"source": "+".join(run["name"] for run in runs), "dev": "+".join(run["dev_name"] for run in runs),
+               "train_questions": sum(len(run["train"]) for run in runs),
+               "dev_questions": sum(len(run["dev"]) for run in runs),
                "available": available, "missing": selector.missing, "pool_each": hy.POOL_EACH,
-               "weight_sets": sets, "ablation": ablation, "defaults": defaults, "command": command or "",
-               "recipe": recipe_name, "seconds": round(time.perf_counter() - started, 1)}
+               **fitted, "command": command or "", "recipe": recipe_name,
+               "seconds": round(time.perf_counter() - started, 1)}
     hy.save_weights(out_dir / hy.WEIGHTS_FILE, summary)
     (out_dir / "command.txt").write_text((command or "") + "\n")
     summary["out"] = str(out_dir)

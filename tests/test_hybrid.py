@@ -345,3 +345,60 @@ def test_the_default_runs_each_kinds_method_and_says_which(tmp_path):
     assert [s.chunk.id for s in mixed if s.chunk.kind == "dialogue"] == [s.chunk.id for s in fused.rank(question, chat)]
     assert [s.chunk.id for s in mixed if s.chunk.kind == "book"] == [s.chunk.id for s in bm25.rank(question, books)]
     assert {mixed[0].chunk.kind, mixed[1].chunk.kind} == {"dialogue", "book"}
+
+
+def _rows(n: int, kind_sign: float, seed: int) -> list[dict]:
+    """Feature rows of n pools of 8 whose gold is the chunk with the highest (kind_sign = 1) or
+    lowest (-1) dense z-score, BM25 uninformative: the two kinds want opposite dense weights."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in range(n):
+        x = np.zeros((8, len(hy.FEATURES)))
+        x[:, hy.FEATURES.index("bm25_z")] = rng.normal(size=8)
+        dense = rng.normal(size=8)
+        x[:, hy.FEATURES.index("dense_z")] = dense
+        gold = np.zeros(8)
+        gold[int(np.argmax(kind_sign * dense))] = 1
+        rows.append({"id": f"q{seed}-{q}", "x": x.tolist(), "gold": gold.tolist(), "gold_total": 1})
+    return rows
+
+
+def test_one_model_per_kind_is_kept_where_it_beats_the_pooled_one_and_scores_that_kind(tmp_path):
+    from evsel.recipes import hybrid as recipe
+
+    runs = [{"name": "chats", "dev_name": "chats-dev", "kind": "dialogue", "train": _rows(60, 1.0, 1),
+             "dev": _rows(40, 1.0, 2)},
+            {"name": "books", "dev_name": "books-dev", "kind": "book", "train": _rows(60, -1.0, 3),
+             "dev": _rows(40, -1.0, 4)}]
+    fitted = recipe.fit_by_kind(runs, ["bm25", "dense"], warm_ask_ratio=1.0)
+    for kind in ("dialogue", "book"):
+        compared = fitted["per_kind"][kind]
+        assert compared["kept"] == "own" and compared["own"]["recall@3"] > compared["pooled"]["recall@3"] + 0.2
+        # 40 dev questions: too few for the default, whatever the gain
+        assert fitted["defaults"][kind]["method"] == "bm25" and "only 40" in fitted["defaults"][kind]["why"]
+    dense_weight = hy.columns(["bm25", "dense"]).index(hy.FEATURES.index("dense_z"))
+    by_kind = {ws.get("kind"): ws for ws in fitted["weight_sets"] if ws["name"].startswith("all")}
+    assert by_kind["dialogue"]["weights"][dense_weight] > 0 > by_kind["book"]["weights"][dense_weight]
+    # the selector scores each kind's scope with that kind's set, a mixed one with the pooled set
+    data = {"weight_sets": fitted["weight_sets"]}
+    assert hy.choose_set(data, {"bm25", "dense"}, "book") is by_kind["book"]
+    assert hy.choose_set(data, {"bm25", "dense"}, "pdf") is by_kind[None]
+    assert hy.choose_set(data, {"bm25", "dense"}) is by_kind[None]
+    # one source, one kind: no per-kind sets
+    single = recipe.fit_by_kind(runs[:1], ["bm25", "dense"], warm_ask_ratio=1.0)
+    assert single["per_kind"] == {} and all("kind" not in ws for ws in single["weight_sets"])
+
+
+def test_the_hybrid_scores_a_scope_with_the_set_fitted_for_its_kind():
+    from dataclasses import replace
+
+    context = SelectorContext(load_backbone=lambda: None, states=None)
+    pooled = {"name": "all", "groups": ["bm25", "dialogue"], "weights": [1.0, 0.0, 0.0, 0.0]}
+    chats = {"name": "all@dialogue", "kind": "dialogue", "groups": ["bm25", "dialogue"], "weights": [0.0, 0.0, 5.0, 0.0]}
+    selector = get_selector("hybrid:bm25+dialogue", context, weights={"weight_sets": [pooled, chats]})
+    question = "Where did Ben go? the lake"
+    as_chat = [replace(c, kind="dialogue") for c in turns()]
+    assert [s.chunk.speakers for s in selector.rank(question, as_chat)[:2]] == [["Ben"], ["Ben"]]
+    as_book = [replace(c, kind="book") for c in turns()]
+    bm25 = get_selector("bm25", context)
+    assert [s.chunk.id for s in selector.rank(question, as_book)] == [s.chunk.id for s in bm25.rank(question, as_book)]

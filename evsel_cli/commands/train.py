@@ -356,9 +356,11 @@ def train_hybrid(
     recipe: Annotated[Literal["smoke", "full"], typer.Option(
         "--recipe", parser=choice(["smoke", "full"]),
         help="smoke (a few questions, proves the path) or full (docs/FUSION.md's run).")] = "full",
-    source: Annotated[str, typer.Option(
+    sources: Annotated[List[str], typer.Option(
         "--source", help="fairytaleqa-train (default; dev: held-out train stories), or locomo, musique, "
-                         "hotpotqa with --fold N (dev: the other fold).")] = "fairytaleqa-train",
+                         "hotpotqa with --fold N (dev: the other fold). Repeatable: one model over every "
+                         "source, and one per kind of document where that does better on its dev.")
+    ] = ["fairytaleqa-train"],
     fold: Annotated[Optional[int], typer.Option(
         "--fold", parser=INT, help="The fold of locomo, musique or hotpotqa trained on (1 or 2).")] = None,
     groups: Annotated[Optional[str], typer.Option(
@@ -380,7 +382,7 @@ def train_hybrid(
     without some trained part still has one. Use them with EVSEL_HYBRID_WEIGHTS=OUT.
     """
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
-    options = {"source": source, "fold": fold, "groups": groups, "questions": questions,
+    options = {"sources": list(sources), "fold": fold, "groups": groups, "questions": questions,
                "dev_questions": dev_questions, "warm_ask_ratio": warm_ask_ratio}
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:
@@ -391,6 +393,9 @@ def train_hybrid(
     for ws in summary["weight_sets"]:
         dev = ws["dev"]
         stderr.print(f"{ws['name']} ({'+'.join(ws['groups'])}): dev recall@3 {dev['recall@3']:.3f} mrr {dev['mrr']:.3f}")
+    for kind, compared in summary["per_kind"].items():
+        stderr.print(f"{kind}: dev recall@3 {compared['own']['recall@3']:.3f} fitted on {kind} alone, "
+                     f"{compared['pooled']['recall@3']:.3f} pooled: kept {compared['kept']}")
     for kind, chosen in summary["defaults"].items():
         stderr.print(f"default for {kind}: {chosen['method']} ({chosen['why']})")
     stderr.print(f"weights in {out}")

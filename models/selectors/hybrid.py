@@ -52,6 +52,7 @@ class HybridSelector(Selector):
         self.bm25 = get_selector("bm25", context)
         self.parts: dict[str, Selector] = {}
         self.weight_set: dict | None = None
+        self.weights_data: dict = {}
         self.weights_from: str | None = None
         self.missing: dict[str, str] = {}  # group -> why it is not available
 
@@ -100,6 +101,7 @@ class HybridSelector(Selector):
                              + (f" ({'; '.join(self.missing.values())})" if self.missing else ""),
                              "train them with: evsel train hybrid, or choose other groups (hybrid:bm25+dense)")
         self.weight_set = chosen
+        self.weights_data = data
         self.parts = {g: p for g, p in self.parts.items() if g in chosen["groups"]}
         if self.missing:
             self.context.on_event({"type": "warning", "message": (
@@ -154,5 +156,17 @@ class HybridSelector(Selector):
         if not chunks:
             return []
         self.load()
-        pool, x, bm25 = self.features(question, chunks, self.weight_set["groups"])
-        return fusion.fused_scores(fusion.score_pool(x, self.weight_set), pool, bm25).tolist()
+        weight_set = self.weight_set_for(chunks)
+        pool, x, bm25 = self.features(question, chunks, weight_set["groups"])
+        return fusion.fused_scores(fusion.score_pool(x, weight_set), pool, bm25).tolist()
+
+    def weight_set_for(self, chunks: list[ChunkRecord]) -> dict:
+        """The set fitted for the chunks' kind of document, where the weights hold one over the same
+        signals; else the one loaded (a scope of several kinds, or weights fitted on one kind)."""
+        from evsel.models import hybrid as fusion
+
+        kinds = {c.kind for c in chunks}
+        if len(kinds) != 1:
+            return self.weight_set
+        own = fusion.choose_set(self.weights_data, set(self.weight_set["groups"]), kinds.pop())
+        return own if own is not None and own["groups"] == self.weight_set["groups"] else self.weight_set
