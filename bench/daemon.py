@@ -2,6 +2,7 @@
 
     python bench/daemon.py                       # Sherlock Holmes from ../shared/data/nocha
     python bench/daemon.py --questions 5 --out bench/results/daemon.json
+    python bench/daemon.py --versus hybrid        # warm asks of a method against BM25's: the ratio
 
 Each question is asked twice as a user would, timed from process start to exit: once with
 `--no-daemon` (the process imports torch, loads the model, reads the chunks, ranks, generates) and
@@ -131,9 +132,14 @@ def main() -> int:
     parser.add_argument("--background", action="store_true",
                         help="only ask latency idle vs during a background encode, on the sample story "
                              "(default out: bench/results/daemon-background.json)")
+    parser.add_argument("--versus", metavar="METHOD",
+                        help="only warm asks with --select METHOD against --select bm25 on the book, and their "
+                             "ratio (default out: bench/results/daemon-versus.json)")
     args = parser.parse_args()
     if args.background:
-        return background_main(args)
+        return side_main(args, background_row, "daemon-background.json")
+    if args.versus:
+        return side_main(args, versus_row, "daemon-versus.json")
     if not args.book.is_file():
         raise SystemExit(f"{args.book} is absent: the shared benchmark data is not checked out beside the project")
 
@@ -243,15 +249,45 @@ def main() -> int:
     return 0
 
 
-def background_main(args) -> int:
+def versus_row(args, env: dict, record: dict) -> None:
+    """Warm daemon asks with `--select METHOD` against `--select bm25` on the book, alternating in
+    the same run: the ratio of medians is what `evsel train hybrid --warm-ask-ratio` takes (the
+    default rule's speed condition, models/paired.py)."""
+    evsel(["--no-daemon", "ingest", str(args.book)], dict(env, EVSEL_ENCODE="0"))
+    evsel(["daemon", "start"], env)
+    deadline = time.monotonic() + 600
+    while daemon_status(env)["preload"] != "done":
+        if time.monotonic() > deadline:
+            raise SystemExit("the daemon did not load the model within 10 minutes")
+        time.sleep(0.5)
+    methods = {"method": args.versus, "bm25": "bm25"}
+    for method in methods.values():  # warm-up: each method's states and parts are resident
+        evsel(["ask", WARM_UP, "--select", method, "--max-new-tokens", str(args.max_new_tokens)], env)
+    runs = {name: [] for name in methods}
+    for question in QUESTIONS[: args.questions]:
+        for name, method in methods.items():
+            _, seconds, result = evsel(["ask", question, "--json", "--select", method,
+                                        "--max-new-tokens", str(args.max_new_tokens)], env)
+            ran = json.loads(result.stdout)["method"]["select"]
+            runs[name].append({"question": question, "wall_s": round(seconds, 3), "ran": ran})
+            print(f"{method:20s} warm {seconds:6.2f}s  {question}", flush=True)
+    medians = {name: statistics.median(r["wall_s"] for r in rows) for name, rows in runs.items()}
+    record["versus"] = {"method": args.versus, "warm_median_s": round(medians["method"], 3),
+                        "bm25_warm_median_s": round(medians["bm25"], 3),
+                        "warm_ask_ratio": round(medians["method"] / medians["bm25"], 3), "runs": runs}
+    print(f"warm ask: {args.versus} {medians['method']:.2f}s, bm25 {medians['bm25']:.2f}s, ratio "
+          f"{record['versus']['warm_ask_ratio']} (evsel train hybrid --warm-ask-ratio)")
+
+
+def side_main(args, row, default_out: str) -> int:
+    """A run of one row (`--background`, `--versus`) in its own EVSEL_HOME, with a daemon stopped at the end."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(ROOT / "bench"))
     from common import write_result
 
     from evsel.evaluation.report import run_info
 
-    out = args.out if args.out != ROOT / "bench" / "results" / "daemon.json" else \
-        ROOT / "bench" / "results" / "daemon-background.json"
+    out = args.out if args.out != ROOT / "bench" / "results" / "daemon.json" else ROOT / "bench" / "results" / default_out
     home = Path(tempfile.mkdtemp(prefix="evsel-bench-daemon-"))
     os.chmod(home, 0o700)
     env = dict(os.environ, EVSEL_HOME=str(home))
@@ -261,7 +297,7 @@ def background_main(args) -> int:
                     "max_new_tokens": args.max_new_tokens, "omp_num_threads": env["OMP_NUM_THREADS"],
                     "load_average_before": load_average()}
     try:
-        background_row(args, env, record)
+        row(args, env, record)
     finally:
         subprocess.run([sys.executable, "-m", "evsel", "daemon", "stop"], env=env, capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
