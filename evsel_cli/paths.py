@@ -41,6 +41,11 @@ def folder_problem(folder: Path, names: str = "EVSEL_HOME") -> tuple[str, str] |
     return None
 
 
+# a name evsel never reads or writes: where a user moves a folder another user planted (they cannot
+# move it out of the folder it is in: that needs write access to the folder itself)
+ASIDE = ".untrusted"
+
+
 def entry_problem(path) -> tuple[str, str] | None:
     """(what is wrong, what to run) when `path`, a file or folder evsel keeps, is a symbolic link,
     neither a regular file nor a folder, another user's, or writable by other users (planted, or
@@ -57,7 +62,8 @@ def entry_problem(path) -> tuple[str, str] | None:
     if not folder and not stat.S_ISREG(info.st_mode) and not stat.S_ISSOCK(info.st_mode):  # the daemon's socket
         return "is not a regular file", f"remove it (rm {quoted}), then run the command again"
     if info.st_uid != os.getuid():
-        move = f"move it away (mv {quoted} {shlex.quote(str(path) + '.untrusted')})" if folder else f"remove it (rm {quoted})"
+        move = (f"move it aside (mv {quoted} {shlex.quote(str(path) + ASIDE)}: evsel leaves that name alone)"
+                if folder else f"remove it (rm {quoted})")
         return f"belongs to another user (uid {info.st_uid})", f"{move}, or if it is yours (made with sudo?) chown it to you"
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return (f"is writable by other users ({stat.S_IMODE(info.st_mode):04o})",
@@ -92,6 +98,7 @@ def refuse_unsafe(path, base, *, tree: bool = False, depth: int | None = None, p
         _refuse_entry(level, purpose)
     if tree:
         for root, folders, files in os.walk(path):  # never follows a link: lstat finds those
+            folders[:] = [name for name in folders if not name.endswith(ASIDE)]
             for name in folders + files:
                 _refuse_entry(Path(root, name), purpose)
             if depth is not None and len(Path(root).relative_to(path).parts) + 1 >= depth:

@@ -247,7 +247,8 @@ def method_folders(store_dir: str | Path, method: str) -> list[Path]:
     paths.refuse_unsafe(root, store_dir)
     if not root.is_dir():
         return []
-    folders = [d for fp in root.iterdir() if fp.is_dir() for d in fp.iterdir() if d.is_dir()]
+    folders = [d for fp in root.iterdir() if fp.is_dir() and not fp.name.endswith(paths.ASIDE)
+               for d in fp.iterdir() if d.is_dir()]
     for folder in folders:  # a planted level (a link, another user's) is refused, not followed
         paths.refuse_unsafe(folder, store_dir)
     return folders

@@ -135,6 +135,11 @@ def test_a_planted_level_inside_our_qrranker_folder_is_refused(open_root, gqa_mo
     assert line.startswith(f"evsel: error: {planted} belongs to another user (uid {NOBODY}), so evsel will not use it")
     assert f"mv {planted} {planted}.untrusted" in line
     assert os.listdir(planted) == []
+    subprocess.run(["mv", planted, f"{planted}.untrusted"], check=True)  # as it says: then the KV is ours
+    assert main(["--no-daemon", "ask", "--rerank", "qrranker", "--evidence-only", "who ?"]) == 0
+    capsys.readouterr()
+    assert planted.is_dir() and planted.stat().st_uid == 0 and list(planted.rglob("*.npy"))
+    assert os.listdir(f"{planted}.untrusted") == []
 
 
 # 2. a foreign models/ (fingerprints, tokenizer, the dense copy) is never trusted
@@ -155,8 +160,11 @@ def test_a_foreign_open_models_folder_is_refused(open_root, monkeypatch, capsys,
         assert main(["--no-daemon", *args]) == 1
         assert _one_error(capsys).startswith(
             f"evsel: error: {models} belongs to another user (uid {NOBODY}), so evsel will not use it; "
-            f"move it away (mv {models} {models}.untrusted)")
+            f"move it aside (mv {models} {models}.untrusted: evsel leaves that name alone)")
     assert sorted(os.listdir(models)) == ["fingerprints.json"]  # nothing of ours written there
+    subprocess.run(["mv", models, f"{models}.untrusted"], check=True)
+    assert main(["--no-daemon", "docs", "list"]) == 0  # as it says: the home is usable again
+    capsys.readouterr()
 
 
 def test_a_model_cache_of_another_user_or_with_their_files_is_refused(open_root, monkeypatch, capsys, tmp_path):
