@@ -99,6 +99,11 @@ def test_a_planted_qrranker_link_is_refused_and_nothing_is_written_through_it(op
                                       f"remove it (rm {link}), then run the command again"), args
     assert os.listdir(theirs) == []  # no block KV (no chunk hash names) in their folder
     assert os.path.islink(link)
+    monkeypatch.delenv("EVSEL_NO_DAEMON")  # the client refuses before it starts a daemon there
+    assert main(["docs", "list"]) == 1
+    assert _one_error(capsys).startswith(f"evsel: error: {link} is a symbolic link, so evsel will not use it")
+    assert os.listdir(home) == ["qrranker"]
+    monkeypatch.setenv("EVSEL_NO_DAEMON", "1")
 
     link.unlink()  # as the line says: then it works, and the files are ours and private
     assert main(["--no-daemon", "ingest", str(story)]) == 0

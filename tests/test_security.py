@@ -191,8 +191,8 @@ def test_planted_symlinks_for_daemon_err_and_log_are_refused(daemon_home, tmp_pa
     result = evsel("docs", "list", check=False)  # auto-start opens daemon.err for the daemon's stderr
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"evsel: error: {daemon_home / 'daemon.err'} is a symbolic link, so evsel will not write through it; "
-        f"remove it: rm {daemon_home / 'daemon.err'}"]
+        f"evsel: error: {daemon_home / 'daemon.err'} is a symbolic link, so evsel will not use it; "
+        f"remove it (rm {daemon_home / 'daemon.err'}), then run the command again"]
     untouched()
     assert not alive(daemon_home)
     (daemon_home / "daemon.err").unlink()
@@ -201,7 +201,7 @@ def test_planted_symlinks_for_daemon_err_and_log_are_refused(daemon_home, tmp_pa
     result = evsel("daemon", "start", "--no-preload", check=False)
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1
-    assert f"{daemon_home / 'daemon.log'} is a symbolic link, so evsel will not write through it" in result.stderr
+    assert f"{daemon_home / 'daemon.log'} is a symbolic link, so evsel will not use it" in result.stderr
     untouched()
     assert not alive(daemon_home)
     (daemon_home / "daemon.log").unlink()
