@@ -65,9 +65,9 @@ def entry_problem(path) -> tuple[str, str] | None:
         move = (f"move it aside (mv {quoted} {shlex.quote(str(path) + ASIDE)}: evsel leaves that name alone)"
                 if folder else f"remove it (rm {quoted})")
         return f"belongs to another user (uid {info.st_uid})", f"{move}, or if it is yours (made with sudo?) chown it to you"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):  # -R: a folder made by hand under umask 002, at once
         return (f"is writable by other users ({stat.S_IMODE(info.st_mode):04o})",
-                f"run: chmod {'700' if folder else '600'} {quoted}")
+                f"run: chmod {'-R go-w' if folder else 'go-w'} {quoted}")
     return None
 
 
