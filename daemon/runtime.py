@@ -96,12 +96,13 @@ def build_id() -> str:
 def check_home_private(home: Path) -> None:
     """Refuse a home that other users could write to: they could replace the socket or the store.
     (Opening the store makes the same check, so --no-daemon is no way around it.)"""
-    from evsel.paths import folder_problem
+    from evsel.paths import folder_problem, refuse_unsafe
 
     problem = folder_problem(home)
     if problem:
         what, fix = problem
         raise DaemonError(f"EVSEL_HOME {what}, so evsel will not start or talk to a daemon there", fix)
+    refuse_unsafe(home, home, tree=True, depth=1)  # what the home holds: planted, refused before a daemon starts
 
 
 def check_socket_path(path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from . import chunker
 from .defaults import DEFAULT_COLLECTION
-from .errors import EvselError, InputError, known_error
+from .errors import EvselError, InputError, UnsafeHomeError, known_error
 from .journal import PendingEncode, PendingIngest
 from .parsers import collect_files, parse_file, read_file
 
@@ -355,6 +355,8 @@ class Ingest:
             n_chunks = made["stored"]
             return FileResult(str(path), "ingested", ids, n_chunks, time.perf_counter() - started, warnings=warnings,
                               replaced=[d["id"] for d in existing])
+        except UnsafeHomeError:  # the home or the model cache, not this file: the command stops, in one line
+            raise
         except EvselError as exc:
             if exc.path is None:
                 exc.path = str(path)

@@ -25,8 +25,12 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
-# C0 controls but tab and newline, DEL, C1 controls, and surrogates (a byte of a name that is not UTF-8)
-_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+# the bidirectional controls (ALM, LRM, RLM, the embeddings and overrides, the isolates): raw, they
+# reorder what the terminal shows after them ("txt.exe" can read as "exe.txt")
+_BIDI = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# C0 controls but tab and newline, DEL, C1 controls, bidi controls, and surrogates (a byte of a name
+# that is not UTF-8)
+_UNPRINTABLE = re.compile(rf"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}\ud800-\udfff]")
 
 
 def _shown(match: re.Match) -> str:
@@ -94,10 +98,10 @@ class DeferredConsole:
 stdout = DeferredConsole(soft_wrap=True, highlight=False)
 stderr = DeferredConsole(stderr=True, highlight=False, soft_wrap=True)
 
-# what json.dumps(ensure_ascii=False) leaves raw: DEL and C1 controls (terminals act on them) and
+# what json.dumps(ensure_ascii=False) leaves raw: DEL, C1 and bidi controls (terminals act on them) and
 # lone surrogates (not encodable as UTF-8); each becomes its \\uXXXX escape, which reads back as
 # the same string (os.fsencode then gives a name's exact bytes)
-_JSON_RAW = re.compile(r"[\x7f-\x9f\ud800-\udfff]")
+_JSON_RAW = re.compile(rf"[\x7f-\x9f{_BIDI}\ud800-\udfff]")
 
 
 def to_json(data) -> str:

@@ -9,7 +9,6 @@ import gc
 import hashlib
 import json
 import os
-import shlex
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from . import paths
 from .defaults import DEFAULT_COLLECTION  # defined there for the CLI's options
-from .errors import NotFoundError, StoreError, UnsafeHomeError, known_error
+from .errors import NotFoundError, StoreError, known_error
 from .migrations import migrate, rollback
 
 if TYPE_CHECKING:  # imported where a store is opened: the CLI's client path never opens one
@@ -30,24 +29,16 @@ BUSY_TIMEOUT_S = 60  # how long a command waits for another process's write to t
 
 def _refuse_planted(path: Path, in_home: bool) -> None:
     """Refuse a store in a folder other users can write to, and a store file (or its -wal, -shm or
-    -journal) that is a symlink or another user's: either way they would read what we write."""
+    -journal) that is a symlink, another user's or writable by others: they would read what we write."""
     text = str(path)
     if not text or text == ":memory:" or text.startswith("file:"):
         return
-    try:
-        problem = paths.folder_problem(Path(os.path.abspath(text)).parent)
-    except OSError:
-        return  # no such folder: sqlite3 says so when it opens the file
-    if problem:
-        what, fix = problem
-        raise UnsafeHomeError(f"{'EVSEL_HOME ' if in_home else ''}{what}, so evsel will not keep your documents "
-                              "there", fix)
+    folder = Path(os.path.abspath(text)).parent
     for name in (text, f"{text}-wal", f"{text}-shm", f"{text}-journal"):
-        why = paths.file_problem(name)
-        if why:
-            quoted = shlex.quote(name)
-            raise UnsafeHomeError(f"{name} {why}, so evsel will not write your documents to it",
-                                  f"remove it (rm {quoted}), or if it is yours (made with sudo?) chown it to you")
+        paths.refuse_unsafe(name, folder, label="EVSEL_HOME " if in_home else "",
+                            purpose="write your documents to it")
+    if in_home:  # and what the methods keep beside the store (qrranker/, models/, ...): planted, it is refused here
+        paths.refuse_unsafe(folder, folder, tree=True, depth=1)
 
 
 def connect(path: Path | None = None) -> sqlite_utils.Database:

@@ -70,7 +70,7 @@ def _weight_files(path: Path) -> list[Path]:
 
 def fingerprint(path: Path) -> str:
     """sha256 over the weights file(s); remembered by (path, size, mtime) so it is paid once."""
-    cache_file = paths.model_cache_dir() / "fingerprints.json"
+    cache_file = paths.model_cache_path("fingerprints.json")
     try:
         cache = json.loads(cache_file.read_text())
     except (OSError, ValueError):
@@ -232,7 +232,9 @@ class Backbone:
 
     @property
     def cache_dir(self) -> Path:
-        return paths.model_cache_dir() / self.fingerprint[:16]
+        """This backbone's folder of the model cache (its tokenizer, its dense copy), everything in
+        it checked to be ours: what is loaded from it are the weights evsel runs."""
+        return paths.model_cache_path(self.fingerprint[:16], tree=True)
 
     @property
     def chosen_plan(self) -> DevicePlan | None:
@@ -656,7 +658,7 @@ def _save_atomically(target: Path, save) -> None:
     """Write into a temporary sibling, then rename, so a killed process leaves no half-written cache."""
     import shutil
 
-    target.parent.mkdir(parents=True, exist_ok=True)
+    paths.private_folder(target.parent, paths.model_cache_dir())
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)

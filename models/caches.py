@@ -16,6 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+from evsel import paths
 from evsel.errors import ModelError
 
 NAME = re.compile(r"[0-9A-Za-z_-]{1,128}")  # what may name a file of an ArrayCache (a content hash)
@@ -82,19 +83,9 @@ class LRUCache:
 
 
 def private_dirs(folder: Path, top: Path) -> None:
-    """mkdir -p `folder`, every level made from `top` down exactly 0700 (whatever the umask)."""
-    top.parent.mkdir(parents=True, exist_ok=True)
-    chain = []
-    at = folder
-    while at != top.parent and not at.is_dir():
-        chain.append(at)
-        at = at.parent
-    for level in reversed(chain):
-        try:
-            level.mkdir(mode=0o700)
-        except FileExistsError:
-            continue
-        os.chmod(level, 0o700)
+    """mkdir -p `folder`, every level made from `top` down exactly 0700 (whatever the umask), after
+    the home's one check (evsel.paths.refuse_unsafe) has passed `top` and each level below it."""
+    paths.private_folder(folder, top.parent)
 
 
 def fsync_dir(folder: Path) -> None:
@@ -121,6 +112,8 @@ class ArrayCache:
         """`top`: the highest folder the cache may create (default: `folder` itself)."""
         self.folder = Path(folder) if folder is not None else None
         self.top = Path(top) if top is not None else self.folder
+        if self.folder is not None:  # a planted folder (a link, another user's) is refused before any use
+            paths.refuse_unsafe(self.folder, self.top.parent)
         self.reads = self.writes = self.rejected = 0
         self.memory = LRUCache(max_bytes, size_of=lambda array: array.nbytes)
 
@@ -251,9 +244,14 @@ def method_root(store_dir: str | Path, method: str) -> Path:
 def method_folders(store_dir: str | Path, method: str) -> list[Path]:
     """Every <fingerprint>/<digest> folder of a method's files beside a store."""
     root = method_root(store_dir, method)
+    paths.refuse_unsafe(root, store_dir)
     if not root.is_dir():
         return []
-    return [d for fp in root.iterdir() if fp.is_dir() for d in fp.iterdir() if d.is_dir()]
+    folders = [d for fp in root.iterdir() if fp.is_dir() and not fp.name.endswith(paths.ASIDE)
+               for d in fp.iterdir() if d.is_dir()]
+    for folder in folders:  # a planted level (a link, another user's) is refused, not followed
+        paths.refuse_unsafe(folder, store_dir)
+    return folders
 
 
 def delete_chunk_files(store_dir: str | Path, method: str, hashes) -> int:

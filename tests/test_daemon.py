@@ -77,7 +77,7 @@ def test_refuses_a_home_other_users_can_write(daemon_home):
             result = evsel(*args, check=False)
             assert result.returncode == 1
             assert result.stderr.startswith("evsel: error: EVSEL_HOME")
-            assert "writable by other users" in result.stderr and "chmod go-w" in result.stderr
+            assert "writable by other users" in result.stderr and "chmod 700" in result.stderr
             assert len(result.stderr.strip().splitlines()) == 1
         assert not (daemon_home / "daemon.sock").exists() and not alive(daemon_home)
         run = evsel("daemon", "run", check=False)

@@ -97,7 +97,7 @@ def test_client_refuses_a_home_others_can_write_even_with_a_daemon_in_it(daemon_
         result = evsel("docs", "list", check=False)
         assert result.returncode == 1
         assert result.stderr.startswith(f"evsel: error: EVSEL_HOME {daemon_home} is writable by other users")
-        assert "chmod go-w" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert f"chmod 700 {daemon_home}" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     finally:
         os.chmod(daemon_home, 0o700)
     after = status(daemon_home)["requests"]["requests"]
@@ -191,8 +191,8 @@ def test_planted_symlinks_for_daemon_err_and_log_are_refused(daemon_home, tmp_pa
     result = evsel("docs", "list", check=False)  # auto-start opens daemon.err for the daemon's stderr
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"evsel: error: {daemon_home / 'daemon.err'} is a symbolic link, so evsel will not write through it; "
-        f"remove it: rm {daemon_home / 'daemon.err'}"]
+        f"evsel: error: {daemon_home / 'daemon.err'} is a symbolic link, so evsel will not use it; "
+        f"remove it (rm {daemon_home / 'daemon.err'}), then run the command again"]
     untouched()
     assert not alive(daemon_home)
     (daemon_home / "daemon.err").unlink()
@@ -201,7 +201,7 @@ def test_planted_symlinks_for_daemon_err_and_log_are_refused(daemon_home, tmp_pa
     result = evsel("daemon", "start", "--no-preload", check=False)
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1
-    assert f"{daemon_home / 'daemon.log'} is a symbolic link, so evsel will not write through it" in result.stderr
+    assert f"{daemon_home / 'daemon.log'} is a symbolic link, so evsel will not use it" in result.stderr
     untouched()
     assert not alive(daemon_home)
     (daemon_home / "daemon.log").unlink()
@@ -404,7 +404,7 @@ def test_no_daemon_refuses_a_home_others_can_write(mode, evsel_home, tmp_path, c
         assert code == 1 and out == ""
         assert err.strip().splitlines() == [
             f"evsel: error: EVSEL_HOME {evsel_home} is writable by other users ({mode:04o}), so evsel will not keep "
-            f"your documents there; run: chmod go-w {evsel_home}   (or point EVSEL_HOME at a private folder)"]
+            f"your documents there; run: chmod 700 {evsel_home}   (or point EVSEL_HOME at a private folder)"]
         assert victim.read_bytes() == b""  # nothing written through the planted link
     assert sorted(os.listdir(evsel_home)) == ["evsel.db"]  # nothing created beside it either
 
@@ -419,7 +419,7 @@ def test_daemon_refusal_no_longer_suggests_no_daemon(evsel_home, monkeypatch, ca
     out, err = capsys.readouterr()
     [line] = err.strip().splitlines()
     assert line.startswith(f"evsel: error: EVSEL_HOME {evsel_home} is writable by other users (1777)")
-    assert "--no-daemon" not in line and "chmod go-w" in line
+    assert "--no-daemon" not in line and "chmod 700" in line
     assert os.listdir(evsel_home) == []  # no daemon started, nothing written
 
 
@@ -437,7 +437,7 @@ def test_store_refuses_a_planted_symlink_in_a_private_home(name, evsel_home, tmp
     assert out == ""
     assert err.strip().splitlines() == [
         f"evsel: error: {evsel_home / name} is a symbolic link, so evsel will not write your documents to it; "
-        f"remove it (rm {evsel_home / name}), or if it is yours (made with sudo?) chown it to you"]
+        f"remove it (rm {evsel_home / name}), then run the command again"]
     assert victim.read_bytes() == b""
     assert os.path.islink(evsel_home / name)
 

@@ -67,8 +67,11 @@ def corpus_build(
 
     # read once, when ray.data is first imported (lance_ray imports it): Ray's notices are not this command's output
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")
+    from evsel.corpus.build import build, prepare_local_ray
+
+    if not address:
+        prepare_local_ray()  # before ray is imported: the local instance listens on loopback only
     require_scale()
-    from evsel.corpus.build import build
 
     chosen = [s.strip() for s in states.split(",") if s.strip() and s.strip() != "none"]
     manifest = build(source, out, address=address, chunk_tokens=chunk_tokens, states=chosen, workers=workers,

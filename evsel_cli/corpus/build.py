@@ -49,6 +49,16 @@ STATES = ("dense", "unreal")
 COMMIT_EVERY_S = 5.0  # the most finished work an interrupt can lose
 PROGRESS_EVERY_S = 2.0
 ENV_PREFIXES = ("EVSEL_", "HF_", "TRANSFORMERS_", "OMP_NUM_THREADS")
+# A local Ray instance of our own (no --address) runs on this machine alone, and an open Ray port
+# runs anyone's code: its node address is the loopback one, so every port it opens listens there
+# only (without this Ray advertises the machine's address and its servers listen on all
+# interfaces; read when ray is first imported), and Ray's token authentication stays on.
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
+
+
+def prepare_local_ray() -> None:
+    """Set `LOCAL_RAY_ENV`; before ray is first imported (the command does it first thing)."""
+    os.environ.update(LOCAL_RAY_ENV)
 
 
 class CorpusWorker:
@@ -364,6 +374,14 @@ def _run(work: list[dict], uri: str, out_dir: Path, address: str | None, setting
             raise EvselError(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}",
                              "check the address (HOST:PORT of the head node) and that the cluster is up") from None
     else:  # a local instance of our own, in its own temp dir (short: Ray's socket paths must fit)
+        import ipaddress
+
+        prepare_local_ray()
+        node = ray.util.get_node_ip_address()  # what its servers would bind to
+        if not ipaddress.ip_address(node).is_loopback:
+            raise EvselError(f"a local Ray instance here would listen on {node}, not on loopback only",
+                             "run evsel corpus build in a process of its own (ray was imported before it), "
+                             "or give the cluster with --address")
         temp = tempfile.mkdtemp(prefix="evsel-ray-", dir="/tmp")
         ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, runtime_env=env, _temp_dir=temp,
                  logging_level="ERROR", log_to_driver=False)
