@@ -264,6 +264,49 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monk
         assert pid_of(daemon_home) == pid
 
 
+def test_a_late_ctrl_c_waits_for_the_daemon_and_says_what_was_stored(daemon_home, tmp_path, monkeypatch):
+    """The cancel reaches a running ingest after its first file was stored: the client waits for
+    the daemon's answer and prints which files stayed stored, with rc 130."""
+    import threading
+
+    from evsel import ingest as ingest_module
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for name in "abc":
+        (folder / f"{name}.md").write_text(f"# {name}\n\nThe keeper lit the lamp at dusk, note {name}.\n")
+    second_read, release = threading.Event(), threading.Event()
+    real_read = ingest_module.read_file
+    reads = []
+
+    def read_held_at_the_second_file(*args, **kwargs):
+        reads.append(args[0])
+        if len(reads) == 2:
+            second_read.set()
+            release.wait(120)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(ingest_module, "read_file", read_held_at_the_second_file)
+    client = None
+    with daemon_in_process(daemon_home, monkeypatch) as daemon:
+        try:
+            client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            assert second_read.wait(120), "the ingest did not reach its second file"
+            client.send_signal(signal.SIGINT)
+            wait_for(daemon.scheduler.running.cancelled.is_set, 60, "the daemon to see the cancel")
+            release.set()  # the job goes on to its next progress event, where it stops
+            out, err = client.communicate(timeout=60)
+        finally:
+            release.set()
+            kill_process(client)
+        last = err.strip().splitlines()[-1]
+        assert client.returncode == 130, err
+        assert last.startswith("evsel: error: interrupted; stored before it: ") and last.endswith("a.md"), err
+        assert [os.path.basename(p) for _, p, _, _ in _documents(daemon_home)] == ["a.md"]
+
+
 def test_requests_carry_the_clients_settings_not_its_environment(tmp_path, monkeypatch):
     """The client resolves its settings once (absolute paths, its variables) and sends them; the
     daemon neither swaps os.environ nor changes directory per job."""
