@@ -12,6 +12,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -279,6 +280,24 @@ def test_the_migration_keeps_documents_chunks_and_the_bm25_index(monkeypatch):
 
 
 # weaker spots
+@pytest.mark.parametrize("table", ["bm25_postings", "bm25_docs", "bm25_terms"])
+def test_a_dropped_bm25_table_is_rebuilt_from_the_chunks(table, tmp_path, capsys):
+    from evsel.cli import main
+    from evsel.paths import sample_story_path
+
+    assert main(["ingest", str(sample_story_path())]) == 0
+    question = ["ask", "Who killed Ambrose Tenterden?", "--evidence-only", "--json"]
+    assert main(question) == 0
+    before = json.loads(capsys.readouterr().out)["evidence"]
+    with _db(Path(os.environ["EVSEL_HOME"])) as db:
+        db.execute(f"drop table {table}")
+    assert main(question) == 0
+    out, err = capsys.readouterr()
+    assert "unexpected" not in err
+    assert [(e["doc_id"], e["seq"], e["score"]) for e in json.loads(out)["evidence"]] == \
+        [(e["doc_id"], e["seq"], e["score"]) for e in before]
+
+
 def test_a_bm25_ask_that_matches_nothing_says_so(tmp_path, capsys):
     (tmp_path / "a.txt").write_text("The keeper of Gull Point was Silas Quint.\n")
     assert run_cli(capsys, "ingest", str(tmp_path / "a.txt"))[0] == 0
