@@ -138,6 +138,28 @@ def test_watch_remove_stops_a_sync_in_progress(daemon_home, tmp_path):
     assert len(docs_by_name()) < 400
 
 
+def test_watch_remove_without_the_daemon_stops_the_daemons_sync(daemon_home, tmp_path):
+    """`evsel --no-daemon watch --remove` changes only the store: the daemon sees the watch gone
+    and stops the sync it is running."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(400):
+        (folder / f"n{i:03}.txt").write_text(f"Note {i}. The keeper lit the lamp at dusk.\n" * 200)
+    evsel("daemon", "start", "--no-preload")
+    evsel("watch", str(folder))
+    evsel("--no-daemon", "watch", "--remove", str(folder))
+
+    def settled_syncs():
+        info = status(daemon_home)
+        if info["queue"]["running"] is not None or info["queue"]["waiting"]:
+            return None
+        return [r for r in info["recent"] if r["method"].startswith("watch sync")]
+
+    syncs = wait_for(settled_syncs, 120, "the sync to stop")
+    assert syncs[-1]["status"] == "cancelled"
+    assert len(docs_by_name()) < 400
+
+
 # 7. params are checked against a schema before anything runs
 def _raw(home, message: dict) -> list[dict]:
     """Send one request over a raw socket; the replies until its result or error."""
