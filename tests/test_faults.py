@@ -146,7 +146,9 @@ def test_watch_remove_without_the_daemon_stops_the_daemons_sync(daemon_home, tmp
     for i in range(400):
         (folder / f"n{i:03}.txt").write_text(f"Note {i}. The keeper lit the lamp at dusk.\n" * 200)
     evsel("daemon", "start", "--no-preload")
-    evsel("watch", str(folder))
+    evsel("--no-daemon", "watch", str(folder))
+    wait_for(lambda: (status(daemon_home)["queue"]["running"] or {}).get("method", "").startswith("watch sync"),
+             120, "the sync to start")
     evsel("--no-daemon", "watch", "--remove", str(folder))
 
     def settled_syncs():
