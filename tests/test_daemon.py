@@ -211,16 +211,16 @@ def test_kill_9_during_a_pdf_ingest_loses_nothing_and_resumes(daemon_home, tmp_p
     assert {p.name for p in folder.iterdir()} == {os.path.basename(path) for _, path, _, _ in final[1:]}
 
 
-def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monkeypatch):
-    """The daemon runs in this process, so the ingest is held at its second file until the
-    client's Ctrl-C has cancelled it: it cannot finish first, however fast the machine."""
+def _notes_held_at_the_second_file(tmp_path, monkeypatch, names: str):
+    """A folder of one note a name, and an ingest (in this process: the daemon's) that holds at its
+    second file until `release` is set. Returns (folder, second_read, release)."""
     import threading
 
     from evsel import ingest as ingest_module
 
     folder = tmp_path / "notes"
     folder.mkdir()
-    for name in "abcd":
+    for name in names:
         (folder / f"{name}.md").write_text(f"# {name}\n\nThe keeper lit the lamp at dusk, note {name}.\n")
     second_read, release = threading.Event(), threading.Event()
     real_read = ingest_module.read_file
@@ -234,6 +234,13 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monk
         return real_read(*args, **kwargs)
 
     monkeypatch.setattr(ingest_module, "read_file", read_held_at_the_second_file)
+    return folder, second_read, release
+
+
+def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monkeypatch):
+    """The daemon runs in this process, so the ingest is held at its second file until the
+    client's Ctrl-C has cancelled it: it cannot finish first, however fast the machine."""
+    folder, second_read, release = _notes_held_at_the_second_file(tmp_path, monkeypatch, "abcd")
     client = None
     with daemon_in_process(daemon_home, monkeypatch) as daemon:
         try:
@@ -267,26 +274,7 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monk
 def test_a_late_ctrl_c_waits_for_the_daemon_and_says_what_was_stored(daemon_home, tmp_path, monkeypatch):
     """The cancel reaches a running ingest after its first file was stored: the client waits for
     the daemon's answer and prints which files stayed stored, with rc 130."""
-    import threading
-
-    from evsel import ingest as ingest_module
-
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    for name in "abc":
-        (folder / f"{name}.md").write_text(f"# {name}\n\nThe keeper lit the lamp at dusk, note {name}.\n")
-    second_read, release = threading.Event(), threading.Event()
-    real_read = ingest_module.read_file
-    reads = []
-
-    def read_held_at_the_second_file(*args, **kwargs):
-        reads.append(args[0])
-        if len(reads) == 2:
-            second_read.set()
-            release.wait(120)
-        return real_read(*args, **kwargs)
-
-    monkeypatch.setattr(ingest_module, "read_file", read_held_at_the_second_file)
+    folder, second_read, release = _notes_held_at_the_second_file(tmp_path, monkeypatch, "abc")
     client = None
     with daemon_in_process(daemon_home, monkeypatch) as daemon:
         try:

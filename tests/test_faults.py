@@ -115,6 +115,14 @@ def test_removing_a_watch_cancels_its_queued_and_running_jobs(tmp_path):
         submitted[0].task(None, lambda event: None)
 
 
+def _settled_syncs(home):
+    """The finished syncs once nothing runs or waits (then nothing can ingest any more), else None."""
+    info = status(home)
+    if info["queue"]["running"] is not None or info["queue"]["waiting"]:
+        return None
+    return [r for r in info["recent"] if r["method"].startswith("watch sync")]
+
+
 def test_watch_remove_stops_a_sync_in_progress(daemon_home, tmp_path):
     folder = tmp_path / "notes"
     folder.mkdir()
@@ -125,15 +133,7 @@ def test_watch_remove_stops_a_sync_in_progress(daemon_home, tmp_path):
     evsel("daemon", "start", "--no-preload")
     evsel("watch", str(folder))
     evsel("watch", "--remove", str(folder))
-
-    def settled_syncs():
-        """The finished syncs once nothing runs or waits (then nothing can ingest any more)."""
-        info = status(daemon_home)
-        if info["queue"]["running"] is not None or info["queue"]["waiting"]:
-            return None
-        return [r for r in info["recent"] if r["method"].startswith("watch sync")]
-
-    syncs = wait_for(settled_syncs, 120, "the cancelled sync to stop")
+    syncs = wait_for(lambda: _settled_syncs(daemon_home), 120, "the cancelled sync to stop")
     assert syncs[-1]["status"] == "cancelled"
     assert len(docs_by_name()) < 400
 
@@ -150,14 +150,7 @@ def test_watch_remove_without_the_daemon_stops_the_daemons_sync(daemon_home, tmp
     wait_for(lambda: (status(daemon_home)["queue"]["running"] or {}).get("method", "").startswith("watch sync"),
              120, "the sync to start")
     evsel("--no-daemon", "watch", "--remove", str(folder))
-
-    def settled_syncs():
-        info = status(daemon_home)
-        if info["queue"]["running"] is not None or info["queue"]["waiting"]:
-            return None
-        return [r for r in info["recent"] if r["method"].startswith("watch sync")]
-
-    syncs = wait_for(settled_syncs, 120, "the sync to stop")
+    syncs = wait_for(lambda: _settled_syncs(daemon_home), 120, "the sync to stop")
     assert syncs[-1]["status"] == "cancelled"
     assert len(docs_by_name()) < 400
 
