@@ -643,7 +643,26 @@ def faults_section(result: dict) -> list[str]:
             handled = "skipped: " + case["skipped"] if "skipped" in case else ("yes" if case["ok"] else "**no**")
             out.append(f"| {case['input']} | {handled} | {case.get('detail', '')} |")
         out.append("")
-    return out
+    return out + surfaces_rows(result.get("surfaces") or {})
+
+
+def surfaces_rows(surfaces: dict) -> list[str]:
+    """The surfaces built after the store: one line a group, and a row for each case not handled."""
+    if not surfaces:  # runs from before these cases have none
+        return []
+    out = ["Trained parts, eval and train inputs and the corpus (each case: one line naming the file, never "
+           "\"unexpected\"):", ""]
+    for group, cases in surfaces.items():
+        tried = [c for c in cases if "skipped" not in c]
+        skipped = [c for c in cases if "skipped" in c]
+        out.append(f"- {group}: {sum(c['ok'] for c in tried)} of {len(tried)} handled, "
+                   f"{sum(c['unexpected'] for c in tried)} unexpected"
+                   + "".join(f"; skipped: {c['input']} ({c['skipped']})" for c in skipped))
+    failed = [c for cases in surfaces.values() for c in cases if "skipped" not in c and not c["ok"]]
+    if failed:
+        out += ["", "| case not handled | what happened |", "|---|---|"]
+        out += [f"| {c['input']} | {c['detail']} |" for c in failed]
+    return out + [""]
 
 
 def headline(evals: dict[str, dict], throughput: dict | None) -> list[str]:
