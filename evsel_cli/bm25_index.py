@@ -309,6 +309,9 @@ def repair(conn: sqlite3.Connection) -> bool:
     file): it holds nothing the chunks do not, so nothing is lost. True when it was rebuilt."""
     from .migrations import rollback
 
+    if conn.execute("select 1 from _evsel_migrations where name = 'm004_bm25_index'").fetchone() is None:
+        return False  # a store its migration has not reached yet (the migration creates the index)
+
     def whole() -> bool:
         names = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table' and name in "
                                             f"({', '.join('?' for _ in TABLES)})", TABLES)}
