@@ -17,6 +17,13 @@
   a file rewritten during its ingest, an EPUB bomb (one 20 MB chapter), 2 MB of unpunctuated
   text, 1,100 idle connections, and a store on a 2 MB tmpfs that fills up (skipped, saying why,
   where `mount` is not allowed);
+- the surfaces built after the store (`--surfaces-only` runs just these): damaged trained parts
+  (the UNREAL adapter, the BlockSearch router, the hybrid weights: cut short, random, empty, a
+  lying header, JSON malformed or of the wrong types), malformed `evsel eval` JSONL, `evsel train
+  --out` under a file or on a read-only tmpfs, and a corpus with a Lance data file removed (then
+  repaired as a resumed build does): each must be one line naming the file, never "unexpected".
+
+The temp folder, its mounts and the daemon are gone at the end, however the run ends.
 
 Prints load held (requests, p50/p95 latency, errors), faults survived, bad inputs tried, rows
 lost; writes bench/results/faults.json.
@@ -33,6 +40,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 import time
@@ -278,7 +286,8 @@ def disk_full(tmp: Path, env: dict) -> dict:
         big = tmp / "too-big.md"
         big.write_text(sample_story_path().read_text(encoding="utf-8") * 20, encoding="utf-8")
         full = cli(["ingest", str(big)], local)
-        lines = full.stderr.strip().splitlines()
+        # progress lines come every 5 s of a slow ingest: the error is what must be one line
+        lines = [line for line in full.stderr.strip().splitlines() if not line.startswith("evsel: progress:")]
         docs = documents(home)
         check = integrity(home)
         lost = int(first.returncode == 0 and len(docs) < 1) + sum(d[2] != d[3] for d in docs)
@@ -288,7 +297,250 @@ def disk_full(tmp: Path, env: dict) -> dict:
                           f"{len(lines)} line(s) ({(lines or [''])[-1][:120]}); integrity_check {check}, "
                           f"{len(docs)} document(s) kept"}
     finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
+        unmount(mount)
+
+
+# the surfaces built after the store: trained parts, eval and train inputs, the corpus -----------------
+
+# runs CLI commands in one process (the model loads once), each with its own variables; prints one
+# JSON list of {"code", "err"}
+IN_ONE_PROCESS = """
+import contextlib, io, json, os, sys
+from evsel.cli import main
+results = []
+for case in json.load(open(sys.argv[1])):
+    saved = {k: os.environ.get(k) for k in case["env"]}
+    os.environ.update(case["env"])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(case["argv"])
+    for k, v in saved.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    results.append({"code": code, "err": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def one_line_cases(tmp: Path, env: dict, cases: list[dict]) -> list[dict]:
+    """Each case ({"input", "argv", "env", "names"}) run by the CLI in one process: ok when it exits
+    1 with one error line naming `names` and nothing "unexpected"."""
+    spec = tmp / f"cases-{len(list(tmp.glob('cases-*')))}.json"
+    spec.write_text(json.dumps([{"argv": c["argv"], "env": c.get("env", {})} for c in cases]))
+    ran = subprocess.run([sys.executable, "-c", IN_ONE_PROCESS, str(spec)], capture_output=True, text=True, env=env,
+                         timeout=1800)
+    results = json.loads(ran.stdout.strip().splitlines()[-1]) if ran.returncode == 0 else \
+        [{"code": None, "err": ran.stderr[-300:]}] * len(cases)
+    out = []
+    for case, result in zip(cases, results):
+        lines = [line for line in result["err"].splitlines() if line.startswith("evsel: error:")]
+        ok = (result["code"] == 1 and len(lines) == 1 and "unexpected" not in result["err"]
+              and all(name in lines[0] for name in case["names"]))
+        out.append({"input": case["input"], "ok": ok, "unexpected": "unexpected" in result["err"],
+                    "detail": f"exit {result['code']}, {len(lines)} line(s): {(lines or [''])[0][14:200]}"})
+    return out
+
+
+def _damage_tensors(path: Path, how: str) -> None:
+    import random
+    import struct
+
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "random bytes":
+        path.write_bytes(random.Random(0).randbytes(len(data)))
+    elif how == "0 bytes":
+        path.write_bytes(b"")
+    else:  # a header whose tensors end past the file
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        for info in header.values():
+            if isinstance(info, dict) and "data_offsets" in info:
+                info["data_offsets"][1] += 1 << 20
+        text = json.dumps(header).encode()
+        path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n:])
+
+
+def _damage_json(path: Path, how: str) -> None:
+    if how == "malformed":
+        path.write_text(path.read_text()[:30])
+    elif how == "a list":
+        path.write_text("[1, 2]\n")
+    elif how == "0 bytes":
+        path.write_text("")
+    else:  # every field of the object a number
+        path.write_text(json.dumps({k: 5 for k in json.loads(path.read_text())}))
+
+
+def trained_part_faults(tmp: Path, env: dict) -> list[dict]:
+    """Damaged copies of the shipped UNREAL adapter, BlockSearch router and hybrid weights, each
+    named by its setting to `evsel ask`: one line naming the file, never "unexpected"."""
+    from evsel.models.trained_files import SHIPPED
+    from evsel.paths import sample_story_path
+
+    shipped = next(SHIPPED.iterdir())  # the bundled backbone's folder
+    parts = {"unreal": ("EVSEL_UNREAL_ADAPTER", "unreal", ["adapter.safetensors", "config.json"]),
+             "blocksearch-router": ("EVSEL_BLOCKSEARCH_ROUTER", "blocksearch:router",
+                                    ["adapter.safetensors", "adapter.json"]),
+             "hybrid": ("EVSEL_HYBRID_WEIGHTS", "hybrid", ["hybrid.json"])}
+    home = tmp / "parts-home"
+    local = {**env, "EVSEL_HOME": str(home), "EVSEL_NO_DAEMON": "1"}
+    cli(["ingest", str(sample_story_path())], local).check_returncode()
+    cases = []
+    for part, (setting, select, files) in parts.items():
+        for name in files:
+            kinds = ["truncated", "random bytes", "0 bytes", "lying header"] if name.endswith(".safetensors") \
+                else ["malformed", "a list", "0 bytes", "wrong types"]
+            for how in kinds:
+                folder = tmp / "parts" / f"{part}-{name}-{how.replace(' ', '-')}"
+                shutil.copytree(shipped / part, folder)
+                (_damage_tensors if name.endswith(".safetensors") else _damage_json)(folder / name, how)
+                cases.append({"input": f"{part}/{name}: {how}", "names": [str(folder / name)],
+                              "argv": ["ask", "Who killed Ambrose Tenterden?", "--select", select, "--evidence-only"],
+                              "env": {setting: str(folder)}})
+    return one_line_cases(tmp, local, cases)
+
+
+def eval_input_faults(tmp: Path, env: dict) -> list[dict]:
+    """`evsel eval` on malformed JSONL lines, a file that is not UTF-8, a missing file and a --plot
+    into a missing folder: one line naming the file (and line)."""
+    folder = tmp / "eval"
+    folder.mkdir()
+    (folder / "doc.txt").write_text("The keeper of Gull Point lit the lamp at dusk.\n")
+    good = {"question": "Who lit the lamp?", "document": "doc.txt"}
+    lines = {"documents is a number": {"documents": 5}, "documents lists a number": {"documents": [5]},
+             "a document that is an object": {"document": {"path": "doc.txt"}}, "a document named by a number":
+             {"document": 7}, "evidence is a number": {"evidence": 5}, "an evidence span that is a string":
+             {"evidence_spans": ["0-10"]}, "an evidence span without start": {"evidence_spans": [{"end": 9}]},
+             "an evidence span with a text start": {"evidence_spans": [{"start": "zero", "end": 9}]}}
+    cases = []
+    for i, (what, change) in enumerate(lines.items()):
+        path = folder / f"bad{i}.jsonl"
+        path.write_text(json.dumps(good) + "\n" + json.dumps({**good, **change}) + "\n")
+        cases.append({"input": f"eval: {what}", "names": [f"{path}: line 2"], "argv": ["eval", str(path)]})
+    latin = folder / "latin1.jsonl"
+    latin.write_bytes(json.dumps(good).encode() + b"\n" + '{"question": "caf\u00e9?"}\n'.encode("latin-1"))
+    cases.append({"input": "eval: a file that is not UTF-8", "names": [f"{latin}: line 2"], "argv": ["eval", str(latin)]})
+    cases.append({"input": "eval: a .jsonl that is not there", "names": [str(folder / "none.jsonl")],
+                  "argv": ["eval", str(folder / "none.jsonl")]})
+    plot = folder / "no" / "such" / "x.png"
+    cases.append({"input": "eval --plot into a missing folder", "names": [str(plot.parent)],
+                  "argv": ["eval", str(folder / "bad0.jsonl"), "--plot", str(plot)]})
+    results = one_line_cases(tmp, {**env, "EVSEL_HOME": str(tmp / "eval-home"), "EVSEL_NO_DAEMON": "1"}, cases)
+    results[-1]["ok"] = results[-1]["ok"] and not (folder / "no").exists()
+    return results
+
+
+def train_input_faults(tmp: Path, env: dict) -> list[dict]:
+    """`evsel train ... --out` under a file, and on a read-only tmpfs (where mounting is allowed)."""
+    (tmp / "a-file").write_text("not a folder\n")
+    cases = [{"input": f"train {t} --out under a file", "names": [str(tmp / "a-file" / "run")],
+              "argv": ["train", t, "--out", str(tmp / "a-file" / "run")]} for t in ("unreal", "hybrid", "reader")]
+    read_only = tmp / "read-only"
+    read_only.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)], capture_output=True,
+                          text=True)
+    try:
+        if made.returncode == 0:
+            cases += [{"input": f"train {t} --out on a read-only disk", "names": [str(read_only / "run")],
+                       "argv": ["train", t, "--out", str(read_only / "run")]} for t in ("unreal", "blocksearch")]
+        results = one_line_cases(tmp, {**env, "EVSEL_HOME": str(tmp / "train-home"), "EVSEL_NO_DAEMON": "1"}, cases)
+    finally:
+        if made.returncode == 0:
+            unmount(read_only)
+    if made.returncode != 0:
+        results.append({"input": "train --out on a read-only disk",
+                        "skipped": (made.stderr.strip() or "mount failed")[:200]})
+    return results
+
+
+CORPUS_DAMAGE = """
+import json, sys
+from pathlib import Path
+import lance
+from evsel.corpus import rows, schema
+from evsel.corpus.build import drop_lost_fragments
+from evsel.models.backbone import Backbone
+source, out = Path(sys.argv[1]), Path(sys.argv[2])
+backbone = Backbone()
+manifest = schema.new_manifest(backbone=backbone.fingerprint, chunk_tokens=140, source=str(source), methods=["bm25"],
+                               dims={}, configs={})
+written = {path.name: rows.rows_of_file(path, source, backbone) for path in sorted(source.iterdir())}
+if sys.argv[3] != "repair":  # one fragment a document
+    for name in written:
+        rows.write_local(written[name], out, manifest, index=True)
+if sys.argv[3] == "damage":
+    uri = out / schema.CHUNKS
+    lost = next(f for f in lance.dataset(str(uri)).get_fragments()
+                if "second" in f.to_table(columns=["doc_path"]).column(0)[0].as_py())
+    (uri / "data" / lost.metadata.files[0].path).unlink()
+else:  # what a resumed build does: drop the lost fragment, write its documents again
+    dropped = drop_lost_fragments(str(out / schema.CHUNKS))
+    rows.write_local(written["second.txt"], out, index=True)
+    print(json.dumps({"dropped": dropped}))
+"""
+
+
+def corpus_faults(tmp: Path, env: dict) -> list[dict]:
+    """A corpus (Ray-free writer) with one Lance data file removed: `ask --corpus` says it is damaged
+    and how to repair it; after the repair a resumed build does, the same question finds the same
+    evidence as before the damage."""
+    source, out = tmp / "corpus-docs", tmp / "corpus"
+    source.mkdir()
+    for name, text in (("first", "The keeper of Gull Point lit the lamp at dusk."),
+                       ("second", "Mabel Frost wrote the letter that named the killer."),
+                       ("third", "The ferry left the harbour at noon with the mail.")):
+        (source / f"{name}.txt").write_text(text + "\n")
+    local = {**env, "EVSEL_HOME": str(tmp / "corpus-home"), "EVSEL_NO_DAEMON": "1"}
+    ask = ["ask", "Who wrote the letter?", "--corpus", str(out), "--evidence-only", "--json"]
+    subprocess.run([sys.executable, "-c", CORPUS_DAMAGE, str(source), str(out), "write"], env=local, check=True,
+                   capture_output=True, timeout=600)
+    before = cli(ask, local)
+    shutil.rmtree(out)
+    subprocess.run([sys.executable, "-c", CORPUS_DAMAGE, str(source), str(out), "damage"], env=local, check=True,
+                   capture_output=True, timeout=600)
+    damaged = cli(ask, local)
+    lines = damaged.stderr.strip().splitlines()
+    repaired = subprocess.run([sys.executable, "-c", CORPUS_DAMAGE, str(source), str(out), "repair"], env=local,
+                              capture_output=True, text=True, timeout=600)
+    after = cli(ask, local)
+
+    def evidence(result):
+        return [(e["path"], e["seq"]) for e in json.loads(result.stdout)["evidence"]] if result.returncode == 0 else None
+
+    return [{"input": "ask --corpus with a Lance data file removed",
+             "ok": damaged.returncode == 1 and len(lines) == 1 and "is damaged" in lines[0]
+             and f"corpus build {source} --out {out}" in lines[0] and "unexpected" not in damaged.stderr,
+             "unexpected": "unexpected" in damaged.stderr,
+             "detail": f"exit {damaged.returncode}, {len(lines)} line(s): {(lines or [''])[-1][14:200]}"},
+            {"input": "the same corpus after a resumed build's repair",
+             "ok": repaired.returncode == 0 and evidence(before) is not None and evidence(after) == evidence(before),
+             "unexpected": False,
+             "detail": f"repair exit {repaired.returncode}; the same evidence as before the damage: "
+                       f"{evidence(after) == evidence(before)}"}]
+
+
+def new_surfaces(tmp: Path, env: dict) -> dict:
+    """The four groups of cases above, each a list of cases."""
+    return {"trained parts": trained_part_faults(tmp, env), "eval inputs": eval_input_faults(tmp, env),
+            "train inputs": train_input_faults(tmp, env), "corpus": corpus_faults(tmp, env)}
+
+
+def unmount(folder: Path) -> None:
+    """Unmount, lazily when a process still holds a file there, so no mount outlives the run."""
+    if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def print_surfaces(surfaces: dict) -> None:
+    for group, cases in surfaces.items():
+        tried = [c for c in cases if "skipped" not in c]
+        print(f"{group}: {sum(c['ok'] for c in tried)} of {len(tried)} one clear line, "
+              f"{sum(c['unexpected'] for c in tried)} unexpected")
+        for case in cases:
+            if "skipped" in case or not case["ok"]:
+                print(f"  - {case['input']}: {'skipped: ' + case['skipped'] if 'skipped' in case else 'NOT OK; '}"
+                      f"{case.get('detail', '')}")
 
 
 def main() -> int:
@@ -299,16 +551,35 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=30, help="copies of the sample story in the big ingest")
     parser.add_argument("--bomb-mb", type=float, default=20.0, help="the EPUB bomb's one chapter, in MB")
     parser.add_argument("--connections", type=int, default=1100, help="idle connections opened at once")
+    parser.add_argument("--surfaces-only", action="store_true",
+                        help="only trained parts, eval and train inputs and the corpus; writes no result file")
     args = parser.parse_args()
 
+    tmp = Path(tempfile.mkdtemp(prefix="evsel-faults-"))
+    env = {**os.environ, "EVSEL_HOME": str(tmp / "home"), "EVSEL_ENCODE": "0", "OMP_NUM_THREADS": "1",
+           "EVSEL_DAEMON_BUILD": "faults"}
+    env.pop("EVSEL_NO_DAEMON", None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still runs the cleanup below
+    try:
+        if args.surfaces_only:
+            surfaces = new_surfaces(tmp, env)
+            print_surfaces(surfaces)
+            return 0 if all(c.get("ok", True) for cases in surfaces.values() for c in cases) else 1
+        return run(args, tmp, env)
+    finally:
+        if (tmp / "home" / "daemon.sock").exists():
+            cli(["daemon", "stop"], env, timeout=120)
+        for mount in (tmp / "full", tmp / "read-only"):
+            if os.path.ismount(mount):
+                unmount(mount)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, tmp: Path, env: dict) -> int:
     from evsel.evaluation.report import run_info
     from evsel.paths import sample_story_path
 
-    tmp = Path(tempfile.mkdtemp(prefix="evsel-faults-"))
     home = tmp / "home"
-    env = {**os.environ, "EVSEL_HOME": str(home), "EVSEL_ENCODE": "0", "OMP_NUM_THREADS": "1",
-           "EVSEL_DAEMON_BUILD": "faults"}
-    env.pop("EVSEL_NO_DAEMON", None)
     story = sample_story_path().read_text(encoding="utf-8")
     books = tmp / "books"
     books.mkdir()
@@ -390,6 +661,7 @@ def main() -> int:
     full = disk_full(tmp, env)
     hostile.append(full)
     rows_lost += full.get("rows_lost", 0)
+    surfaces = new_surfaces(tmp, env)
 
     lat = sorted(latencies)
     record.update({
@@ -403,23 +675,29 @@ def main() -> int:
                      "daemon_up_after": bool(status.get("running"))},
         "hostile": hostile, "hostile_ok": sum(bool(c.get("ok")) for c in hostile),
         "hostile_tried": sum("skipped" not in c for c in hostile),
-        "integrity": integrity(home), "documents": len(final), "rows_lost": rows_lost,
+        "integrity": integrity(home), "documents": len(final), "rows_lost": rows_lost, "surfaces": surfaces,
     })
     write_result(ROOT / "bench" / "results" / "faults.json", record)
     load = record["load"]
     print(f"load held: {load['requests']} requests from {args.clients} clients, p50 {load['p50_s']} s, "
           f"p95 {load['p95_s']} s, {load['errors']} unexpected errors")
     print(f"faults survived: {record['faults_survived']} of {len(faults)} kill -9 mid-ingest")
-    print(f"bad inputs tried: {len(corpus)} ({len(failed)} failed alone, {len(good)} good file ingested, "
-          f"{len(unexpected_bad)} unexpected); malformed messages: {protocol_ok} of {len(MALFORMED)} refused, "
+    more = [c for cases in surfaces.values() for c in cases if "skipped" not in c]
+    print(f"bad inputs tried: {len(corpus) + len(more)}: {len(corpus)} files ({len(failed)} failed alone, "
+          f"{len(good)} good file ingested, {len(unexpected_bad)} unexpected), {len(more)} damaged trained parts, "
+          f"eval and train inputs and corpus files ({sum(c['ok'] for c in more)} one clear line, "
+          f"{sum(c['unexpected'] for c in more)} unexpected); malformed messages: {protocol_ok} of {len(MALFORMED)} refused, "
           f"daemon up after: {record['protocol']['daemon_up_after']}")
     print(f"hostile inputs and loads: {record['hostile_ok']} of {record['hostile_tried']} handled")
     for case in hostile:
         verdict = "skipped: " + case["skipped"] if "skipped" in case else ("ok" if case["ok"] else "NOT OK")
         print(f"  - {case['input']}: {verdict}{'; ' + case['detail'] if 'detail' in case else ''}")
+    print_surfaces(surfaces)
     print(f"rows lost: {rows_lost} (integrity_check: {record['integrity']}, {len(final)} documents)")
     hostile_failed = record["hostile_tried"] - record["hostile_ok"]
-    return 0 if rows_lost == 0 and not errors and not unexpected_bad and not hostile_failed else 1
+    surfaces_failed = sum(not c.get("ok", True) for cases in surfaces.values() for c in cases)
+    return 0 if rows_lost == 0 and not errors and not unexpected_bad and not hostile_failed and not surfaces_failed \
+        else 1
 
 
 if __name__ == "__main__":

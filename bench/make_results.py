@@ -623,6 +623,7 @@ def qrranker_kv_section(result: dict) -> list[str]:
 
 def faults_section(result: dict) -> list[str]:
     load, bad, proto = result["load"], result["bad_inputs"], result["protocol"]
+    more = [c for cases in (result.get("surfaces") or {}).values() for c in cases if "skipped" not in c]
     out = ["## Faults and hostile input (`bench/faults.py`)", ""]
     out += provenance(result.get("run", {}))
     out += ["",
@@ -630,8 +631,11 @@ def faults_section(result: dict) -> list[str]:
             f"ran, p50 {load['p50_s']} s / p95 {load['p95_s']} s, {load['errors']} unexpected errors",
             f"- faults survived: {result['faults_survived']} of {len(result['faults'])} kill -9 mid-ingest "
             "(integrity_check ok, nothing stored before lost, no half-stored document)",
-            f"- bad inputs tried: {bad['tried']} ({bad['failed_alone']} failed alone with one line, "
-            f"{bad['good_ingested']} good file ingested beside them, {bad['unexpected']} unexpected errors)",
+            f"- bad inputs tried: {bad['tried'] + len(more)} ({bad['tried']} files: {bad['failed_alone']} failed alone "
+            f"with one line, {bad['good_ingested']} good file ingested beside them, {bad['unexpected']} unexpected "
+            f"errors" + (f"; {len(more)} damaged trained parts, eval and train inputs and corpus files: "
+                         f"{sum(c['ok'] for c in more)} one clear line, {sum(c['unexpected'] for c in more)} "
+                         "unexpected" if more else "") + ")",
             f"- malformed protocol messages: {proto['answered_or_closed']} of {proto['tried']} refused; daemon up "
             f"after: {'yes' if proto['daemon_up_after'] else 'NO'}",
             f"- rows lost: **{result['rows_lost']}** (integrity_check: {result['integrity']}, "
@@ -643,7 +647,26 @@ def faults_section(result: dict) -> list[str]:
             handled = "skipped: " + case["skipped"] if "skipped" in case else ("yes" if case["ok"] else "**no**")
             out.append(f"| {case['input']} | {handled} | {case.get('detail', '')} |")
         out.append("")
-    return out
+    return out + surfaces_rows(result.get("surfaces") or {})
+
+
+def surfaces_rows(surfaces: dict) -> list[str]:
+    """The surfaces built after the store: one line a group, and a row for each case not handled."""
+    if not surfaces:  # runs from before these cases have none
+        return []
+    out = ["Trained parts, eval and train inputs and the corpus (each case: one line naming the file, never "
+           "\"unexpected\"):", ""]
+    for group, cases in surfaces.items():
+        tried = [c for c in cases if "skipped" not in c]
+        skipped = [c for c in cases if "skipped" in c]
+        out.append(f"- {group}: {sum(c['ok'] for c in tried)} of {len(tried)} handled, "
+                   f"{sum(c['unexpected'] for c in tried)} unexpected"
+                   + "".join(f"; skipped: {c['input']} ({c['skipped']})" for c in skipped))
+    failed = [c for cases in surfaces.values() for c in cases if "skipped" not in c and not c["ok"]]
+    if failed:
+        out += ["", "| case not handled | what happened |", "|---|---|"]
+        out += [f"| {c['input']} | {c['detail']} |" for c in failed]
+    return out + [""]
 
 
 def headline(evals: dict[str, dict], throughput: dict | None) -> list[str]:

@@ -23,7 +23,7 @@ from evsel.api import REQUEST, REQUESTS
 from evsel.errors import EvselError, from_dict
 
 from . import runtime
-from .protocol import PROTOCOL_VERSION, LineReader, ProtocolError, encode
+from .protocol import CANCEL_WAIT_S, PROTOCOL_VERSION, LineReader, ProtocolError, encode
 from .runtime import DaemonError, DaemonFiles
 
 START_TIMEOUT = settings.daemon_start_timeout()
@@ -88,10 +88,11 @@ class Connection:
                 else:
                     raise DaemonError(f"the daemon sent an unknown message type {kind!r}",
                                       "restart it: evsel daemon stop")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             try:  # the daemon drops or stops the job; the daemon itself carries on
                 self.send({"v": PROTOCOL_VERSION, "id": request_id, "type": "cancel"})
-            except OSError:
+                exc.stored_files = self._stored_after_cancel()
+            except (OSError, ProtocolError, ValueError):
                 pass
             self.close()
             raise
@@ -99,6 +100,24 @@ class Connection:
             self.close()
             raise DaemonError(f"lost the connection to the evsel daemon ({exc})",
                               f"see {runtime.files().log}; run the command again") from None
+
+    def _stored_after_cancel(self) -> list[str] | None:
+        """What the cancelled request stored, as the daemon says once it has stopped it (None: not
+        an ingest, or no answer within CANCEL_WAIT_S)."""
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            reply = self.reader.read()
+            kind = None if reply is None else reply.get("type")
+            if kind == "cancelled":
+                return reply.get("stored")
+            if kind == "result":  # it finished before the cancel arrived
+                result = reply.get("result")
+                files = result.get("files", []) if isinstance(result, dict) else []
+                return [f["path"] for f in files if f.get("status") == "ingested"] if files else None
+            if kind in (None, "error"):
+                return None
+        return None
 
 
 def _absolute(value, cwd: str):

@@ -10,6 +10,7 @@ from evsel.api import REQUEST
 
 PROTOCOL_VERSION = 2  # 2: requests carry `settings` (was: cwd, env, engine)
 MAX_LINE = 64 << 20  # a request or response line larger than this is refused
+CANCEL_WAIT_S = 5.0  # how long a client waits, after a cancel, for the daemon to say what was stored
 
 # Requests answered at once on the connection's own thread: they never wait behind model work (the
 # daemon's own, and the engine requests the request table marks fast).

@@ -272,9 +272,11 @@ class Scheduler:
             except RequestCancelled as exc:
                 status = "cancelled"
                 self.counts["cancelled"] += 1
+                stored = getattr(exc, "stored_files", None)  # an ingest's files finished before the cancel
                 if job.cancel_reason == "shutdown":
                     job.outbox.put({"type": "error", "error": stopped_error()})
-                stored = getattr(exc, "stored_files", None)  # an ingest's files finished before the cancel
+                else:  # for a client that cancelled and waits to hear what was stored
+                    job.outbox.put({"type": "cancelled", "stored": stored})
                 log.info("%s %s: cancelled%s", job.label, job.id, "" if stored is None else
                          f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored")
             except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down

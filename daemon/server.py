@@ -41,7 +41,7 @@ from evsel.store import DEFAULT_COLLECTION, Store
 from . import runtime, watcher
 from .cache import ScopeDataCache
 from .checks import bind_params, check_params, json_type
-from .protocol import FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
+from .protocol import CANCEL_WAIT_S, FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
 from .scheduler import Job, Scheduler, internal_error
 
 log = logging.getLogger("evsel.daemon")
@@ -407,7 +407,29 @@ class Daemon:
                     log.info("%s %s: cancelled by the client", job.method, job.id)
                     job.cancel()
                     self.scheduler.forget(job)
+                    if message is not None:
+                        self._answer_cancel(conn, job)
                     raise OSError("client went away")  # ends this connection
+
+    @staticmethod
+    def _answer_cancel(conn: socket.socket, job: Job) -> None:
+        """Tell a client that cancelled what its request stored: nothing when it had not started,
+        else what the job says as it stops (the model finishes the step it is in)."""
+        out = {"type": "cancelled", "stored": [] if job.method == "ingest" else None}
+        if job.started is not None:
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while time.monotonic() < deadline:
+                try:
+                    reply = job.outbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    return
+                if reply["type"] in ("cancelled", "result", "error"):
+                    out = reply
+                    break
+        try:
+            _send(conn, {"v": PROTOCOL_VERSION, "id": job.id, **out})
+        except OSError:
+            pass
 
     # fast requests
     def _fast(self, method: str, params: dict, message: dict):

@@ -301,6 +301,41 @@ def backfill(conn: sqlite3.Connection) -> int:
     return len(missing)
 
 
+TABLES = ("bm25_terms", "bm25_docs", "bm25_postings")
+
+
+def repair(conn: sqlite3.Connection) -> bool:
+    """Rebuild the index from the chunks when one of its tables is gone (dropped by hand, a damaged
+    file): it holds nothing the chunks do not, so nothing is lost. True when it was rebuilt."""
+    from .migrations import rollback
+
+    if conn.execute("select 1 from _evsel_migrations where name = 'm004_bm25_index'").fetchone() is None:
+        return False  # a store its migration has not reached yet (the migration creates the index)
+
+    def whole() -> bool:
+        names = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table' and name in "
+                                            f"({', '.join('?' for _ in TABLES)})", TABLES)}
+        return len(names) == len(TABLES)
+
+    if whole():
+        return False
+    conn.execute("begin immediate")
+    try:
+        if whole():  # another process rebuilt it while we waited for the write lock
+            conn.execute("commit")
+            return False
+        for table in TABLES:
+            conn.execute(f"drop table if exists {table}")
+        for sql in SCHEMA:
+            conn.execute(sql)
+        backfill(conn)
+        conn.execute("commit")
+    except BaseException:
+        rollback(conn)
+        raise
+    return True
+
+
 # reads: scores over a scope of whole documents ------------------------------------------------------
 
 @dataclass

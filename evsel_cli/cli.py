@@ -89,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     except ClickException as exc:
         exc.show()
         return exc.exit_code
-    except typer.Abort:
-        error("interrupted")
-        return 130
-    except KeyboardInterrupt:
-        error("interrupted")
+    except (typer.Abort, KeyboardInterrupt) as exc:  # Click turns Ctrl-C into an Abort raised from it
+        interrupt = exc.__cause__ or exc
+        stored = getattr(interrupt, "stored_files", None)  # an ingest's files stored before it stopped
+        error("interrupted" + ("" if stored is None else
+                               f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored"))
         return 130
     except EvselError as exc:
         error(exc.line())

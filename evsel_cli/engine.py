@@ -44,6 +44,24 @@ class ScopeCache(Protocol):
     def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object: ...
 
 
+def writable_folder(out: str) -> str:
+    """`out`, made and written to once before a run that ends by writing there: a folder it cannot
+    be (a read-only disk, a file on the way) is one line now, not a failure after minutes of work."""
+    import errno
+    import tempfile
+
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        why = {errno.EROFS: "it is on a read-only file system", errno.ENOTDIR: "a part of it is a file, not a folder",
+               errno.EEXIST: "it is a file, not a folder", errno.EACCES: "permission denied",
+               errno.ENOSPC: "the disk is full"}.get(exc.errno, exc.strerror or str(exc))
+        raise EvselError(f"cannot write to --out {out}: {why}", "choose a folder you can write to") from exc
+    return out
+
+
 def _ignore(_event: Event) -> None:
     pass
 
@@ -389,6 +407,7 @@ class Engine:
     def train_convert(self, out: str, options: dict, data_dir: str | None = None,
                       on_event: EventSink = _ignore) -> dict:
         """`evsel train convert`: UNREAL training data in the common JSONL format."""
+        out = writable_folder(out)
         from evsel.recipes import unreal as recipe
 
         folder = data_dir or self.settings.data_dir
@@ -399,6 +418,7 @@ class Engine:
                      sources: list[str] | None = None, options: dict | None = None, command: str | None = None,
                      on_event: EventSink = _ignore) -> dict:
         """`evsel train unreal`: train (or resume) UNREAL's adapter; log lines come as events."""
+        out = writable_folder(out)
         from evsel.recipes import unreal as recipe
 
         return recipe.run_recipe(self, out, recipe_name, data, sources or [], options or {}, command,
@@ -409,6 +429,7 @@ class Engine:
         """`evsel train qrranker`: with `detect_heads`, QR-head detection on a training seed set
         (OUT/heads.json); without, train (or resume) the reranking adapter of those heads
         (OUT/adapter.safetensors beside OUT/heads.json); log lines come as events."""
+        out = writable_folder(out)
         from evsel.recipes import qrranker as recipe
 
         if detect_heads:
@@ -419,6 +440,7 @@ class Engine:
                      on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
         """`evsel train hybrid`: the learned fusion's features (cached in OUT/features) and weights
         (OUT/hybrid.json)."""
+        out = writable_folder(out)
         from evsel.recipes import hybrid as recipe
 
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
@@ -426,6 +448,7 @@ class Engine:
     def train_blocksearch(self, out: str, options: dict | None = None, command: str | None = None,
                           on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
         """`evsel train blocksearch`: train (or resume) BlockSearch's code decoder (OUT/adapter.safetensors)."""
+        out = writable_folder(out)
         from evsel.recipes import blocksearch as recipe
 
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
@@ -433,6 +456,7 @@ class Engine:
     def train_reader(self, out: str, options: dict | None = None, command: str | None = None,
                      on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
         """`evsel train reader`: the answer-span head (OUT/adapter.safetensors, OUT/reader.json)."""
+        out = writable_folder(out)
         from evsel.recipes import reader as recipe
 
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)

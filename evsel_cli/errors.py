@@ -78,7 +78,18 @@ def disk_full(where: str = "") -> StoreError:
                       "free some space (or point EVSEL_HOME at a larger disk), then run the command again")
 
 
+def _missing_table(text: str) -> EvselError:
+    table = text.split("no such table:", 1)[1].strip()
+    if table.startswith("bm25_"):  # derived from the chunks: rebuilt when the store is next opened
+        hint = "stop the daemon (evsel daemon stop) and run the command again: the BM25 index is rebuilt from the chunks"
+    else:
+        hint = "move evsel.db away (or restore a backup) and ingest the documents again"
+    return StoreError(f"the store is damaged: its table {table} is missing", hint)
+
+
 def _sqlite_error(exc) -> EvselError | None:
+    if "no such table:" in str(exc):
+        return _missing_table(str(exc))
     code = _sqlite_code(exc)
     if code == _SQLITE_FULL:
         return disk_full(" (the store could not grow)")

@@ -60,6 +60,9 @@ def connect(path: Path | None = None) -> sqlite_utils.Database:
         db.execute("pragma foreign_keys = on")
         db.execute("pragma synchronous = normal")
         migrate(db)
+        from . import bm25_index
+
+        bm25_index.repair(conn)  # derived from the chunks: a table of it dropped is rebuilt, not an error
     except sqlite3.DatabaseError as exc:
         known = known_error(exc)
         if known is not None:

@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from evsel.errors import EvselError, ModelError
+from evsel.models.trained_files import read_json, reading
 from evsel.store import ChunkRecord
 
 
 FORMAT = "evsel-hybrid/1"
 WEIGHTS_FILE = "hybrid.json"
+TRAIN_COMMAND = "evsel train hybrid"
 POOL_EACH = 10  # each retriever's top chunks that enter the pool (<= 30 candidates)
 # feature groups, in the order of the feature vector; bm25 is always there (it orders the rest)
 GROUPS = {
@@ -83,16 +85,14 @@ def load_weights(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / WEIGHTS_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read hybrid weights from {path}: {exc}",
-                         "give a hybrid.json written by: evsel train hybrid") from exc
+    data = read_json(path, "the hybrid weights", TRAIN_COMMAND)
     if data.get("format") != FORMAT or not data.get("weight_sets"):
         raise ModelError(f"{path} is not a hybrid weight file ({FORMAT})", "give a hybrid.json written by: evsel train hybrid")
-    for ws in data["weight_sets"]:
-        if len(ws["weights"]) != len(columns(ws["groups"])):
-            raise ModelError(f"{path}: a weight set of {ws['groups']} has {len(ws['weights'])} weights")
+    with reading(path, "the hybrid weights", TRAIN_COMMAND):
+        for ws in data["weight_sets"]:
+            weights = [float(w) for w in ws["weights"]]
+            if len(weights) != len(columns(list(ws["groups"]))):
+                raise ValueError(f"a weight set of {ws['groups']} has {len(weights)} weights")
     return data
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from evsel.errors import ModelError
 from evsel.models.blocksparse import check_heads, model_device
+from evsel.models.trained_files import read_json, read_tensors, reading
 
 ADAPTER_FILE = "adapter.safetensors"
 ADAPTER_CONFIG = "adapter.json"
@@ -64,6 +65,9 @@ class LoRAAdapter:
                 a_name, b_name = self.name(layer, proj, "A"), self.name(layer, proj, "B")
                 if tensors is not None:
                     a, b = tensors[a_name].float(), tensors[b_name].float()
+                    if a.shape != (config.rank, hidden) or b.shape != (out, config.rank):
+                        raise ValueError(f"{a_name} and {b_name} have shapes {tuple(a.shape)} and {tuple(b.shape)}, "
+                                         f"not {(config.rank, hidden)} and {(out, config.rank)}")
                 else:
                     a = torch.randn(config.rank, hidden, generator=generator) / hidden ** 0.5
                     b = torch.zeros(out, config.rank)
@@ -117,22 +121,22 @@ class LoRAAdapter:
 def load_adapter(folder: str | Path, model, kind: AdapterKind) -> LoRAAdapter:
     """The adapter of `kind` in `folder` (adapter.safetensors + adapter.json) on the model's
     device, frozen; a file of another kind or backbone shape is refused."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
-    try:
-        meta = json.loads((folder / ADAPTER_CONFIG).read_text())
-        tensors = load_file(str(folder / ADAPTER_FILE))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read a {kind.name} from {folder}: {exc}",
-                         f"give a folder written by: {kind.train_command} --out DIR") from exc
+    config_file, tensor_file = folder / ADAPTER_CONFIG, folder / ADAPTER_FILE
+    meta = read_json(config_file, f"the {kind.name}'s config", kind.train_command)
     if meta.get("format") != kind.format:
-        raise ModelError(f"{folder / ADAPTER_CONFIG} is not a {kind.format} adapter (it says {meta.get('format')!r})")
-    config = AdapterConfig(layers=[int(x) for x in meta["layers"]], rank=int(meta["rank"]), alpha=float(meta["alpha"]),
-                           heads=[list(h) for h in meta.get("heads", [])], encoding=meta.get("encoding", "block"))
+        raise ModelError(f"{config_file} is not a {kind.format} adapter (it says {meta.get('format')!r})",
+                         f"give a folder written by: {kind.train_command} --out DIR")
+    with reading(config_file, f"the {kind.name}'s config", kind.train_command):
+        config = AdapterConfig(layers=[int(x) for x in meta["layers"]], rank=int(meta["rank"]),
+                               alpha=float(meta["alpha"]), heads=[list(h) for h in meta.get("heads", [])],
+                               encoding=meta.get("encoding", "block"))
+        shapes = {k: int(v) for k, v in meta.get("shapes", {}).items()}
     check_heads(model, [(layer, 0) for layer in config.layers])
-    adapter = LoRAAdapter.for_model(model, kind, config, tensors=tensors)
-    if adapter.shapes != {k: int(v) for k, v in meta.get("shapes", adapter.shapes).items()}:
+    tensors = read_tensors(tensor_file, f"the {kind.name}", kind.train_command)
+    with reading(tensor_file, f"the {kind.name}", kind.train_command):
+        adapter = LoRAAdapter.for_model(model, kind, config, tensors=tensors)
+    if adapter.shapes != (shapes or adapter.shapes):
         raise ModelError(f"the adapter in {folder} was trained for another backbone shape",
                          f"train one for this backbone: {kind.train_command} --out DIR")
     for p in adapter.parameters():

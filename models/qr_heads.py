@@ -4,11 +4,11 @@ QRRanker scores with them, BlockSearch sums the QR heads of its routing layer.""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from evsel.errors import ModelError
+from evsel.models.trained_files import read_json, reading
 
 HEADS_FILE = "heads.json"
 HEADS_FORMAT = "evsel-qrranker-heads/1"
@@ -39,14 +39,13 @@ def load_head_file(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / HEADS_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read a QR head list from {path}: {exc}",
-                         "give a heads.json written by: evsel train qrranker --detect-heads") from exc
+    data = read_json(path, "the QR head list", "evsel train qrranker --detect-heads")
     if data.get("format") != HEADS_FORMAT or not data.get("heads"):
         raise ModelError(f"{path} is not a QR head list ({HEADS_FORMAT})",
                          "give a heads.json written by: evsel train qrranker --detect-heads")
+    with reading(path, "the QR head list", "evsel train qrranker --detect-heads"):
+        for encoding in [None, *(data.get("by_encoding") or {})]:
+            heads_of(data, encoding)  # each list it holds reads as (layer, head) pairs
     return data
 
 

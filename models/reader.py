@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evsel.errors import ModelError
+from evsel.models.trained_files import read_json, read_tensors, reading
 
 READER_FORMAT = "evsel-reader-1"
 HEAD_FILE = "adapter.safetensors"  # the name the shared training loop checkpoints under
@@ -161,25 +162,21 @@ class Reader:
 
     @classmethod
     def load(cls, folder: str | Path, d_model: int | None = None) -> "Reader":
-        from safetensors.torch import load_file
-
         folder = Path(folder)
-        try:
-            meta = json.loads((folder / CONFIG_FILE).read_text())
-            tensors = load_file(str(folder / HEAD_FILE))
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"cannot read a reader from {folder}: {exc}",
-                             "give a folder written by: evsel train reader --out DIR") from exc
+        meta = read_json(folder / CONFIG_FILE, "the reader's config", "evsel train reader")
+        tensors = read_tensors(folder / HEAD_FILE, "the reader", "evsel train reader")
         if meta.get("format") != READER_FORMAT:
             raise ModelError(f"{folder} holds no evsel reader", "give a folder written by: evsel train reader --out DIR")
-        if d_model is not None and meta["d_model"] != d_model:
+        if d_model is not None and meta.get("d_model") != d_model:
             raise ModelError(f"the reader in {folder} was trained for hidden size {meta['d_model']}, not {d_model}",
                              "train one for this model: evsel train reader --out DIR")
         fields = ReaderConfig.__dataclass_fields__
-        config = ReaderConfig(**{k: v for k, v in meta.items() if k in fields})
-        reader = cls(config, meta["d_model"], meta={k: v for k, v in meta.items() if k not in fields
-                                                    and k not in ("format", "d_model")})
-        reader.head.load_state_dict(tensors)
+        with reading(folder / CONFIG_FILE, "the reader's config", "evsel train reader"):
+            config = ReaderConfig(**{k: v for k, v in meta.items() if k in fields})
+            reader = cls(config, meta["d_model"], meta={k: v for k, v in meta.items() if k not in fields
+                                                        and k not in ("format", "d_model")})
+        with reading(folder / HEAD_FILE, "the reader", "evsel train reader"):
+            reader.head.load_state_dict(tensors)
         reader.head.eval()
         return reader
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from evsel.errors import ModelError
 from evsel.models.backbone import run_layers
+from evsel.models.trained_files import read_json, read_tensors, reading
 
 ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "config.json"
@@ -36,6 +37,7 @@ METRICS_FILE = "metrics.json"
 COMMAND_FILE = "command.txt"
 METHOD = "unreal"
 INTRINSIC = "intrinsic"
+TRAIN_COMMAND = "evsel train unreal"
 
 
 @dataclass
@@ -283,17 +285,17 @@ def new_adapter(config: UnrealConfig, hidden: int, device: str = "cpu"):
 
 def load_adapter(directory: Path, device: str = "cpu"):
     """An adapter saved by `save` (config.json + adapter.safetensors), on `device`."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     if not (directory / CONFIG_FILE).is_file() or not (directory / ADAPTER_FILE).is_file():
         raise ModelError(f"{directory} holds no UNREAL adapter ({CONFIG_FILE} + {ADAPTER_FILE})",
                          "train one with: evsel train unreal, or give the right folder")
-    meta = json.loads((directory / CONFIG_FILE).read_text())
-    config = UnrealConfig.from_dict(meta["config"])
-    adapter = new_adapter(config, int(meta["hidden"]), device)
-    tensors = load_file(str(directory / ADAPTER_FILE))
-    adapter.load_state_dict({k: tensors[k] for k in ("soft_prompt", "rho", "alpha", "stats")})
+    meta = read_json(directory / CONFIG_FILE, "the UNREAL adapter's config", TRAIN_COMMAND)
+    with reading(directory / CONFIG_FILE, "the UNREAL adapter's config", TRAIN_COMMAND):
+        config = UnrealConfig.from_dict(meta["config"])
+        adapter = new_adapter(config, int(meta["hidden"]), device)
+    tensors = read_tensors(directory / ADAPTER_FILE, "the UNREAL adapter", TRAIN_COMMAND)
+    with reading(directory / ADAPTER_FILE, "the UNREAL adapter", TRAIN_COMMAND):
+        adapter.load_state_dict({k: tensors[k] for k in ("soft_prompt", "rho", "alpha", "stats")})
     adapter.meta = meta
     return adapter
 
@@ -581,7 +583,9 @@ def adapter_config(backbone, path: str | None = None) -> UnrealConfig | None:
     directory = Path(chosen).expanduser() if chosen else shipped_adapter_dir(backbone.fingerprint)
     if not (directory / CONFIG_FILE).is_file():
         return None
-    return UnrealConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())["config"])
+    meta = read_json(directory / CONFIG_FILE, "the UNREAL adapter's config", TRAIN_COMMAND)
+    with reading(directory / CONFIG_FILE, "the UNREAL adapter's config", TRAIN_COMMAND):
+        return UnrealConfig.from_dict(meta["config"])
 
 
 def param_count(config: UnrealConfig, hidden: int) -> int:

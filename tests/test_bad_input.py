@@ -580,7 +580,9 @@ def test_the_error_table_names_each_known_failure_and_leaves_bugs_alone():
     assert "permission denied: /x" in known_error(PermissionError(errno.EACCES, "denied", "/x")).line()
     mine = EvselError("no such thing", "look elsewhere")
     assert known_error(mine) is mine
-    for bug in (ValueError("x"), TypeError("y"), AssertionError(), sqlite3.OperationalError("no such table: t"),
+    dropped = known_error(sqlite3.OperationalError("no such table: bm25_postings"))
+    assert isinstance(dropped, StoreError) and "table bm25_postings is missing" in dropped.line()
+    for bug in (ValueError("x"), TypeError("y"), AssertionError(), sqlite3.OperationalError("no such column: c"),
                 OSError(errno.EIO, "I/O error")):
         assert known_error(bug) is None
         assert user_message(bug).startswith(f"unexpected {type(bug).__name__}")

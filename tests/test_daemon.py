@@ -211,16 +211,16 @@ def test_kill_9_during_a_pdf_ingest_loses_nothing_and_resumes(daemon_home, tmp_p
     assert {p.name for p in folder.iterdir()} == {os.path.basename(path) for _, path, _, _ in final[1:]}
 
 
-def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monkeypatch):
-    """The daemon runs in this process, so the ingest is held at its second file until the
-    client's Ctrl-C has cancelled it: it cannot finish first, however fast the machine."""
+def _notes_held_at_the_second_file(tmp_path, monkeypatch, names: str):
+    """A folder of one note a name, and an ingest (in this process: the daemon's) that holds at its
+    second file until `release` is set. Returns (folder, second_read, release)."""
     import threading
 
     from evsel import ingest as ingest_module
 
     folder = tmp_path / "notes"
     folder.mkdir()
-    for name in "abcd":
+    for name in names:
         (folder / f"{name}.md").write_text(f"# {name}\n\nThe keeper lit the lamp at dusk, note {name}.\n")
     second_read, release = threading.Event(), threading.Event()
     real_read = ingest_module.read_file
@@ -234,6 +234,13 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monk
         return real_read(*args, **kwargs)
 
     monkeypatch.setattr(ingest_module, "read_file", read_held_at_the_second_file)
+    return folder, second_read, release
+
+
+def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monkeypatch):
+    """The daemon runs in this process, so the ingest is held at its second file until the
+    client's Ctrl-C has cancelled it: it cannot finish first, however fast the machine."""
+    folder, second_read, release = _notes_held_at_the_second_file(tmp_path, monkeypatch, "abcd")
     client = None
     with daemon_in_process(daemon_home, monkeypatch) as daemon:
         try:
@@ -262,6 +269,30 @@ def test_ctrl_c_in_a_client_cancels_only_its_request(daemon_home, tmp_path, monk
         evsel("ingest", evsel("sample").stdout.strip())
         assert evsel_json("docs", "list")[-1]["title"] == "The Gull Point Light"
         assert pid_of(daemon_home) == pid
+
+
+def test_a_late_ctrl_c_waits_for_the_daemon_and_says_what_was_stored(daemon_home, tmp_path, monkeypatch):
+    """The cancel reaches a running ingest after its first file was stored: the client waits for
+    the daemon's answer and prints which files stayed stored, with rc 130."""
+    folder, second_read, release = _notes_held_at_the_second_file(tmp_path, monkeypatch, "abc")
+    client = None
+    with daemon_in_process(daemon_home, monkeypatch) as daemon:
+        try:
+            client = subprocess.Popen([sys.executable, "-m", "evsel", "ingest", str(folder)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            assert second_read.wait(120), "the ingest did not reach its second file"
+            client.send_signal(signal.SIGINT)
+            wait_for(daemon.scheduler.running.cancelled.is_set, 60, "the daemon to see the cancel")
+            release.set()  # the job goes on to its next progress event, where it stops
+            out, err = client.communicate(timeout=60)
+        finally:
+            release.set()
+            kill_process(client)
+        last = err.strip().splitlines()[-1]
+        assert client.returncode == 130, err
+        assert last.startswith("evsel: error: interrupted; stored before it: ") and last.endswith("a.md"), err
+        assert [os.path.basename(p) for _, p, _, _ in _documents(daemon_home)] == ["a.md"]
 
 
 def test_requests_carry_the_clients_settings_not_its_environment(tmp_path, monkeypatch):

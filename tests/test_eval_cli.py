@@ -118,3 +118,58 @@ def test_eval_generate_with_the_real_model(tmp_path, capsys):
     # full reads the whole document: no ranking, more prompt tokens than five passages of it would be
     assert "recall@1" not in result["methods"]["full"]
     assert result["methods"]["full"]["prompt_tokens"] >= result["methods"]["bm25"]["prompt_tokens"]
+
+
+GOOD_LINE = {"question": "Who grafted pear branches?", "document": "village.md"}
+MALFORMED_LINES = {  # a line's damage -> what the error says
+    "documents is a number": ({"documents": 5}, "'documents' must be a path or a list of paths"),
+    "documents lists a number": ({"documents": [5]}, "'documents' must be a path or a list of paths"),
+    "document is an object": ({"document": {"path": "village.md"}}, "'document' must be a path"),
+    "document is a number": ({"document": 7}, "'document' must be a path"),
+    "evidence is a number": ({"evidence": 5}, "'evidence' must be a list of strings"),
+    "span is a string": ({"evidence_spans": ["0-10"]}, "an evidence span must be an object"),
+    "span without start": ({"evidence_spans": [{"end": 10}]}, "evidence span's 'start' must be an integer"),
+    "span with a text start": ({"evidence_spans": [{"start": "zero", "end": 10}]},
+                               "evidence span's 'start' must be an integer"),
+    "span with a fractional end": ({"evidence_spans": [{"start": 0, "end": 1.5}]},
+                                   "evidence span's 'end' must be an integer"),
+    "span names a number": ({"evidence_spans": [{"document": 3, "start": 0, "end": 9}]}, "'document' must be a path"),
+}
+
+
+@pytest.mark.parametrize("damage", MALFORMED_LINES)
+def test_a_malformed_jsonl_line_is_one_line_naming_the_file_and_line(damage, tmp_path, capsys):
+    _dataset(tmp_path)
+    change, message = MALFORMED_LINES[damage]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(GOOD_LINE) + "\n\n" + json.dumps({**GOOD_LINE, **change}) + "\n", encoding="utf-8")
+    assert main(["eval", str(bad), "--methods", "bm25"]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("evsel: error:")]
+    assert len(lines) == 1 and "unexpected" not in err and "Traceback" not in err, err
+    assert f"{bad}: line 3: " in lines[0] and message in lines[0], err
+
+
+def test_a_jsonl_file_that_is_not_utf8_names_its_line(tmp_path, capsys):
+    _dataset(tmp_path)
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes((json.dumps(GOOD_LINE) + "\n").encode() + '{"question": "caf\u00e9?", "document": "village.md"}\n'
+                    .encode("latin-1"))
+    assert main(["eval", str(bad), "--methods", "bm25"]) == 1
+    err = capsys.readouterr().err
+    assert "unexpected" not in err and f"{bad}: line 2 is not UTF-8 text" in err and "save the file as UTF-8" in err
+
+
+def test_a_missing_jsonl_file_is_not_sent_to_the_data_dir(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "mine.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert "is not there" in err and "--data-dir" not in err and "existing .jsonl file" in err
+
+
+def test_a_plot_in_a_missing_folder_is_refused_before_the_run(tmp_path, capsys):
+    path = _dataset(tmp_path)
+    plot = tmp_path / "no" / "such" / "recall.png"
+    assert main(["eval", str(path), "--methods", "bm25", "--plot", str(plot)]) == 1
+    err = capsys.readouterr().err
+    assert f"the folder {plot.parent} does not exist" in err and "unexpected" not in err
+    assert not (tmp_path / "no").exists()

@@ -12,6 +12,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -114,6 +115,14 @@ def test_removing_a_watch_cancels_its_queued_and_running_jobs(tmp_path):
         submitted[0].task(None, lambda event: None)
 
 
+def _settled_syncs(home):
+    """The finished syncs once nothing runs or waits (then nothing can ingest any more), else None."""
+    info = status(home)
+    if info["queue"]["running"] is not None or info["queue"]["waiting"]:
+        return None
+    return [r for r in info["recent"] if r["method"].startswith("watch sync")]
+
+
 def test_watch_remove_stops_a_sync_in_progress(daemon_home, tmp_path):
     folder = tmp_path / "notes"
     folder.mkdir()
@@ -124,15 +133,24 @@ def test_watch_remove_stops_a_sync_in_progress(daemon_home, tmp_path):
     evsel("daemon", "start", "--no-preload")
     evsel("watch", str(folder))
     evsel("watch", "--remove", str(folder))
+    syncs = wait_for(lambda: _settled_syncs(daemon_home), 120, "the cancelled sync to stop")
+    assert syncs[-1]["status"] == "cancelled"
+    assert len(docs_by_name()) < 400
 
-    def settled_syncs():
-        """The finished syncs once nothing runs or waits (then nothing can ingest any more)."""
-        info = status(daemon_home)
-        if info["queue"]["running"] is not None or info["queue"]["waiting"]:
-            return None
-        return [r for r in info["recent"] if r["method"].startswith("watch sync")]
 
-    syncs = wait_for(settled_syncs, 120, "the cancelled sync to stop")
+def test_watch_remove_without_the_daemon_stops_the_daemons_sync(daemon_home, tmp_path):
+    """`evsel --no-daemon watch --remove` changes only the store: the daemon sees the watch gone
+    and stops the sync it is running."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(400):
+        (folder / f"n{i:03}.txt").write_text(f"Note {i}. The keeper lit the lamp at dusk.\n" * 200)
+    evsel("daemon", "start", "--no-preload")
+    evsel("--no-daemon", "watch", str(folder))
+    wait_for(lambda: (status(daemon_home)["queue"]["running"] or {}).get("method", "").startswith("watch sync"),
+             120, "the sync to start")
+    evsel("--no-daemon", "watch", "--remove", str(folder))
+    syncs = wait_for(lambda: _settled_syncs(daemon_home), 120, "the sync to stop")
     assert syncs[-1]["status"] == "cancelled"
     assert len(docs_by_name()) < 400
 
@@ -279,6 +297,24 @@ def test_the_migration_keeps_documents_chunks_and_the_bm25_index(monkeypatch):
 
 
 # weaker spots
+@pytest.mark.parametrize("table", ["bm25_postings", "bm25_docs", "bm25_terms"])
+def test_a_dropped_bm25_table_is_rebuilt_from_the_chunks(table, tmp_path, capsys):
+    from evsel.cli import main
+    from evsel.paths import sample_story_path
+
+    assert main(["ingest", str(sample_story_path())]) == 0
+    question = ["ask", "Who killed Ambrose Tenterden?", "--evidence-only", "--json"]
+    assert main(question) == 0
+    before = json.loads(capsys.readouterr().out)["evidence"]
+    with _db(Path(os.environ["EVSEL_HOME"])) as db:
+        db.execute(f"drop table {table}")
+    assert main(question) == 0
+    out, err = capsys.readouterr()
+    assert "unexpected" not in err
+    assert [(e["doc_id"], e["seq"], e["score"]) for e in json.loads(out)["evidence"]] == \
+        [(e["doc_id"], e["seq"], e["score"]) for e in before]
+
+
 def test_a_bm25_ask_that_matches_nothing_says_so(tmp_path, capsys):
     (tmp_path / "a.txt").write_text("The keeper of Gull Point was Silas Quint.\n")
     assert run_cli(capsys, "ingest", str(tmp_path / "a.txt"))[0] == 0

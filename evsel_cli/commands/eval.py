@@ -108,6 +108,9 @@ def eval_command(
     if not (dataset.endswith(".jsonl") or Path(dataset).is_file() or dataset in DATASET_NAMES):
         raise InputError(f"unknown dataset {dataset!r}",
                          f"choose one of: {', '.join(DATASET_NAMES)}, or give a path to a .jsonl file")
+    if plot_path is not None and not plot_path.absolute().parent.is_dir():
+        raise InputError(f"--plot {plot_path}: the folder {plot_path.absolute().parent} does not exist",
+                         "create it first, or give a path in a folder that exists")
     if fold is not None:
         from evsel.evaluation.folds import check_fold
 

@@ -244,6 +244,23 @@ def _committed(uri: str) -> tuple[set[str], dict[str, set[str]], int]:
     return paths, keys, dataset.count_rows()
 
 
+def drop_lost_fragments(uri: str) -> int:
+    """Commit the removal of the fragments of DIR/chunks.lance whose data file is gone, so a
+    resumed build reads their documents again (each is in one fragment, whole: module doc).
+    Returns how many were dropped."""
+    import lance
+
+    dataset = lance.dataset(uri)
+    data = Path(uri) / "data"
+    lost = [f.fragment_id for f in dataset.get_fragments()
+            if not all((data / file.path).is_file() for file in f.metadata.files)]
+    if lost:
+        lance.LanceDataset.commit(uri, lance.LanceOperation.Delete(updated_fragments=[], deleted_fragment_ids=lost,
+                                                                   predicate="true"),
+                                  read_version=dataset.version)
+    return len(lost)
+
+
 def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -294,6 +311,9 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
                              "build into a new --out, or rerun with the settings it was built with", path=str(out_dir))
         manifest = dict(old, complete=False)
         if Path(uri).exists():
+            lost = drop_lost_fragments(uri)
+            if lost:
+                say(f"corpus build: {lost} data file(s) of {out_dir} were missing; their documents are read again")
             done_paths, doc_paths, rows_before = _committed(uri)
             if done_paths:
                 say(f"corpus build: resuming; {len(done_paths)} documents ({rows_before} chunks) already in {out_dir}")

@@ -22,6 +22,7 @@ reopened when its dataset or manifest changed (`evsel corpus add/rm` from anothe
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +96,21 @@ class Corpus:
             raise InputError(f"cannot open {path / schema.CHUNKS}: {exc}", "rebuild it: " + BUILD_HINT.split(": ")[1]) \
                 from None
         return cls(path, manifest, dataset, (path / schema.MANIFEST).stat().st_mtime)
+
+    @contextmanager
+    def reading(self):
+        """Around reads of the chunks table: a data file removed or damaged under it is one line
+        saying so, and that `corpus build` over the same source resumes and repairs it."""
+        import pyarrow as pa
+
+        try:
+            yield
+        except (pa.ArrowException, OSError) as exc:
+            source = self.manifest.get("source") or "SOURCE"
+            why = " ".join(str(exc).split(", /")[0].split())[:200]
+            raise InputError(f"the corpus {self.path} is damaged: a data file is missing or unreadable ({why})",
+                             f"repair it with: evsel corpus build {source} --out {self.path} (it resumes, reading "
+                             "again the documents of the lost files)") from None
 
     # what the corpus holds -------------------------------------------------------------------
     @property
@@ -421,10 +437,13 @@ class CorpusStage:
         pass
 
     def ranking(self, question: str, _chunks, top_n: int | None = None):
+        with self.corpus.reading():
+            return self._ranking(question, top_n or 10)
+
+    def _ranking(self, question: str, depth: int):
         from evsel.bm25_index import tokenize
         from evsel.models.selectors import Ranking
 
-        depth = top_n or 10
         if self.name == "bm25":
             hits = self.corpus.bm25(tokenize(question), depth, self.bm25_candidates, question_words(question))
             if not hits:  # no chunk shares a word with the question

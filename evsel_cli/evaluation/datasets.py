@@ -55,13 +55,10 @@ def default_data_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
-def _need(path: Path, what: str) -> Path:
+def _need(path: Path, what: str,
+          hint: str = "point --data-dir (or EVSEL_DATA) at the folder holding the benchmark data") -> Path:
     if not path.exists():
-        raise InputError(
-            f"{what} is not there",
-            "point --data-dir (or EVSEL_DATA) at the folder holding the benchmark data",
-            path=str(path),
-        )
+        raise InputError(f"{what} is not there", hint, path=str(path))
     return path
 
 
@@ -378,28 +375,75 @@ JSONL_HELP = (
 )
 
 
+def _jsonl_lines(path: Path):
+    """(line number, text) of each non-blank line; a line that is not UTF-8 is refused by number."""
+    for line_no, raw in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"line {line_no} is not UTF-8 text (byte {exc.start + 1})",
+                             "save the file as UTF-8", path=str(path)) from exc
+        if line.strip():
+            yield line_no, line
+
+
+def _names(value, field_name: str) -> list[str]:
+    """A document field's paths: one string or a list of strings, else ValueError saying what it is."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"'{field_name}' must be a path or a list of paths, not {json.dumps(value)[:60]}")
+    return names
+
+
+def _span(span, names: list[str]) -> tuple[str, int, int]:
+    """(document name, start, end) of one evidence span, else ValueError saying what is wrong."""
+    if not isinstance(span, dict):
+        raise ValueError(f"an evidence span must be an object, not {json.dumps(span)[:60]}")
+    for key in ("start", "end"):
+        if not isinstance(span.get(key), int) or isinstance(span.get(key), bool):
+            raise ValueError(f"an evidence span's '{key}' must be an integer, not {json.dumps(span.get(key))[:60]}")
+    return _names(span.get("document", names[0]), "document")[0], span["start"], span["end"]
+
+
+def _jsonl_item(item) -> tuple[list[str], list[str], list[tuple[str, int, int]]]:
+    """(document names, evidence texts, evidence spans) of one line's object, checked field by field."""
+    if not isinstance(item, dict) or not str(item.get("question", "")).strip():
+        raise ValueError("it has no 'question'")
+    names = item.get("documents") or item.get("document")
+    if not names:
+        raise ValueError("it names no 'document'")
+    names = _names(names, "documents" if item.get("documents") else "document")
+    evidence = item.get("evidence") or []
+    evidence = [evidence] if isinstance(evidence, str) else evidence
+    if not isinstance(evidence, list) or not all(isinstance(t, str) for t in evidence):
+        raise ValueError(f"'evidence' must be a list of strings, not {json.dumps(item.get('evidence'))[:60]}")
+    spans = item.get("evidence_spans") or []
+    if not isinstance(spans, list):
+        raise ValueError(f"'evidence_spans' must be a list of objects, not {json.dumps(spans)[:60]}")
+    return names, evidence, [_span(span, names) for span in spans]
+
+
+def _resolve(base: Path, name: str) -> Path:
+    return (base / name).resolve() if not Path(name).is_absolute() else Path(name)
+
+
 def load_jsonl(path: Path, **_) -> EvalDataset:
-    path = _need(path, "the JSONL file")
+    path = _need(path, "the JSONL file", "give the path of an existing .jsonl file (or a dataset's name)")
     base = path.parent
     loaders: dict[str, Callable[[], ParsedDocument]] = {}
     questions = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for line_no, line in _jsonl_lines(path):
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"line {line_no} is not JSON ({exc.msg})", JSONL_HELP, path=str(path)) from exc
-        if not isinstance(item, dict) or not str(item.get("question", "")).strip():
-            raise InputError(f"line {line_no} has no 'question'", JSONL_HELP, path=str(path))
-        names = item.get("documents") or ([item["document"]] if item.get("document") else [])
-        if isinstance(names, str):
-            names = [names]
-        if not names:
-            raise InputError(f"line {line_no} names no 'document'", JSONL_HELP, path=str(path))
+        try:
+            names, evidence, spans = _jsonl_item(item)
+        except ValueError as exc:
+            raise InputError(f"line {line_no}: {exc}", JSONL_HELP, path=str(path)) from exc
         keys = []
         for name in names:
-            doc_path = (base / name).resolve() if not Path(name).is_absolute() else Path(name)
+            doc_path = _resolve(base, name)
             if not doc_path.is_file():
                 raise InputError(f"line {line_no}: document {name!r} does not exist",
                                  "paths are relative to the JSONL file", path=str(path))
@@ -408,17 +452,13 @@ def load_jsonl(path: Path, **_) -> EvalDataset:
                 # a file holding several documents (LoCoMo JSON) is read as its first one here
                 loaders[key] = lambda p=doc_path: parse_file(p)[0]
             keys.append(key)
-        gold = []
-        for text in item.get("evidence") or []:
-            gold.append(Gold(doc=None, label=str(text)[:40], text=str(text)))
-        for span in item.get("evidence_spans") or []:
-            doc_name = span.get("document", names[0])
-            key = str((base / doc_name).resolve()) if not Path(doc_name).is_absolute() else doc_name
+        gold = [Gold(doc=None, label=text[:40], text=text) for text in evidence]
+        for doc_name, start, end in spans:
+            key = str(_resolve(base, doc_name))
             if key not in keys:
                 raise InputError(f"line {line_no}: evidence span names a document the line does not list",
                                  JSONL_HELP, path=str(path))
-            gold.append(Gold(doc=key, label=f"{int(span['start'])}-{int(span['end'])}",
-                             span=(int(span["start"]), int(span["end"]))))
+            gold.append(Gold(doc=key, label=f"{start}-{end}", span=(start, end)))
         answer = item.get("answer", item.get("answers"))
         answers = [str(a) for a in answer] if isinstance(answer, list) else ([] if answer is None else [str(answer)])
         questions.append(EvalQuestion(
