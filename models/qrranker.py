@@ -265,12 +265,15 @@ class QRScorer:
         prompt = self.prompt
         kv_heads = cfg.num_key_value_heads
         group = cfg.num_attention_heads // kv_heads
-        deepest = self.depth - 1
-        read = sorted({head // group for layer, head in self.heads if layer == deepest}) if self.heads else []
+        read: dict = {}  # layer -> the KV heads its QR heads read
+        for layer, head in self.heads:
+            read.setdefault(layer, set()).add(head // group)
+        read = {layer: sorted(heads) for layer, heads in sorted(read.items())} if self.heads else None
         projections = {layer: self.adapter.params[self.adapter.name(layer, "k", "A")] for layer in self.captured}
         digest = qrranker_kv.kv_digest(str(param.dtype).replace("torch.", ""), self.depth, prompt.prefix(None),
                                        prompt.ids(prompt.config.separator), prompt.config.max_chunk_tokens,
-                                       self.config.block_labels, self.captured, [(deepest, h) for h in read],
+                                       self.config.block_labels, self.captured,
+                                       [(layer, h) for layer, heads in (read or {}).items() for h in heads],
                                        qrranker_kv.projection_digest(projections) if projections else "")
         root = qrranker_kv.kv_root(store_dir)
         self.kv_files = qrranker_kv.BlockKVFiles(

@@ -43,7 +43,10 @@ from evsel.models.caches import ArrayCache, config_digest, delete_chunk_files, m
 FORMAT = "evsel-qrranker-kv/2"
 FOLDER = "qrranker"
 MAGIC = b"EVKV"
-BITS = 8  # per stored K/V value (tests/test_qrranker_kv.py: scores within 1e-2 of fresh ones, same top 10; 4 bits: not)
+# bits per stored value: the keys the QR heads read, the other keys, the values (docs/QRRANKER.md:
+# within 1e-2 of fresh scores with the same top 10 on the Sherlock Holmes book; 3 bits for the
+# last two is not)
+BITS = (8, 4, 4)
 
 
 # a full disk: the KV root -> the bytes free when a write failed; until more is free than that
@@ -103,11 +106,11 @@ def kv_root(store_dir: str | Path) -> Path:
 
 
 def kv_digest(model_dtype: str, depth: int, prefix: list[int], separator: list[int], max_chunk_tokens: int,
-              labels: str, capture, read_heads=(), projections: str = "", bits: int = BITS) -> str:
+              labels: str, capture, read_heads=(), projections: str = "", bits=BITS) -> str:
     data = {"format": FORMAT, "model_dtype": model_dtype, "depth": depth, "prefix": list(prefix),
             "separator": list(separator), "max_chunk_tokens": max_chunk_tokens, "labels": labels,
             "capture": list(capture), "read_heads": [list(h) for h in read_heads], "projections": projections,
-            "bits": bits}
+            "bits": list(bits)}
     return config_digest(data)
 
 
@@ -125,16 +128,32 @@ def projection_digest(matrices: dict) -> str:
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 codes < 2**bits -> their low `bits` bits, packed."""
+    """uint8 codes < 2**bits -> their low `bits` bits, packed (first code in the high bits)."""
+    codes = codes.astype(np.uint8).reshape(-1)
     if bits == 8:
-        return codes.astype(np.uint8).reshape(-1)
-    planes = np.unpackbits(codes.astype(np.uint8).reshape(-1, 1), axis=1)[:, 8 - bits:]
+        return codes
+    per = 8 // bits
+    if 8 % bits == 0:  # 1, 2, 4 bits: shifts
+        padded = np.zeros(-(-codes.size // per) * per, np.uint8)
+        padded[: codes.size] = codes
+        lanes = padded.reshape(-1, per)
+        out = np.zeros(lanes.shape[0], np.uint8)
+        for j in range(per):
+            out |= lanes[:, j] << (8 - bits * (j + 1))
+        return out
+    planes = np.unpackbits(codes.reshape(-1, 1), axis=1)[:, 8 - bits:]
     return np.packbits(planes.reshape(-1))
 
 
 def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     if bits == 8:
         return packed[:count]
+    if 8 % bits == 0:
+        per, mask = 8 // bits, (1 << bits) - 1
+        lanes = np.empty((packed.size, per), np.uint8)
+        for j in range(per):
+            lanes[:, j] = (packed >> (8 - bits * (j + 1))) & mask
+        return lanes.reshape(-1)[:count]
     planes = np.unpackbits(packed)[: count * bits].reshape(count, bits)
     return np.packbits(np.concatenate([np.zeros((count, 8 - bits), np.uint8), planes], axis=1), axis=1).reshape(-1)
 
@@ -161,11 +180,12 @@ class BlockKVFiles:
     """The block KV of chunks by content hash, in one folder (see the module's docstring)."""
 
     def __init__(self, folder: str | Path, top: str | Path, depth: int, kv_heads: int, head_dim: int, hidden: int,
-                 capture, dtype, device, read_kv_heads=(), projections: dict | None = None, bits: int = BITS,
-                 max_bytes: int | None = None, on_warning=None):
-        """`read_kv_heads`: the KV heads the QR heads read at the deepest layer; `projections`:
-        {captured layer: the adapter's A of its k_proj (rank, hidden)}; `max_bytes`: the cap of all
-        files under `top` (None: none); `on_warning(message)`: told of a damaged file."""
+                 capture, dtype, device, read_heads: dict | None = None, projections: dict | None = None,
+                 bits: tuple[int, int, int] = BITS, max_bytes: int | None = None, on_warning=None):
+        """`read_heads`: {layer: the KV heads its QR heads read} (None: every head of every layer
+        read); `projections`: {captured layer: the adapter's A of its k_proj (rank, hidden)};
+        `bits`: (read keys, other keys, values); `max_bytes`: the cap of all files under `top`
+        (None: none); `on_warning(message)`: told of a damaged file."""
         self.folder = Path(folder)
         self.top = Path(top)
         self.config = self.folder.name
@@ -174,8 +194,10 @@ class BlockKVFiles:
         self.capture = tuple(capture)
         self.dtype = dtype  # the model's torch dtype
         self.device = device
-        self.bits = bits
-        self.last_heads = sorted(set(read_kv_heads)) if read_kv_heads else list(range(kv_heads))
+        self.bits = tuple(bits)
+        every = list(range(kv_heads))
+        self.read = {layer: sorted(set(heads)) for layer, heads in read_heads.items()} if read_heads is not None \
+            else {layer: every for layer in range(depth)}
         self.projections = {layer: projections[layer].detach().float().cpu() for layer in self.capture} \
             if self.capture else {}
         # the least-norm inputs with given projections y: y (A A^T)^-1 A
@@ -184,13 +206,10 @@ class BlockKVFiles:
         self.max_bytes = max_bytes
         self.on_warning = on_warning or (lambda _message: None)
         self.reads = self.writes = self.rejected = self.evicted = 0
-
-    # layout: K of `k_heads(l)` and V of `v_heads(l)` for each layer l < depth
-    def k_heads(self, layer: int) -> list[int]:
-        return self.last_heads if layer == self.depth - 1 else list(range(self.kv_heads))
-
-    def v_heads(self, layer: int) -> list[int]:
-        return [] if layer == self.depth - 1 else list(range(self.kv_heads))
+        # layout: (layer, head) of the read keys, of the other keys stored, the layers whose V is stored
+        self.read_keys = [(layer, h) for layer in range(depth) for h in self.read.get(layer, [])]
+        self.other_keys = [(layer, h) for layer in range(depth - 1) for h in every if h not in self.read.get(layer, [])]
+        self.value_layers = list(range(depth - 1))  # nothing above the deepest layer runs: its V is never read
 
     @property
     def rank(self) -> int:
@@ -198,13 +217,15 @@ class BlockKVFiles:
 
     def _sizes(self, length: int) -> list[tuple[str, int]]:
         """(section, bytes) of a block of `length` tokens, in file order."""
-        d, b = self.head_dim, self.bits
-        k = sum(len(self.k_heads(layer)) for layer in range(self.depth))
-        v_layers = [layer for layer in range(self.depth) if self.v_heads(layer)]
-        v = sum(len(self.v_heads(layer)) for layer in v_layers)
-        return [("k", -(-k * length * d * b // 8)), ("k_scale", k * d * 2 * 2),
-                ("v", -(-v * length * d * b // 8)), ("v_scale", len(v_layers) * length * 2 * 2),
-                ("projections", len(self.capture) * length * self.rank * 2)]
+        d = self.head_dim
+        read_bits, key_bits, value_bits = self.bits
+        sizes = []
+        for section, heads, bits in (("read_keys", self.read_keys, read_bits), ("other_keys", self.other_keys, key_bits)):
+            sizes += [(section, -(-len(heads) * length * d * bits // 8)), (section + "_scale", len(heads) * d * 4)]
+        values = len(self.value_layers)
+        return sizes + [("values", -(-values * length * self.kv_heads * d * value_bits // 8)),
+                        ("values_scale", values * length * 4),
+                        ("projections", len(self.capture) * length * self.rank * 2)]
 
     def payload_bytes(self, length: int) -> int:
         return sum(n for _, n in self._sizes(length))
@@ -222,18 +243,22 @@ class BlockKVFiles:
         import torch
 
         length = int(kv[0][0].shape[-2])
-        ks = [kv[layer][0][self.k_heads(layer)] for layer in range(self.depth)]
-        k = torch.cat(ks).float().cpu().numpy()  # (heads, L, d)
-        k_codes, k_low, k_step = quantize(k, 1, self.bits)
-        v_layers = [layer for layer in range(self.depth) if self.v_heads(layer)]
-        parts = [pack(k_codes, self.bits), np.concatenate([k_low, k_step], axis=1).view(np.uint8).reshape(-1)]
-        if v_layers:
-            v = torch.stack([kv[layer][1] for layer in v_layers]).float().cpu().numpy()  # (layers, kv, L, d)
-            v = v.transpose(0, 2, 1, 3).reshape(len(v_layers), length, -1)  # one (min, step) per token and layer
-            v_codes, v_low, v_step = quantize(v, 2, self.bits)
-            parts += [pack(v_codes, self.bits), np.concatenate([v_low, v_step], axis=2).view(np.uint8).reshape(-1)]
+        read_bits, key_bits, value_bits = self.bits
+        parts = []
+        for heads, bits in ((self.read_keys, read_bits), (self.other_keys, key_bits)):
+            if not heads:
+                parts += [np.zeros(0, np.uint8)] * 2
+                continue
+            keys = torch.stack([kv[layer][0][h] for layer, h in heads]).float().cpu().numpy()  # (n, L, d)
+            codes, low, step = quantize(keys, 1, bits)  # per channel
+            parts += [pack(codes, bits), np.concatenate([low, step], axis=1).view(np.uint8).reshape(-1)]
+        if self.value_layers:
+            values = torch.stack([kv[layer][1] for layer in self.value_layers]).float().cpu().numpy()
+            values = values.transpose(0, 2, 1, 3).reshape(len(self.value_layers), length, -1)  # per token and layer
+            codes, low, step = quantize(values, 2, value_bits)
+            parts += [pack(codes, value_bits), np.concatenate([low, step], axis=2).view(np.uint8).reshape(-1)]
         else:
-            parts += [np.zeros(0, np.uint8), np.zeros(0, np.uint8)]
+            parts += [np.zeros(0, np.uint8)] * 2
         if self.capture:
             y = np.stack([inputs[layer].float().cpu().numpy() @ self.projections[layer].numpy().T
                           for layer in self.capture]).astype(np.float16)
@@ -274,36 +299,25 @@ class BlockKVFiles:
             sections[section] = buffer[at:at + n]
             at += n
         d = self.head_dim
-        k_count = sum(len(self.k_heads(layer)) for layer in range(self.depth))
-        k_codes = unpack(sections["k"], self.bits, k_count * length * d).reshape(k_count, length, d)
-        k_scale = sections["k_scale"].view(np.float16).reshape(k_count, 2, d)
-        k = dequantize(k_codes, k_scale[:, :1], k_scale[:, 1:])
-        v_layers = [layer for layer in range(self.depth) if self.v_heads(layer)]
-        v = None
-        if v_layers:
-            width = self.kv_heads * d
-            v_codes = unpack(sections["v"], self.bits, len(v_layers) * length * width).reshape(len(v_layers), length,
-                                                                                                width)
-            v_scale = sections["v_scale"].view(np.float16).reshape(len(v_layers), length, 2)
-            v = dequantize(v_codes, v_scale[:, :, :1], v_scale[:, :, 1:])
-            v = v.reshape(len(v_layers), length, self.kv_heads, d).transpose(0, 2, 1, 3)
-        k_t = torch.from_numpy(k).to(self.device, self.dtype)
-        v_t = torch.from_numpy(np.ascontiguousarray(v)).to(self.device, self.dtype) if v is not None else None
-        kv, at, v_at = [], 0, 0
-        for layer in range(self.depth):
-            heads = self.k_heads(layer)
-            keys = k_t[at:at + len(heads)]
-            at += len(heads)
-            if len(heads) != self.kv_heads:
-                full = torch.zeros(self.kv_heads, length, d, dtype=self.dtype, device=self.device)
-                full[heads] = keys
-                keys = full
-            if self.v_heads(layer):
-                values = v_t[v_at]
-                v_at += 1
-            else:
-                values = torch.zeros(self.kv_heads, length, d, dtype=self.dtype, device=self.device)
-            kv.append((keys, values))
+        read_bits, key_bits, value_bits = self.bits
+        keys = torch.zeros(self.depth, self.kv_heads, length, d, dtype=self.dtype)
+        for section, heads, bits in (("read_keys", self.read_keys, read_bits), ("other_keys", self.other_keys, key_bits)):
+            if not heads:
+                continue
+            codes = unpack(sections[section], bits, len(heads) * length * d).reshape(len(heads), length, d)
+            scale = sections[section + "_scale"].view(np.float16).reshape(len(heads), 2, d)
+            got = torch.from_numpy(dequantize(codes, scale[:, :1], scale[:, 1:])).to(self.dtype)
+            index = torch.tensor([layer * self.kv_heads + h for layer, h in heads])
+            keys.view(-1, length, d)[index] = got
+        values = torch.zeros(self.depth, self.kv_heads, length, d, dtype=self.dtype)
+        if self.value_layers:
+            n = len(self.value_layers)
+            codes = unpack(sections["values"], value_bits, n * length * self.kv_heads * d).reshape(n, length, -1)
+            scale = sections["values_scale"].view(np.float16).reshape(n, length, 2)
+            got = torch.from_numpy(dequantize(codes, scale[:, :, :1], scale[:, :, 1:])).to(self.dtype)
+            values[self.value_layers] = got.view(n, length, self.kv_heads, d).transpose(1, 2)
+        keys, values = keys.to(self.device), values.to(self.device)
+        kv = [(keys[layer], values[layer]) for layer in range(self.depth)]
         inputs = {}
         if self.capture:
             y = sections["projections"].view(np.float16).reshape(len(self.capture), length, self.rank)

@@ -122,15 +122,17 @@ def test_files_are_private_atomic_and_sized_as_documented(gqa_model_dir, tmp_pat
         assert stat.S_IMODE(at.stat().st_mode) == 0o700, at
         at = at.parent
     assert not list(folder.glob(".*.tmp"))  # written to a temp sibling, renamed
-    # the payload as documented: layers 0-1 K and V of both KV heads at 8 bits with float16 (min,
-    # step) per key channel and per value token; layer 2 (the deepest read) K of KV head 0 only
-    # (head 2 of 6 reads KV head 2 // 3)
+    # the payload as documented: the keys the QR heads read (layer 0: KV head 1, layer 1: both,
+    # layer 2: KV head 0; query head h reads KV head h // 3) in 8 bits, layer 0's other key in 4
+    # bits, each with a float16 (min, step) per channel; V of layers 0-1 (not of layer 2, the
+    # deepest: nothing above it runs) in 4 bits with a (min, step) per token and layer
     files_ = scorer.kv_files
-    assert files_.k_heads(2) == [0] and files_.v_heads(2) == []
+    assert files_.read_keys == [(0, 1), (1, 0), (1, 1), (2, 0)] and files_.other_keys == [(0, 0)]
+    assert files_.value_layers == [0, 1]
     for block in scorer._pieces(TEXTS, None)[1]:
         n = len(block)
-        k_values, v_values = (2 * 2 + 1) * n * 8, 2 * 2 * n * 8
-        assert files_.payload_bytes(n) == k_values + 5 * 8 * 4 + v_values + 2 * n * 4
+        read, other, values = 4 * n * 8, 1 * n * 8, 2 * 2 * n * 8
+        assert files_.payload_bytes(n) == read + 4 * 8 * 4 + -(-other // 2) + 1 * 8 * 4 + -(-values // 2) + 2 * n * 4
     payload = sum(files_.payload_bytes(len(b)) for b in scorer._pieces(TEXTS, None)[1])
     headers = sum(f.stat().st_size for f in files) - payload
     assert 0 < headers < len(files) * 400  # the .npy header and ours: a few hundred bytes a file
@@ -144,15 +146,20 @@ def test_codec_round_trip_is_within_half_a_step_and_keeps_the_adapter_deltas(gqa
     kv, inputs = states.blocks[0], states.block_inputs[0]
     files = scorer.kv_files
     got_kv, got_inputs = files.decode("a" * 64, files.encode("a" * 64, kv, inputs), int(kv[0][0].shape[1]))
+    read_bits, key_bits, value_bits = files.bits
     for layer in range(files.depth):
-        for which, heads in ((0, files.k_heads(layer)), (1, files.v_heads(layer))):
-            want, got = kv[layer][which], got_kv[layer][which]
-            for h in range(files.kv_heads):
-                if h in heads:  # 255 steps between the minimum and the maximum of a channel or token
-                    bound = (want[h].max() - want[h].min()) / 255 / 2 + 1e-3
-                    assert (got[h] - want[h]).abs().max() <= bound, (layer, which, h)
-                else:  # never read: not stored
-                    assert not got[h].any()
+        for h in range(files.kv_heads):
+            want, got = kv[layer][0][h], got_kv[layer][0][h]
+            bits = read_bits if (layer, h) in files.read_keys else key_bits if (layer, h) in files.other_keys else 0
+            if bits:  # 2**bits - 1 steps between the minimum and the maximum of a channel
+                assert (got - want).abs().max() <= (want.max() - want.min()) / (2 ** bits - 1) / 2 + 1e-3, (layer, h)
+            else:  # never read: not stored
+                assert not got.any()
+        want, got = kv[layer][1], got_kv[layer][1]
+        if layer in files.value_layers:  # per token over the layer's heads
+            assert (got - want).abs().max() <= (want.max() - want.min()) / (2 ** value_bits - 1) / 2 + 1e-3, layer
+        else:
+            assert not got.any()
     with torch.no_grad():
         for layer in files.capture:  # the adapter's key deltas from the lifted inputs equal the true ones
             want = adapter.delta(layer, "k", inputs[layer])
@@ -392,24 +399,27 @@ def test_background_job_through_a_real_daemon(gqa_model_dir, tmp_path, daemon_ho
 
 
 @pytest.mark.model
-def test_real_model_scores_from_ingest_files_match_fresh(tmp_path):
-    """SmolLM2 with the shipped heads and trained adapter: KV written in ingest's slices gives the
-    fresh scores within the bf16 tolerance, and the same ranking of the sample story's candidates."""
+def test_real_model_stored_kv_gives_the_fresh_top_10_on_a_book(tmp_path):
+    """SmolLM2 with the shipped heads and trained adapter on the Sherlock Holmes book: BM25's top
+    50 for a question, their KV written in ingest's slices (8-bit, as stored by default) and read
+    back, give the scores of a fresh encode within 1e-2 and the same top 10, in order."""
     from evsel.engine import Engine
     from evsel.models.selectors import get_selector
-    from evsel.paths import sample_story_path
     from evsel.settings import Settings
+    from helpers import shared_data
 
+    book = shared_data("nocha", "books", "the_adventures_of_sherlock_holmes_arthur_conan_doyle.txt")
     engine = Engine(Settings.resolve().with_(qrranker_kv=True, encode=False))
-    engine.ingest([str(sample_story_path())])
-    chunks = engine.store.chunks()[:40]
+    engine.ingest([str(book)])
+    question = "What was the speckled band?"
+    chunks = [s.chunk for s in get_selector("bm25", engine.selector_context()).rank(
+        question, engine.store.chunks(), 50)]
     selector = get_selector("qrranker", engine.selector_context())
-    assert selector.encode_store_kv(chunks[:7]) == 7 and selector.encode_store_kv(chunks[7:]) == 33
-    question = "Who killed Ambrose Tenterden?"
-    stored = np.array(selector.scores(question, chunks))
-    assert selector.scorer.kv_files.reads == 40
+    assert selector.encode_store_kv(chunks[:7]) == 7 and selector.encode_store_kv(chunks[7:]) == 43
+    reader = get_selector("qrranker", engine.selector_context())  # nothing of these blocks in memory
+    stored = np.array(reader.scores(question, chunks))
+    assert reader.scorer.kv_files.reads == 50
     fresh = qr.QRScorer(engine.backbone, selector.heads, selector.config, adapter=selector.adapter).scores(
         question, [c.text for c in chunks])
-    spread = fresh.max() - fresh.min()
-    assert np.abs(stored - fresh).max() <= TOLERANCE["bfloat16"] * spread
-    assert list(np.argsort(-stored)[:5]) == list(np.argsort(-fresh)[:5])
+    assert np.abs(stored - fresh).max() <= 1e-2
+    assert list(np.argsort(-stored, kind="stable")[:10]) == list(np.argsort(-fresh, kind="stable")[:10])
