@@ -2,14 +2,14 @@
 computed instead of encoding 50 candidates (models/qrranker.py, block encoding with "same" labels:
 a block's KV depends on the prefix and its own text only, never on the question).
 
-What is kept per chunk is what the query pass reads of it, quantized:
-- K and V of every layer below the deepest read one, all KV heads (the suffix's hidden states at a
-  read layer depend on every head of every layer below it); at the deepest read layer only the K
-  of the KV heads the QR heads read (nothing above it is run, so its V and other heads are never
-  read: they load as zeros);
-- K per (head, channel) over the block's tokens, V per (token, layer) over its channels, each
-  with `bits`-bit codes between a float16 minimum and step (keys have outlier channels, values
-  outlier tokens);
+What is kept per chunk is what the query pass reads of it, quantized (`BITS`):
+- the keys of the KV heads the QR heads read, at their layers, in 8 bits (their logits are the scores);
+- the other keys and all values of every layer below the deepest read one in 4 bits (the
+  suffix's hidden states at a read layer depend on every head of every layer below it); of the
+  deepest read layer only its read keys (nothing above it runs, so its values and other heads
+  are never read: they load as zeros);
+- keys with a float16 (minimum, step) per head and channel over the block's tokens (keys have
+  outlier channels), values with one per token and layer (values have outlier tokens);
 - with a trained adapter, the rank-r projections A x of the adapted layers' k_proj inputs (the
   adapter reads them only through A): a file loads the least-norm inputs with the same
   projections, so the adapter's key deltas are those of the true inputs up to float16 rounding.

@@ -144,15 +144,15 @@ class QRRankerSelector(Selector):
 
     def encode_missing_kv(self, chunks: list[ChunkRecord], work: IngestWork) -> int:
         """The block KV files the chunks lack, written per slice, so a stopped run resumes.
-        Returns the chunks encoded (0 where the backbone has no QR heads: the first ask says why).
+        Returns the chunks encoded (0, silently, where the backbone has no QR heads: the files are on
+        by default, and the first `--rerank qrranker` says why it cannot run).
         A full disk stops it (the work is not retried until space is freed: `daemon status` says so)."""
         from evsel.models import qrranker_kv
 
         on_event = self.context.on_event
         try:
             files = self.scorer.kv_files
-        except EvselError as exc:  # no QR heads for this backbone: nothing to compute
-            on_event({"type": "warning", "message": f"QRRanker block KV not computed ({exc.message})"})
+        except EvselError:  # no QR heads for this backbone: nothing to compute
             return 0
         if files is None:
             return 0
