@@ -392,6 +392,7 @@ def test_background_job_through_a_real_daemon(gqa_model_dir, tmp_path, daemon_ho
     result = evsel_json("ask", "--rerank", "qrranker", "--evidence-only", QUESTION)
     assert result["method"]["rerank"] == "qrranker" and result["evidence"]
     assert _kv_files(daemon_home) == hashes()  # the ask found them all: nothing new written
+    assert status(daemon_home)["disk_full"] == []  # the line a full disk would put in `daemon status`
     for path in (daemon_home / qrranker_kv.FOLDER).rglob("*.npy"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     evsel_json("docs", "rm", str(doc))
