@@ -82,7 +82,7 @@ class Settings:
     qrranker_heads: str | None = None
     # EVSEL_QRRANKER_KV: QRRanker's per-chunk block KV kept in files beside the store, computed in
     # the background after an ingest (with EVSEL_ENCODE), so a document's first rerank encodes
-    # nothing; on by default (about 5.1 KiB a token), EVSEL_QRRANKER_KV=0 turns it off
+    # nothing; on by default (about 5.3 KiB a token), EVSEL_QRRANKER_KV=0 turns it off
     qrranker_kv: bool = True
     # EVSEL_QRRANKER_KV_MAX_MB: the cap of those files in all (least recently read deleted first)
     qrranker_kv_max_mb: int = 4096
