@@ -543,6 +543,46 @@ def print_surfaces(surfaces: dict) -> None:
                       f"{case.get('detail', '')}")
 
 
+def stored_kv_faults(tmp: Path, env: dict) -> list[dict]:
+    """QRRanker's stored block KV (EVSEL_QRRANKER_KV, on by default), damaged on disk: a file whose
+    data is zeroed with its size kept, and one of random bytes. Each next `--rerank qrranker` ask
+    must succeed with one warning line, give the evidence it gave before the damage, and leave the
+    file written again whole; never "unexpected". Its own home, without the daemon."""
+    import random
+
+    from evsel.paths import sample_story_path
+
+    home = tmp / "kv-home"
+    local = {**env, "EVSEL_HOME": str(home), "EVSEL_NO_DAEMON": "1", "EVSEL_ENCODE": "1", "EVSEL_QRRANKER_KV": "1"}
+    ingest = cli(["ingest", str(sample_story_path())], local)
+    if ingest.returncode != 0:
+        return [{"input": "stored KV: ingest", "ok": False, "detail": ingest.stderr.strip()[-200:]}]
+    ask = ["ask", QUESTIONS[0], "--rerank", "qrranker", "--evidence-only", "--json"]
+
+    def evidence(result: subprocess.CompletedProcess) -> list:
+        return [e["chunk_id"] for e in json.loads(result.stdout)["evidence"]] if result.returncode == 0 else []
+
+    before = cli(ask, local)
+    want = evidence(before)
+    files = sorted((home / "qrranker").rglob("*.npy"))
+    cases = []
+    rng = random.Random(0)
+    for how in ("zeroed data, size kept", "random bytes"):
+        path = rng.choice(files)
+        whole = path.read_bytes()
+        damaged = whole[:128] + bytes(len(whole) - 128) if how.startswith("zeroed") else rng.randbytes(len(whole))
+        path.write_bytes(damaged)
+        result = cli(ask, local)
+        lines = [line for line in result.stderr.strip().splitlines() if line]
+        rewritten = path.is_file() and path.stat().st_size == len(whole) and path.read_bytes() != damaged
+        ok = (result.returncode == 0 and evidence(result) == want and len(lines) == 1 and "damaged" in lines[0]
+              and "unexpected" not in result.stderr and rewritten)
+        cases.append({"input": f"stored KV: {how}", "ok": ok,
+                      "detail": f"exit {result.returncode}, same evidence {evidence(result) == want}, "
+                                f"{len(lines)} line(s) ({(lines or [''])[-1][:100]}), written again whole {rewritten}"})
+    return cases
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=4)
@@ -660,6 +700,7 @@ def run(args, tmp: Path, env: dict) -> int:
     cli(["daemon", "stop"], env)
     full = disk_full(tmp, env)
     hostile.append(full)
+    hostile += stored_kv_faults(tmp, env)
     rows_lost += full.get("rows_lost", 0)
     surfaces = new_surfaces(tmp, env)
 

@@ -4,7 +4,7 @@ bm25 vs bm25>qrranker (the detected, untrained heads) per encoding; position bia
 
     python bench/qrranker.py [--out bench/results/qrranker.json] [--questions 100] [--bias 20] [--quick]
     python bench/qrranker.py --only latency   # section 1 alone, merged into the existing --out file
-    python bench/qrranker.py --only ingest-kv [--book PATH] [--kv-out bench/results/qrranker-kv.json]
+    python bench/qrranker.py --only ingest-kv [--book PATH] [--kv-out bench/results/qrranker-kv.json] [--candidates-only]
 
 --only ingest-kv: the block KV computed at ingest (EVSEL_QRRANKER_KV). The Sherlock Holmes book is
 ingested into a fresh store, its chunks' block KV written as the daemon's background job does
@@ -86,19 +86,30 @@ def ingest_kv(args, argv) -> int:
         from evsel.models.selectors.qrranker import QRRankerSelector
 
         work = IngestWork(engine.selector_context(events.append), None, batch=16, slice_s=0.5)
+        if args.candidates_only:  # the questions' BM25 top 50s: what their first reranks read
+            from evsel.models.selectors import get_selector as selector_named
+
+            bm25 = selector_named("bm25", engine.selector_context())
+            chunks = list({s.chunk.id: s.chunk for q in BOOK_QUESTIONS for s in bm25.rank(q, chunks, 50)}.values())
+            result["kv_chunks"] = len(chunks)
+            result["kv_chunk_tokens"] = sum(c.n_tokens for c in chunks)
         encoded = QRRankerSelector(work.context).encode_missing_kv(chunks, work)
         result["background_s"] = time.perf_counter() - t
         result["background_chunks"] = encoded
         result["background_slices"] = sum(1 for e in events if e.get("type") == "progress") - 1
         files = list((Path(home) / qrranker_kv.FOLDER).rglob("*.npy"))
         disk = sum(f.stat().st_size for f in files)
-        result.update(files=len(files), disk_bytes=disk, disk_bytes_per_token=disk / result["book_tokens"],
+        tokens = result.get("kv_chunk_tokens", result["book_tokens"])
+        result.update(files=len(files), disk_bytes=disk, disk_bytes_per_token=disk / tokens,
                       disk_over_text=disk / result["book_bytes"])
         from evsel.models.selectors import get_selector
 
         scorer = get_selector("qrranker", engine.selector_context()).scorer
-        result["kv"] = {"depth": scorer.depth, "captured_layers": list(scorer.captured),
-                        "bytes_per_block_token": scorer.kv_files.bytes_per_token}
+        result["kv"] = {"depth": scorer.depth, "captured_layers": list(scorer.captured), "bits": scorer.kv_files.bits,
+                        "payload_bytes_per_block_token_at_140": scorer.kv_files.bytes_per_token(140),
+                        "exact_bytes_per_block_token": 2 * (2 * scorer.depth * scorer.kv_files.kv_heads
+                                                            * scorer.kv_files.head_dim
+                                                            + len(scorer.captured) * scorer.kv_files.hidden)}
         print(json.dumps(result, default=str), flush=True)
 
         def ask(question: str, rerank: str | None, files: bool) -> dict:
@@ -147,6 +158,8 @@ def main(argv=None) -> int:
                         "into --out; ingest-kv: written to --kv-out)")
     parser.add_argument("--book", default=str(BOOK), help="ingest-kv: the book")
     parser.add_argument("--kv-out", default="bench/results/qrranker-kv.json")
+    parser.add_argument("--candidates-only", action="store_true",
+                        help="ingest-kv: compute the KV of the questions' BM25 top 50s only, not the whole book")
     args = parser.parse_args(argv)
     if args.only == "ingest-kv":
         return ingest_kv(args, argv)

@@ -497,6 +497,8 @@ class Daemon:
         return rows
 
     def status(self) -> dict:
+        from evsel.models import qrranker_kv
+
         with self.status_lock:
             docs = self.status_store.totals()
             watches = self._watch_list(self.status_store) if self.watcher is not None else []
@@ -540,6 +542,7 @@ class Daemon:
             "recent": list(self.scheduler.recent)[-10:],
             "watches": watches,
             "resumed": self.scheduler.resumed,
+            "disk_full": qrranker_kv.disk_full_notes(),  # stored KV that background work could not write
             # a home looser than 0700 or a store/log file looser than 0600 (made by an older evsel or by hand)
             "home_mode_warning": paths.permission_warning(self.files.home),
         }

@@ -81,8 +81,11 @@ class Settings:
     # (adapter.safetensors from `evsel train qrranker`) beside that heads.json is used with it
     qrranker_heads: str | None = None
     # EVSEL_QRRANKER_KV: QRRanker's per-chunk block KV kept in files beside the store, computed in
-    # the background after an ingest (with EVSEL_ENCODE), so a document's first rerank encodes nothing
-    qrranker_kv: bool = False
+    # the background after an ingest (with EVSEL_ENCODE), so a document's first rerank encodes
+    # nothing; on by default (about 5.3 KiB a token), EVSEL_QRRANKER_KV=0 turns it off
+    qrranker_kv: bool = True
+    # EVSEL_QRRANKER_KV_MAX_MB: the cap of those files in all (least recently read deleted first)
+    qrranker_kv_max_mb: int = 4096
     hybrid_weights: str | None = None  # EVSEL_HYBRID_WEIGHTS: a hybrid.json (or its folder) instead of the shipped one
     # EVSEL_BLOCKSEARCH_DECODER: a folder from `evsel train blocksearch` instead of the shipped decoder
     blocksearch_decoder: str | None = None
@@ -119,7 +122,8 @@ class Settings:
             threads=_threads(env),
             unreal_adapter=_absolute(env.get("EVSEL_UNREAL_ADAPTER"), cwd),
             qrranker_heads=_heads_or_path(env.get("EVSEL_QRRANKER_HEADS"), cwd),
-            qrranker_kv=_flag(env, "EVSEL_QRRANKER_KV", False),
+            qrranker_kv=_flag(env, "EVSEL_QRRANKER_KV", True),
+            qrranker_kv_max_mb=_count(env, "EVSEL_QRRANKER_KV_MAX_MB") or 4096,
             hybrid_weights=_absolute(env.get("EVSEL_HYBRID_WEIGHTS"), cwd),
             blocksearch_decoder=_absolute(env.get("EVSEL_BLOCKSEARCH_DECODER"), cwd),
             blocksearch_router=_absolute(env.get("EVSEL_BLOCKSEARCH_ROUTER"), cwd),

@@ -395,6 +395,12 @@ class Store:
             except OSError:
                 pass
 
+    def held_hashes(self, hashes: Iterable[str]) -> set[str]:
+        """The content hashes among `hashes` that some chunk holds (a file written for a chunk
+        removed meanwhile is an orphan its writer deletes)."""
+        return {h for h in hashes
+                if self.db.conn.execute("select 1 from chunks where content_hash = ? limit 1", [h]).fetchone()}
+
     def remove_documents(self, doc_ids: Iterable[int]) -> None:
         with self.transaction():
             dropped: set[str] = set()

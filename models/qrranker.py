@@ -250,10 +250,11 @@ class QRScorer:
         self.model_key = f"{backbone.fingerprint}:{next(self.model.parameters()).dtype}"
         self.kv_files = None  # BlockKVFiles (`use_kv_files`): the candidates' block KV on disk
 
-    def use_kv_files(self, store_dir: str | Path | None) -> None:
+    def use_kv_files(self, store_dir: str | Path | None, max_bytes: int | None = None, on_warning=None) -> None:
         """Keep the candidates' block KV in files beside the store in `store_dir` (models/qrranker_kv.py),
         read before encoding and written after (block encoding with "same" labels only: there a
-        block's KV depends on its text alone). None: memory only."""
+        block's KV depends on its text alone). None: memory only. `max_bytes`: the files' cap;
+        `on_warning(message)`: told of a damaged file (deleted and encoded again)."""
         from evsel.models import qrranker_kv
 
         if store_dir is None or self.config.encoding != "block" or self.config.block_labels != "same":
@@ -262,14 +263,26 @@ class QRScorer:
         cfg = self.model.config
         param = next(self.model.parameters())
         prompt = self.prompt
+        kv_heads = cfg.num_key_value_heads
+        group = cfg.num_attention_heads // kv_heads
+        read: dict = {}  # layer -> the KV heads its QR heads read
+        for layer, head in self.heads:
+            read.setdefault(layer, set()).add(head // group)
+        read = {layer: sorted(heads) for layer, heads in sorted(read.items())} if self.heads else None
+        projections = {layer: self.adapter.params[self.adapter.name(layer, "k", "A")] for layer in self.captured}
         digest = qrranker_kv.kv_digest(str(param.dtype).replace("torch.", ""), self.depth, prompt.prefix(None),
                                        prompt.ids(prompt.config.separator), prompt.config.max_chunk_tokens,
-                                       self.config.block_labels, self.captured)
+                                       self.config.block_labels, self.captured,
+                                       [(layer, h) for layer, heads in (read or {}).items() for h in heads],
+                                       qrranker_kv.projection_digest(projections) if projections else "")
         root = qrranker_kv.kv_root(store_dir)
         self.kv_files = qrranker_kv.BlockKVFiles(
-            root / self.backbone.fingerprint / digest, root, self.depth, cfg.num_key_value_heads,
+            root / self.backbone.fingerprint / digest, root, self.depth, kv_heads,
             getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads, cfg.hidden_size,
-            self.captured, param.dtype, param.device)
+            self.captured, param.dtype, param.device, read, projections, max_bytes=max_bytes, on_warning=on_warning)
+        # blocks read from files are quantized: the shared in-memory cache keeps them apart from
+        # exact ones (another scorer over the same backbone and depth reads exact states only)
+        self.model_key = f"{self.model_key.split(':kv-')[0]}:kv-{digest}"
 
     @property
     def layers(self) -> list[int]:
@@ -420,8 +433,11 @@ class _FileBacking:
     def store(self, items: dict) -> None:
         try:
             self.files.store({self.hashes[i]: value for i, value in items.items() if i < len(self.hashes)})
-        except OSError:  # a cache: a full or read-only disk costs the next ask an encode, never a wrong score
-            pass
+        except OSError as exc:  # a cache: a full or read-only disk costs the next ask an encode, never a wrong score
+            from evsel.models import qrranker_kv
+
+            if qrranker_kv.disk_is_full(exc):
+                qrranker_kv.note_disk_full(self.files.top)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,29 +2,103 @@
 computed instead of encoding 50 candidates (models/qrranker.py, block encoding with "same" labels:
 a block's KV depends on the prefix and its own text only, never on the question).
 
-What is kept per chunk is exactly what the scorer's in-memory cache (blocksparse's BlockStateCache)
-holds for it, so scores read from a file are bit-identical to scores read from memory: the K and V
-of every layer the query pass runs (0 .. deepest read layer; the suffix's hidden states at a read
-layer depend on every head of every layer below it), in the model's own dtype, and with a trained
-adapter the k_proj inputs of the adapted layers (the adapter rotates its key deltas from them).
+What is kept per chunk is what the query pass reads of it, quantized (`BITS`):
+- the keys of the KV heads the QR heads read, at their layers, in 8 bits (their logits are the scores);
+- the other keys and all values of every layer below the deepest read one in 4 bits (the
+  suffix's hidden states at a read layer depend on every head of every layer below it); of the
+  deepest read layer only its read keys (nothing above it runs, so its values and other heads
+  are never read: they load as zeros);
+- keys with a float16 (minimum, step) per head and channel over the block's tokens (keys have
+  outlier channels), values with one per token and layer (values have outlier tokens);
+- with a trained adapter, the rank-r projections A x of the adapted layers' k_proj inputs (the
+  adapter reads them only through A): a file loads the least-norm inputs with the same
+  projections, so the adapter's key deltas are those of the true inputs up to float16 rounding.
 
 Files: <store dir>/qrranker/<backbone fingerprint>/<config digest>/<chunk content hash>.npy, one
-flat array a chunk (ArrayCache: 0600 files in 0700 folders, written to a temp sibling, fsynced and
-renamed; a damaged file is deleted and computed again). The digest covers everything a block's KV
-depends on besides its text and the weights (the model's dtype, the depth, the prefix, the block's
-cut and label, the captured layers), so another encoding or head set never reads these files. The
-selectors package deletes a chunk's files once no chunk of the store holds its text.
+uint8 array a chunk (ArrayCache: 0600 files in 0700 folders, written to a temp sibling, fsynced and
+renamed). Each starts with a header naming the format, the config digest, the chunk hash, the
+block's length and the blake2b digest of the payload; a file whose header or digest does not
+match (torn, zeroed, random bytes, another chunk's) is deleted with a warning and encoded again.
+The config digest covers everything a block's KV depends on besides its text and the weights (the
+model's dtype, the depth, the prefix, the block's cut and label, the read heads, the adapter's
+projections, the bits), so another encoding or head set never reads these files. The selectors
+package deletes a chunk's files once no chunk of the store holds its text; past `max_bytes` in
+all, the least recently read files go first.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
+import os
+import shutil
+import struct
+import threading
 from pathlib import Path
 
 import numpy as np
 from evsel.models.caches import ArrayCache, config_digest, delete_chunk_files, method_root
 
-FORMAT = "evsel-qrranker-kv/1"
+FORMAT = "evsel-qrranker-kv/2"
 FOLDER = "qrranker"
+MAGIC = b"EVKV"
+# bits per stored value: the keys the QR heads read, the other keys, the values (docs/QRRANKER.md:
+# within 1e-2 of fresh scores with the same top 10 on the Sherlock Holmes book; 3 bits for the
+# last two is not)
+BITS = (8, 4, 4)
+
+
+# a full disk: the KV root -> the bytes free when a write failed; until more is free than that
+# (plus FREED), no background work writes there again (a process's note: `daemon status` shows it)
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+FREED = 64 << 20
+_full: dict[str, int] = {}
+_full_lock = threading.Lock()
+
+
+def _free_bytes(root: Path) -> int:
+    at = Path(root)
+    while not at.exists() and at != at.parent:
+        at = at.parent
+    return shutil.disk_usage(at).free
+
+
+def note_disk_full(root: str | Path) -> str:
+    """Record that writing under `root` ran out of space; returns the line that says so."""
+    with _full_lock:
+        _full[str(root)] = _free_bytes(Path(root))
+    return disk_full_line(root)
+
+
+def disk_full_line(root: str | Path) -> str:
+    return (f"QRRanker block KV not written: the disk of {root} is full; background work waits until space "
+            "is freed (or turn the files off with EVSEL_QRRANKER_KV=0, or cap them with EVSEL_QRRANKER_KV_MAX_MB)")
+
+
+def disk_still_full(root: str | Path) -> bool:
+    """Is `root` noted full with no space freed since? (Freed: the note is dropped.)"""
+    with _full_lock:
+        if str(root) not in _full:
+            return False
+        try:
+            if _free_bytes(Path(root)) < _full[str(root)] + FREED:
+                return True
+        except OSError:
+            return True
+        del _full[str(root)]
+        return False
+
+
+def disk_full_notes() -> list[str]:
+    """A line for each KV root still full (for `evsel daemon status`)."""
+    with _full_lock:
+        roots = list(_full)
+    return [disk_full_line(root) for root in roots if disk_still_full(root)]
+
+
+def disk_is_full(exc: OSError) -> bool:
+    return exc.errno in FULL_ERRNOS
 
 
 def kv_root(store_dir: str | Path) -> Path:
@@ -32,10 +106,11 @@ def kv_root(store_dir: str | Path) -> Path:
 
 
 def kv_digest(model_dtype: str, depth: int, prefix: list[int], separator: list[int], max_chunk_tokens: int,
-              labels: str, capture) -> str:
+              labels: str, capture, read_heads=(), projections: str = "", bits=BITS) -> str:
     data = {"format": FORMAT, "model_dtype": model_dtype, "depth": depth, "prefix": list(prefix),
             "separator": list(separator), "max_chunk_tokens": max_chunk_tokens, "labels": labels,
-            "capture": list(capture)}
+            "capture": list(capture), "read_heads": [list(h) for h in read_heads], "projections": projections,
+            "bits": list(bits)}
     return config_digest(data)
 
 
@@ -44,78 +119,273 @@ def delete_kv_files(store_dir: str | Path, hashes) -> int:
     return delete_chunk_files(store_dir, FOLDER, hashes)
 
 
-# numpy has no bfloat16: its bits are stored as int16 (and read back as they were)
-_STORED = {"bfloat16": ("int16", np.int16), "float16": (None, np.float16), "float32": (None, np.float32)}
+def projection_digest(matrices: dict) -> str:
+    """What the stored projections depend on: the adapter's A of each captured layer's k_proj."""
+    digest = hashlib.blake2b(digest_size=8)
+    for layer in sorted(matrices):
+        digest.update(np.ascontiguousarray(matrices[layer].detach().float().cpu().numpy()).tobytes())
+    return digest.hexdigest()
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes < 2**bits -> their low `bits` bits, packed (first code in the high bits)."""
+    codes = codes.astype(np.uint8).reshape(-1)
+    if bits == 8:
+        return codes
+    per = 8 // bits
+    if 8 % bits == 0:  # 1, 2, 4 bits: shifts
+        padded = np.zeros(-(-codes.size // per) * per, np.uint8)
+        padded[: codes.size] = codes
+        lanes = padded.reshape(-1, per)
+        out = np.zeros(lanes.shape[0], np.uint8)
+        for j in range(per):
+            out |= lanes[:, j] << (8 - bits * (j + 1))
+        return out
+    planes = np.unpackbits(codes.reshape(-1, 1), axis=1)[:, 8 - bits:]
+    return np.packbits(planes.reshape(-1))
+
+
+def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    if bits == 8:
+        return packed[:count]
+    if 8 % bits == 0:
+        per, mask = 8 // bits, (1 << bits) - 1
+        lanes = np.empty((packed.size, per), np.uint8)
+        for j in range(per):
+            lanes[:, j] = (packed >> (8 - bits * (j + 1))) & mask
+        return lanes.reshape(-1)[:count]
+    planes = np.unpackbits(packed)[: count * bits].reshape(count, bits)
+    return np.packbits(np.concatenate([np.zeros((count, 8 - bits), np.uint8), planes], axis=1), axis=1).reshape(-1)
+
+
+def quantize(x: np.ndarray, axis: int, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes, float16 minimum and step of `x` (float32), one (minimum, step) along `axis`."""
+    low = x.min(axis=axis, keepdims=True).astype(np.float16)
+    high = x.max(axis=axis, keepdims=True)
+    step = ((high - low.astype(np.float32)) / (2 ** bits - 1)).astype(np.float16)
+    safe = np.where(step.astype(np.float32) > 0, step.astype(np.float32), 1.0)
+    codes = np.clip(np.rint((x - low.astype(np.float32)) / safe), 0, 2 ** bits - 1).astype(np.uint8)
+    return codes, low, step
+
+
+def dequantize(codes: np.ndarray, low: np.ndarray, step: np.ndarray) -> np.ndarray:
+    return codes.astype(np.float32) * step.astype(np.float32) + low.astype(np.float32)
+
+
+class DamagedKV(ValueError):
+    """A stored file that is not what its name and folder promise."""
 
 
 class BlockKVFiles:
     """The block KV of chunks by content hash, in one folder (see the module's docstring)."""
 
     def __init__(self, folder: str | Path, top: str | Path, depth: int, kv_heads: int, head_dim: int, hidden: int,
-                 capture, dtype, device):
-        import torch
-
+                 capture, dtype, device, read_heads: dict | None = None, projections: dict | None = None,
+                 bits: tuple[int, int, int] = BITS, max_bytes: int | None = None, on_warning=None):
+        """`read_heads`: {layer: the KV heads its QR heads read} (None: every head of every layer
+        read); `projections`: {captured layer: the adapter's A of its k_proj (rank, hidden)};
+        `bits`: (read keys, other keys, values); `max_bytes`: the cap of all files under `top`
+        (None: none); `on_warning(message)`: told of a damaged file."""
         self.folder = Path(folder)
+        self.top = Path(top)
+        self.config = self.folder.name
         self.files = ArrayCache(self.folder, top=top)
         self.depth, self.kv_heads, self.head_dim, self.hidden = depth, kv_heads, head_dim, hidden
         self.capture = tuple(capture)
         self.dtype = dtype  # the model's torch dtype
-        name = str(dtype).replace("torch.", "")
-        if name not in _STORED:
-            raise ValueError(f"no storage for {name} block KV")
-        bits, self.np_dtype = _STORED[name]
-        self.bits = getattr(torch, bits) if bits else None
         self.device = device
-        self.reads = self.writes = 0
+        self.bits = tuple(bits)
+        every = list(range(kv_heads))
+        self.read = {layer: sorted(set(heads)) for layer, heads in read_heads.items()} if read_heads is not None \
+            else {layer: every for layer in range(depth)}
+        self.projections = {layer: projections[layer].detach().float().cpu() for layer in self.capture} \
+            if self.capture else {}
+        # the least-norm inputs with given projections y: y (A A^T)^-1 A
+        self.lift = {layer: np.linalg.solve((a @ a.T).numpy(), a.numpy()).astype(np.float32)
+                     for layer, a in self.projections.items()}
+        self.max_bytes = max_bytes
+        self.on_warning = on_warning or (lambda _message: None)
+        self.reads = self.writes = self.rejected = self.evicted = 0
+        # layout: (layer, head) of the read keys, of the other keys stored, the layers whose V is stored
+        self.read_keys = [(layer, h) for layer in range(depth) for h in self.read.get(layer, [])]
+        self.other_keys = [(layer, h) for layer in range(depth - 1) for h in every if h not in self.read.get(layer, [])]
+        self.value_layers = list(range(depth - 1))  # nothing above the deepest layer runs: its V is never read
 
     @property
-    def per_token(self) -> int:
-        """Stored elements per block token: K and V of every layer, and the captured k_proj inputs."""
-        return 2 * self.depth * self.kv_heads * self.head_dim + len(self.capture) * self.hidden
+    def rank(self) -> int:
+        return int(next(iter(self.projections.values())).shape[0]) if self.projections else 0
 
-    @property
-    def bytes_per_token(self) -> int:
-        return self.per_token * np.dtype(self.np_dtype).itemsize
+    def _sizes(self, length: int) -> list[tuple[str, int]]:
+        """(section, bytes) of a block of `length` tokens, in file order."""
+        d = self.head_dim
+        read_bits, key_bits, value_bits = self.bits
+        sizes = []
+        for section, heads, bits in (("read_keys", self.read_keys, read_bits), ("other_keys", self.other_keys, key_bits)):
+            sizes += [(section, -(-len(heads) * length * d * bits // 8)), (section + "_scale", len(heads) * d * 4)]
+        values = len(self.value_layers)
+        return sizes + [("values", -(-values * length * self.kv_heads * d * value_bits // 8)),
+                        ("values_scale", values * length * 4),
+                        ("projections", len(self.capture) * length * self.rank * 2)]
+
+    def payload_bytes(self, length: int) -> int:
+        return sum(n for _, n in self._sizes(length))
+
+    def bytes_per_token(self, length: int = 140) -> float:
+        """Stored bytes per block token for a block of `length` tokens (the header aside)."""
+        return self.payload_bytes(length) / length
 
     def has(self, name: str) -> bool:
         return self.files.path(name).is_file()
 
-    def load(self, name: str, length: int):
-        """(per layer (K, V) each (kv, L, d), {layer: (L, hidden)}) of a block of `length` tokens,
-        or None when there is no whole file of that shape."""
+    # encoding
+    def encode(self, name: str, kv, inputs: dict) -> np.ndarray:
+        """One file's bytes: header then payload (see the module's docstring)."""
         import torch
 
-        array = self.files.get(name, (length * self.per_token,), self.np_dtype)
-        if array is None:
-            return None
-        flat = torch.from_numpy(array)
-        if self.bits is not None:
-            flat = flat.view(self.dtype)
-        flat = flat.to(self.device)
-        part = self.kv_heads * length * self.head_dim
-        kv, at = [], 0
-        for _ in range(self.depth):
-            k = flat[at:at + part].view(self.kv_heads, length, self.head_dim)
-            v = flat[at + part:at + 2 * part].view(self.kv_heads, length, self.head_dim)
-            kv.append((k, v))
-            at += 2 * part
+        length = int(kv[0][0].shape[-2])
+        read_bits, key_bits, value_bits = self.bits
+        parts = []
+        for heads, bits in ((self.read_keys, read_bits), (self.other_keys, key_bits)):
+            if not heads:
+                parts += [np.zeros(0, np.uint8)] * 2
+                continue
+            keys = torch.stack([kv[layer][0][h] for layer, h in heads]).float().cpu().numpy()  # (n, L, d)
+            codes, low, step = quantize(keys, 1, bits)  # per channel
+            parts += [pack(codes, bits), np.concatenate([low, step], axis=1).view(np.uint8).reshape(-1)]
+        if self.value_layers:
+            values = torch.stack([kv[layer][1] for layer in self.value_layers]).float().cpu().numpy()
+            values = values.transpose(0, 2, 1, 3).reshape(len(self.value_layers), length, -1)  # per token and layer
+            codes, low, step = quantize(values, 2, value_bits)
+            parts += [pack(codes, value_bits), np.concatenate([low, step], axis=2).view(np.uint8).reshape(-1)]
+        else:
+            parts += [np.zeros(0, np.uint8)] * 2
+        if self.capture:
+            y = np.stack([inputs[layer].float().cpu().numpy() @ self.projections[layer].numpy().T
+                          for layer in self.capture]).astype(np.float16)
+            parts.append(y.view(np.uint8).reshape(-1))
+        payload = np.concatenate(parts)
+        if payload.size != self.payload_bytes(length):
+            raise ValueError("block KV layout mismatch")
+        header = json.dumps({"format": FORMAT, "config": self.config, "name": name, "length": length,
+                             "bytes": int(payload.size),
+                             "blake2b": hashlib.blake2b(payload.tobytes(), digest_size=16).hexdigest()}).encode()
+        lead = np.frombuffer(MAGIC + struct.pack("<I", len(header)) + header, np.uint8)
+        return np.concatenate([lead, payload])
+
+    def decode(self, name: str, data: np.ndarray, length: int):
+        """(per layer (K, V) each (kv, L, d), {layer: (L, hidden)}) from one file's bytes; raises
+        DamagedKV where it is not this block's whole, intact file."""
+        import torch
+
+        raw = data.tobytes()
+        if raw[:4] != MAGIC or len(raw) < 8:
+            raise DamagedKV("no block KV header")
+        size = struct.unpack("<I", raw[4:8])[0]
+        try:
+            header = json.loads(raw[8:8 + size].decode())
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise DamagedKV("unreadable header") from exc
+        payload = raw[8 + size:]
+        expected = {"format": FORMAT, "config": self.config, "name": name, "length": length,
+                    "bytes": self.payload_bytes(length)}
+        if not isinstance(header, dict) or any(header.get(key) != value for key, value in expected.items()):
+            raise DamagedKV("header does not match this block")
+        if len(payload) != expected["bytes"] or \
+                hashlib.blake2b(payload, digest_size=16).hexdigest() != header.get("blake2b"):
+            raise DamagedKV("digest mismatch")
+        buffer = np.frombuffer(payload, np.uint8)
+        sections, at = {}, 0
+        for section, n in self._sizes(length):
+            sections[section] = buffer[at:at + n]
+            at += n
+        d = self.head_dim
+        read_bits, key_bits, value_bits = self.bits
+        keys = torch.zeros(self.depth, self.kv_heads, length, d, dtype=self.dtype)
+        for section, heads, bits in (("read_keys", self.read_keys, read_bits), ("other_keys", self.other_keys, key_bits)):
+            if not heads:
+                continue
+            codes = unpack(sections[section], bits, len(heads) * length * d).reshape(len(heads), length, d)
+            scale = sections[section + "_scale"].view(np.float16).reshape(len(heads), 2, d)
+            got = torch.from_numpy(dequantize(codes, scale[:, :1], scale[:, 1:])).to(self.dtype)
+            index = torch.tensor([layer * self.kv_heads + h for layer, h in heads])
+            keys.view(-1, length, d)[index] = got
+        values = torch.zeros(self.depth, self.kv_heads, length, d, dtype=self.dtype)
+        if self.value_layers:
+            n = len(self.value_layers)
+            codes = unpack(sections["values"], value_bits, n * length * self.kv_heads * d).reshape(n, length, -1)
+            scale = sections["values_scale"].view(np.float16).reshape(n, length, 2)
+            got = torch.from_numpy(dequantize(codes, scale[:, :, :1], scale[:, :, 1:])).to(self.dtype)
+            values[self.value_layers] = got.view(n, length, self.kv_heads, d).transpose(1, 2)
+        keys, values = keys.to(self.device), values.to(self.device)
+        kv = [(keys[layer], values[layer]) for layer in range(self.depth)]
         inputs = {}
-        for layer in self.capture:
-            inputs[layer] = flat[at:at + length * self.hidden].view(length, self.hidden)
-            at += length * self.hidden
-        self.reads += 1
+        if self.capture:
+            y = sections["projections"].view(np.float16).reshape(len(self.capture), length, self.rank)
+            for j, layer in enumerate(self.capture):
+                inputs[layer] = torch.from_numpy(y[j].astype(np.float32) @ self.lift[layer]).to(self.device,
+                                                                                                 self.dtype)
         return kv, inputs
 
-    def store(self, items: dict) -> None:
-        """Write {content hash: (kv, inputs)} (as `load` returns them), each file atomically."""
-        import torch
+    # reading and writing
+    def load(self, name: str, length: int):
+        """The block's states (as `decode`), or None when there is no intact file for it (a damaged
+        one is deleted, with a warning, and the caller encodes the block again)."""
+        before = self.files.rejected
+        data = self.files.get(name, None, np.uint8)
+        if data is None:
+            if self.files.rejected > before:  # ArrayCache deleted it already
+                self._damaged(name, "unreadable file")
+            return None
+        try:
+            got = self.decode(name, data.reshape(-1), length)
+        except DamagedKV as exc:
+            self.files.delete([name])
+            self._damaged(name, str(exc))
+            return None
+        try:
+            os.utime(self.files.path(name))  # the cap evicts the least recently read first
+        except OSError:
+            pass
+        self.reads += 1
+        return got
 
-        arrays = {}
-        for name, (kv, inputs) in items.items():
-            parts = [t.reshape(-1) for pair in kv[: self.depth] for t in pair]
-            parts += [inputs[layer].reshape(-1) for layer in self.capture]
-            flat = torch.cat(parts).to("cpu", self.dtype)
-            arrays[name] = (flat.view(self.bits) if self.bits is not None else flat).numpy()
+    def _damaged(self, name: str, why: str) -> None:
+        self.rejected += 1
+        self.on_warning(f"QRRanker block KV file {name[:16]}... was damaged ({why}); deleted, it is encoded again")
+
+    def store(self, items: dict) -> None:
+        """Write {content hash: (kv, inputs)} (as `load` returns them), each file atomically, then
+        keep the files under the cap."""
+        arrays = {name: self.encode(name, kv, inputs) for name, (kv, inputs) in items.items()}
         if arrays:
             self.files.put_many(arrays)
             self.writes += len(arrays)
+            self.enforce_cap(keep=set(arrays))
+
+    def enforce_cap(self, keep: set = frozenset()) -> int:
+        """Delete the least recently read files under `top` (every backbone and config) until they
+        fit `max_bytes`; `keep`: names not to delete (just written). Returns the files deleted."""
+        if self.max_bytes is None or not self.top.is_dir():
+            return 0
+        found = []
+        for path in self.top.glob("*/*/*.npy"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            found.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in found)
+        gone = 0
+        for _, size, path in sorted(found):
+            if total <= self.max_bytes:
+                break
+            if path.stem in keep:
+                continue
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            total -= size
+            gone += 1
+        self.evicted += gone
+        return gone

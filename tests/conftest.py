@@ -23,6 +23,7 @@ def evsel_home(tmp_path, monkeypatch, model_cache) -> Path:
     monkeypatch.setenv("EVSEL_MODEL_CACHE", str(model_cache))
     monkeypatch.setenv("EVSEL_NO_DAEMON", "1")
     monkeypatch.setenv("EVSEL_ENCODE", "0")  # chunk states at ingest cost minutes on CPU; tests that need them ask
+    monkeypatch.setenv("EVSEL_QRRANKER_KV", "0")  # so does QRRanker's stored KV (on by default); its tests ask
     monkeypatch.delenv("EVSEL_MODEL", raising=False)
     monkeypatch.delenv("EVSEL_DEVICE", raising=False)
     return home

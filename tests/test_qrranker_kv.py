@@ -1,9 +1,11 @@
-"""QRRanker's block KV files (models/qrranker_kv.py): scores read from them equal scores computed
-fresh (bit for bit where the blocks were encoded in the same batches, within a stated tolerance
-where ingest's slices batched them otherwise); the files are private, keyed so that another
-backbone, encoding or head set never reads them, and deleted with the last chunk holding their
-text; ingest computes them (inline, and through a real daemon in the background). A tiny
-random-weight Llama with SmolLM2's head grouping; one check with the real model."""
+"""QRRanker's block KV files (models/qrranker_kv.py): scores read from them (8-bit K/V) stay within
+a stated tolerance of scores computed fresh, with the same ranking; the files are private, keyed
+so that another backbone, encoding or head set never reads them, checked by a header and digest
+(a damaged one is deleted with a warning and encoded again), capped on disk, and deleted with the
+last chunk holding their text (also when it goes while they are written); a full disk stops the
+background work in one line. Ingest computes them (inline, and through a real daemon in the
+background). A tiny random-weight Llama with SmolLM2's head grouping; the real model on the
+Sherlock Holmes book: the same top 10 as fresh KV, scores within 1e-2."""
 
 from __future__ import annotations
 
@@ -24,9 +26,8 @@ from fixtures_tiny import WORDS
 HEADS = [(0, 4), (1, 0), (1, 5), (2, 2)]
 HEAD_SETTING = "0-4,1-0,1-5,2-2"
 QUESTION = "who killed the keeper ?"
-# scores from KV that ingest encoded in other batches than the rerank would (padding and batch
-# shape change the matmuls' rounding): this close to the fresh ones, relative to the scores' spread
-TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}
+# scores from stored (quantized) KV: this close to the fresh ones, relative to the scores' spread
+TOLERANCE = {"float32": 2e-2, "bfloat16": 2e-2}
 
 
 def _text(seed: int, n: int) -> str:
@@ -57,9 +58,9 @@ def _adapter(backbone):
     return adapter
 
 
-def _scorer(backbone, store_dir=None, heads=HEADS, adapter=None, **config):
+def _scorer(backbone, store_dir=None, heads=HEADS, adapter=None, max_bytes=None, warnings=None, **config):
     scorer = qr.QRScorer(backbone, heads, qr.ScorerConfig(**config), adapter=adapter)
-    scorer.use_kv_files(store_dir)
+    scorer.use_kv_files(store_dir, max_bytes, None if warnings is None else warnings.append)
     return scorer
 
 
@@ -77,7 +78,8 @@ def test_scores_from_files_equal_scores_computed_fresh(gqa_model_dir, tmp_path, 
     reader = _scorer(backbone, tmp_path, adapter=adapter)  # a new process: nothing in memory
     got = reader.scores(QUESTION, TEXTS)
     assert reader.kv_files.reads == len(TEXTS) and reader.kv_files.writes == 0
-    assert np.array_equal(got, fresh)  # bit for bit: the same tensors the memory cache holds
+    _assert_close(got, fresh, dtype)
+    assert not np.array_equal(got, fresh)  # the stored KV is quantized: read, not recomputed
     # a candidate list mixing stored and new texts reads the one and writes the other (the stored
     # ones were encoded in another batch than a fresh encode of this list: within the tolerance)
     mixed = TEXTS[:3] + [_text(99, 7)]
@@ -107,10 +109,10 @@ def test_kv_written_at_ingest_in_other_batches_scores_within_tolerance(gqa_model
     _assert_close(scores, _scorer(backbone, None, adapter=adapter).scores(QUESTION, TEXTS), dtype)
 
 
-def test_files_are_private_atomic_and_damaged_ones_are_recomputed(gqa_model_dir, tmp_path):
+def test_files_are_private_atomic_and_sized_as_documented(gqa_model_dir, tmp_path):
     backbone = _backbone(gqa_model_dir, "float32")
     scorer = _scorer(backbone, tmp_path)
-    want = scorer.scores(QUESTION, TEXTS)
+    scorer.scores(QUESTION, TEXTS)
     folder = scorer.kv_files.folder
     files = sorted(folder.glob("*.npy"))
     assert {f.stem for f in files} == {content_hash(t) for t in TEXTS}
@@ -120,17 +122,108 @@ def test_files_are_private_atomic_and_damaged_ones_are_recomputed(gqa_model_dir,
         assert stat.S_IMODE(at.stat().st_mode) == 0o700, at
         at = at.parent
     assert not list(folder.glob(".*.tmp"))  # written to a temp sibling, renamed
-    # bytes per token as documented: K and V of every layer run, in the model's dtype
-    n_tokens = sum(len(b) for b in scorer._pieces(TEXTS, None)[1])
-    data = sum(f.stat().st_size - 128 for f in files)  # less each file's .npy header
-    assert data == n_tokens * scorer.kv_files.bytes_per_token == n_tokens * 2 * 3 * 2 * 8 * 4
-    damaged = files[0]
-    whole = damaged.read_bytes()
-    damaged.write_bytes(whole[:-10])  # a torn file: rejected, deleted, encoded and written again
-    reader = _scorer(backbone, tmp_path)
-    _assert_close(reader.scores(QUESTION, TEXTS), want, "float32")  # that one block encoded alone
-    assert (reader.kv_files.reads, reader.kv_files.writes) == (len(TEXTS) - 1, 1)
-    assert damaged.stat().st_size == len(whole)
+    # the payload as documented: the keys the QR heads read (layer 0: KV head 1, layer 1: both,
+    # layer 2: KV head 0; query head h reads KV head h // 3) in 8 bits, layer 0's other key in 4
+    # bits, each with a float16 (min, step) per channel; V of layers 0-1 (not of layer 2, the
+    # deepest: nothing above it runs) in 4 bits with a (min, step) per token and layer
+    files_ = scorer.kv_files
+    assert files_.read_keys == [(0, 1), (1, 0), (1, 1), (2, 0)] and files_.other_keys == [(0, 0)]
+    assert files_.value_layers == [0, 1]
+    for block in scorer._pieces(TEXTS, None)[1]:
+        n = len(block)
+        read, other, values = 4 * n * 8, 1 * n * 8, 2 * 2 * n * 8
+        assert files_.payload_bytes(n) == read + 4 * 8 * 4 + -(-other // 2) + 1 * 8 * 4 + -(-values // 2) + 2 * n * 4
+    payload = sum(files_.payload_bytes(len(b)) for b in scorer._pieces(TEXTS, None)[1])
+    headers = sum(f.stat().st_size for f in files) - payload
+    assert 0 < headers < len(files) * 400  # the .npy header and ours: a few hundred bytes a file
+
+
+def test_codec_round_trip_is_within_half_a_step_and_keeps_the_adapter_deltas(gqa_model_dir, tmp_path):
+    backbone = _backbone(gqa_model_dir, "float32")
+    adapter = _adapter(backbone)
+    scorer = _scorer(backbone, tmp_path, adapter=adapter)
+    states, _ = scorer.block_states(TEXTS[:1])
+    kv, inputs = states.blocks[0], states.block_inputs[0]
+    files = scorer.kv_files
+    got_kv, got_inputs = files.decode("a" * 64, files.encode("a" * 64, kv, inputs), int(kv[0][0].shape[1]))
+    read_bits, key_bits, value_bits = files.bits
+    for layer in range(files.depth):
+        for h in range(files.kv_heads):
+            want, got = kv[layer][0][h], got_kv[layer][0][h]
+            bits = read_bits if (layer, h) in files.read_keys else key_bits if (layer, h) in files.other_keys else 0
+            if bits:  # 2**bits - 1 steps between the minimum and the maximum of a channel
+                assert (got - want).abs().max() <= (want.max() - want.min()) / (2 ** bits - 1) / 2 + 1e-3, (layer, h)
+            else:  # never read: not stored
+                assert not got.any()
+        want, got = kv[layer][1], got_kv[layer][1]
+        if layer in files.value_layers:  # per token over the layer's heads
+            assert (got - want).abs().max() <= (want.max() - want.min()) / (2 ** value_bits - 1) / 2 + 1e-3, layer
+        else:
+            assert not got.any()
+    with torch.no_grad():
+        for layer in files.capture:  # the adapter's key deltas from the lifted inputs equal the true ones
+            want = adapter.delta(layer, "k", inputs[layer])
+            assert torch.allclose(adapter.delta(layer, "k", got_inputs[layer]), want, atol=1e-2 * float(want.abs().max()))
+
+
+def _damage(path: Path, how: str, other: Path) -> None:
+    whole = path.read_bytes()
+    if how == "torn":
+        path.write_bytes(whole[:-10])
+    elif how == "zeroed":  # the size kept, the data after the .npy header zeroed
+        path.write_bytes(whole[:128] + bytes(len(whole) - 128))
+    elif how == "random":
+        path.write_bytes(np.random.default_rng(0).integers(0, 256, len(whole), dtype=np.uint8).tobytes())
+    elif how == "one bit":
+        flipped = bytearray(whole)
+        flipped[-5] ^= 1
+        path.write_bytes(bytes(flipped))
+    elif how == "another chunk's":
+        path.write_bytes(other.read_bytes())
+
+
+@pytest.mark.parametrize("how", ["torn", "zeroed", "random", "one bit", "another chunk's"])
+def test_a_damaged_file_is_deleted_with_a_warning_and_encoded_again(gqa_model_dir, tmp_path, how):
+    backbone = _backbone(gqa_model_dir, "float32")
+    writer = _scorer(backbone, tmp_path)
+    writer.scores(QUESTION, TEXTS)
+    want = _scorer(backbone, tmp_path).scores(QUESTION, TEXTS)  # every block from its intact file
+    folder = writer.kv_files.folder
+    damaged, other = folder / f"{content_hash(TEXTS[0])}.npy", folder / f"{content_hash(TEXTS[1])}.npy"
+    size = damaged.stat().st_size
+    _damage(damaged, how, other)
+    warnings: list[str] = []
+    reader = _scorer(backbone, tmp_path, warnings=warnings)
+    got = reader.scores(QUESTION, TEXTS)
+    assert (reader.kv_files.reads, reader.kv_files.writes, reader.kv_files.rejected) == (len(TEXTS) - 1, 1, 1)
+    assert len(warnings) == 1 and "damaged" in warnings[0] and "encoded again" in warnings[0]
+    _assert_close(got, want, "float32")  # that one block fresh, the others as before
+    assert damaged.stat().st_size == size  # written again, whole
+    again = _scorer(backbone, tmp_path, warnings=warnings)
+    again.scores(QUESTION, TEXTS)
+    assert again.kv_files.reads == len(TEXTS) and len(warnings) == 1  # and read back intact
+
+
+def test_the_disk_cap_evicts_the_least_recently_read_files(gqa_model_dir, tmp_path):
+    backbone = _backbone(gqa_model_dir, "float32")
+    writer = _scorer(backbone, tmp_path)
+    writer.store_kv(TEXTS[:4])
+    folder = writer.kv_files.folder
+    sizes = {p.stem: p.stat().st_size for p in folder.glob("*.npy")}
+    old = os.path.getmtime(folder / f"{content_hash(TEXTS[0])}.npy") - 100
+    for i, text in enumerate(TEXTS[:4]):  # read order: 1, 0, 3, 2 (oldest first)
+        os.utime(folder / f"{content_hash(text)}.npy", (old + [1, 0, 3, 2][i], old + [1, 0, 3, 2][i]))
+    cap = sum(sizes.values())  # room for these four and not one more
+    capped = _scorer(backbone, tmp_path, max_bytes=cap)
+    capped.store_kv(TEXTS[4:5])
+    left = {p.stem for p in folder.glob("*.npy")}
+    assert content_hash(TEXTS[4]) in left and content_hash(TEXTS[1]) not in left  # the oldest read went
+    assert sum(p.stat().st_size for p in folder.glob("*.npy")) <= cap
+    # a read makes a file the most recent: it outlives older ones
+    capped.kv_files.load(content_hash(TEXTS[0]), len(capped._pieces(TEXTS[:1], None)[1][0]))
+    capped.store_kv(TEXTS[6:7])
+    left = {p.stem for p in folder.glob("*.npy")}
+    assert content_hash(TEXTS[0]) in left and content_hash(TEXTS[3]) not in left
 
 
 def test_another_backbone_encoding_or_head_set_never_reads_the_files(gqa_model_dir, tmp_path):
@@ -201,6 +294,57 @@ def test_ingest_writes_the_files_the_reranker_reads_and_removal_deletes_them(gqa
     assert _kv_files(evsel_home) and not any(c.doc_id == doc_a for c in engine.store.chunks())
 
 
+def test_a_document_removed_while_its_kv_is_written_leaves_no_file(gqa_model_dir, tmp_path, evsel_home,
+                                                                   monkeypatch):
+    engine = _engine(gqa_model_dir, encode=False)
+    engine.ingest([str(_story(tmp_path, "a.md", 10)), str(_story(tmp_path, "b.md", 200))])
+    from evsel.models.selectors import get_selector
+
+    doc_a = next(d["id"] for d in engine.docs_list() if d["path"].endswith("a.md"))
+    chunks_a = [c for c in engine.store.chunks() if c.doc_id == doc_a]
+    write = qrranker_kv.BlockKVFiles.store
+
+    def rm_during_write(files, items):  # `docs rm` commits while this slice is being written
+        engine.docs_rm([doc_a])
+        write(files, items)
+
+    monkeypatch.setattr(qrranker_kv.BlockKVFiles, "store", rm_during_write)
+    selector = get_selector("qrranker", engine.selector_context())
+    assert selector.encode_store_kv(chunks_a) == len({c.content_hash for c in chunks_a})
+    assert not any(c.doc_id == doc_a for c in engine.store.chunks())
+    assert _kv_files(evsel_home) == set()  # what the slice wrote after the removal is gone too
+
+
+def test_a_full_disk_stops_the_background_work_until_space_is_freed(gqa_model_dir, tmp_path, evsel_home,
+                                                                     monkeypatch):
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    engine = _engine(gqa_model_dir, encode=False)
+    engine.ingest([str(_story(tmp_path, "a.md", 10))])
+    attempts = []
+
+    def full(self, path, array):
+        attempts.append(path)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(qrranker_kv.ArrayCache, "_write", full)
+    usage = namedtuple("usage", "total used free")
+    free = [1 << 20]
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: usage(1 << 40, (1 << 40) - free[0], free[0]))
+    outcome = engine.encode_states()  # no error: the full disk is noted
+    assert outcome["qrranker_kv"] == 0 and len(attempts) == 1
+    notes = qrranker_kv.disk_full_notes()
+    assert len(notes) == 1 and "disk" in notes[0] and "full" in notes[0] and "unexpected" not in notes[0]
+    engine.encode_states()  # nothing freed: not tried again
+    assert len(attempts) == 1
+    free[0] += 1 << 30  # space freed: the work goes on (and the note goes)
+    monkeypatch.undo()
+    assert engine.encode_states()["qrranker_kv"] == len({c.content_hash for c in engine.store.chunks()})
+    assert qrranker_kv.disk_full_notes() == [] and _kv_files(evsel_home)
+
+
 def test_off_keeps_no_files(gqa_model_dir, tmp_path, evsel_home):
     engine = _engine(gqa_model_dir, qrranker_kv=False)
     engine.ingest([str(_story(tmp_path, "a.md", 10))])
@@ -214,8 +358,10 @@ def test_off_keeps_no_files(gqa_model_dir, tmp_path, evsel_home):
 def test_settings_read_the_switch():
     from evsel.settings import Settings
 
-    assert Settings.resolve(env={}).qrranker_kv is False
-    assert Settings.resolve(env={"EVSEL_QRRANKER_KV": "1"}).qrranker_kv is True
+    assert Settings.resolve(env={}).qrranker_kv is True  # on by default
+    assert Settings.resolve(env={"EVSEL_QRRANKER_KV": "0"}).qrranker_kv is False
+    assert Settings.resolve(env={}).qrranker_kv_max_mb == 4096
+    assert Settings.resolve(env={"EVSEL_QRRANKER_KV_MAX_MB": "10"}).qrranker_kv_max_mb == 10
 
 
 def test_background_job_through_a_real_daemon(gqa_model_dir, tmp_path, daemon_home, monkeypatch):  # noqa: F811
@@ -246,6 +392,7 @@ def test_background_job_through_a_real_daemon(gqa_model_dir, tmp_path, daemon_ho
     result = evsel_json("ask", "--rerank", "qrranker", "--evidence-only", QUESTION)
     assert result["method"]["rerank"] == "qrranker" and result["evidence"]
     assert _kv_files(daemon_home) == hashes()  # the ask found them all: nothing new written
+    assert status(daemon_home)["disk_full"] == []  # the line a full disk would put in `daemon status`
     for path in (daemon_home / qrranker_kv.FOLDER).rglob("*.npy"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     evsel_json("docs", "rm", str(doc))
@@ -253,24 +400,27 @@ def test_background_job_through_a_real_daemon(gqa_model_dir, tmp_path, daemon_ho
 
 
 @pytest.mark.model
-def test_real_model_scores_from_ingest_files_match_fresh(tmp_path):
-    """SmolLM2 with the shipped heads and trained adapter: KV written in ingest's slices gives the
-    fresh scores within the bf16 tolerance, and the same ranking of the sample story's candidates."""
+def test_real_model_stored_kv_gives_the_fresh_top_10_on_a_book(tmp_path):
+    """SmolLM2 with the shipped heads and trained adapter on the Sherlock Holmes book: BM25's top
+    50 for a question, their KV written in ingest's slices (8-bit, as stored by default) and read
+    back, give the scores of a fresh encode within 1e-2 and the same top 10, in order."""
     from evsel.engine import Engine
     from evsel.models.selectors import get_selector
-    from evsel.paths import sample_story_path
     from evsel.settings import Settings
+    from helpers import shared_data
 
+    book = shared_data("nocha", "books", "the_adventures_of_sherlock_holmes_arthur_conan_doyle.txt")
     engine = Engine(Settings.resolve().with_(qrranker_kv=True, encode=False))
-    engine.ingest([str(sample_story_path())])
-    chunks = engine.store.chunks()[:40]
+    engine.ingest([str(book)])
+    question = "What was the speckled band?"
+    chunks = [s.chunk for s in get_selector("bm25", engine.selector_context()).rank(
+        question, engine.store.chunks(), 50)]
     selector = get_selector("qrranker", engine.selector_context())
-    assert selector.encode_store_kv(chunks[:7]) == 7 and selector.encode_store_kv(chunks[7:]) == 33
-    question = "Who killed Ambrose Tenterden?"
-    stored = np.array(selector.scores(question, chunks))
-    assert selector.scorer.kv_files.reads == 40
+    assert selector.encode_store_kv(chunks[:7]) == 7 and selector.encode_store_kv(chunks[7:]) == 43
+    reader = get_selector("qrranker", engine.selector_context())  # nothing of these blocks in memory
+    stored = np.array(reader.scores(question, chunks))
+    assert reader.scorer.kv_files.reads == 50
     fresh = qr.QRScorer(engine.backbone, selector.heads, selector.config, adapter=selector.adapter).scores(
         question, [c.text for c in chunks])
-    spread = fresh.max() - fresh.min()
-    assert np.abs(stored - fresh).max() <= TOLERANCE["bfloat16"] * spread
-    assert list(np.argsort(-stored)[:5]) == list(np.argsort(-fresh)[:5])
+    assert np.abs(stored - fresh).max() <= 1e-2
+    assert list(np.argsort(-stored, kind="stable")[:10]) == list(np.argsort(-fresh, kind="stable")[:10])

@@ -129,6 +129,7 @@ def _print_status(info: dict) -> None:
     rows.append(("idle exit", f"after {_duration(idle)} idle" if idle > 0 else "never"))
     if info["resumed"]:
         rows.append(("resumed", ", ".join(info["resumed"])))
+    rows += [("disk full", line) for line in info.get("disk_full", [])]
     for key, value in rows:
         stdout.print(f"[bold]{key}:[/] {escape(str(value))}")
     for w in info["watches"]:

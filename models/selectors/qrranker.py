@@ -41,7 +41,7 @@ class QRRankerSelector(Selector):
         ("qrranker:memory", "... reading the block summaries (see --memory)"),
         ("qrranker:causal", "... with one causal prefill of all candidates"),
     )
-    settings_fields = ("qrranker_heads", "qrranker_kv")
+    settings_fields = ("qrranker_heads", "qrranker_kv", "qrranker_kv_max_mb")
 
     @classmethod
     def on_chunks_deleted(cls, store: Store, hashes: list[str]) -> None:
@@ -123,7 +123,12 @@ class QRRankerSelector(Selector):
             if getattr(context.settings, "qrranker_kv", False) and context.store is not None:
                 from evsel.models.caches import store_dir_of
 
-                self._scorer.use_kv_files(store_dir_of(context.store))  # eval (no store) stays in memory
+                def warn(message: str) -> None:
+                    context.on_event({"type": "warning", "message": message})
+
+                max_bytes = getattr(context.settings, "qrranker_kv_max_mb", None)
+                self._scorer.use_kv_files(store_dir_of(context.store),  # eval (no store) stays in memory
+                                          max_bytes << 20 if max_bytes else None, warn)
         return self._scorer
 
     @classmethod
@@ -139,14 +144,19 @@ class QRRankerSelector(Selector):
 
     def encode_missing_kv(self, chunks: list[ChunkRecord], work: IngestWork) -> int:
         """The block KV files the chunks lack, written per slice, so a stopped run resumes.
-        Returns the chunks encoded (0 where the backbone has no QR heads: the first ask says why)."""
+        Returns the chunks encoded (0, silently, where the backbone has no QR heads: the files are on
+        by default, and the first `--rerank qrranker` says why it cannot run).
+        A full disk stops it (the work is not retried until space is freed: `daemon status` says so)."""
+        from evsel.models import qrranker_kv
+
         on_event = self.context.on_event
         try:
             files = self.scorer.kv_files
-        except EvselError as exc:  # no QR heads for this backbone: nothing to compute
-            on_event({"type": "warning", "message": f"QRRanker block KV not computed ({exc.message})"})
+        except EvselError:  # no QR heads for this backbone: nothing to compute
             return 0
         if files is None:
+            return 0
+        if qrranker_kv.disk_still_full(files.top):
             return 0
         chunks = list({c.content_hash: c for c in chunks}.values())
         missing = [c for c in chunks if not files.has(c.content_hash)]
@@ -155,22 +165,36 @@ class QRRankerSelector(Selector):
             on_event({"type": "progress", "task": "encode", "label": "QRRanker block KV",
                       "done": len(chunks) - len(missing) + done, "total": len(chunks)})
 
-        if work.slice_s is not None:
-            timed_slices(missing, self.encode_store_kv, work.slice_s, progress, most=work.batch)
-        else:
-            for start in range(0, len(missing), work.batch):
-                progress(start)
-                self.encode_store_kv(missing[start:start + work.batch])
-            progress(len(missing))
+        try:
+            if work.slice_s is not None:
+                timed_slices(missing, self.encode_store_kv, work.slice_s, progress, most=work.batch)
+            else:
+                for start in range(0, len(missing), work.batch):
+                    progress(start)
+                    self.encode_store_kv(missing[start:start + work.batch])
+                progress(len(missing))
+        except OSError as exc:
+            if not qrranker_kv.disk_is_full(exc):
+                raise
+            qrranker_kv.note_disk_full(files.top)
+            return sum(1 for c in missing if files.has(c.content_hash))
         return len(missing)
 
     def encode_store_kv(self, chunks: list[ChunkRecord]) -> int:
         """Write the block KV files these chunks lack (ingest's background work). Returns the
-        chunks encoded (0 where the scorer keeps no files)."""
+        chunks encoded (0 where the scorer keeps no files). A file written for a chunk that was
+        removed meanwhile (`docs rm` during the write) is deleted again."""
         scorer = self.scorer
         if scorer.kv_files is None:
             return 0
-        return scorer.store_kv([c.text for c in chunks], [c.content_hash for c in chunks])
+        written = scorer.store_kv([c.text for c in chunks], [c.content_hash for c in chunks])
+        store = self.context.store
+        if written and store is not None:
+            hashes = {c.content_hash for c in chunks}
+            gone = hashes - store.held_hashes(hashes)
+            if gone:
+                scorer.kv_files.files.delete(gone)
+        return written
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         """Eval hands the whole scope first: the memory's blocks come from it (ask reads the
