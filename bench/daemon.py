@@ -63,6 +63,16 @@ def load_average() -> list[float] | None:
         return None
 
 
+def start_warm_daemon(env: dict) -> None:
+    """Start the daemon and wait until it has loaded the model."""
+    evsel(["daemon", "start"], env)
+    deadline = time.monotonic() + 600
+    while daemon_status(env)["preload"] != "done":
+        if time.monotonic() > deadline:
+            raise SystemExit("the daemon did not load the model within 10 minutes")
+        time.sleep(0.5)
+
+
 STORY_QUESTIONS = ["Who keeps the light?", "What happened to the boat?", "Who came to the island?"]
 
 
@@ -86,12 +96,7 @@ def background_row(args, env: dict, record: dict) -> None:
     from evsel.paths import sample_story_path
 
     story = sample_story_path().read_text(encoding="utf-8")
-    evsel(["daemon", "start"], env)
-    deadline = time.monotonic() + 600
-    while daemon_status(env)["preload"] != "done":
-        if time.monotonic() > deadline:
-            raise SystemExit("the daemon did not load the model within 10 minutes")
-        time.sleep(0.5)
+    start_warm_daemon(env)
     evsel(["ingest", str(sample_story_path())], dict(env, EVSEL_ENCODE="0"))
     questions = STORY_QUESTIONS[: args.questions]
     evsel(["ask", questions[0], "--max-new-tokens", str(args.max_new_tokens)], env)  # warm-up, not timed
@@ -254,12 +259,7 @@ def versus_row(args, env: dict, record: dict) -> None:
     the same run: the ratio of medians is what `evsel train hybrid --warm-ask-ratio` takes (the
     default rule's speed condition, models/paired.py)."""
     evsel(["--no-daemon", "ingest", str(args.book)], dict(env, EVSEL_ENCODE="0"))
-    evsel(["daemon", "start"], env)
-    deadline = time.monotonic() + 600
-    while daemon_status(env)["preload"] != "done":
-        if time.monotonic() > deadline:
-            raise SystemExit("the daemon did not load the model within 10 minutes")
-        time.sleep(0.5)
+    start_warm_daemon(env)
     methods = {"method": args.versus, "bm25": "bm25"}
     for method in methods.values():  # warm-up: each method's states and parts are resident
         evsel(["ask", WARM_UP, "--select", method, "--max-new-tokens", str(args.max_new_tokens)], env)
