@@ -66,14 +66,14 @@ def _count(env: Mapping[str, str], name: str) -> int | None:
     return int(raw)
 
 
-PDF_READERS = ("tables", "plain")
+PDF_READERS = ("tables", "finder", "plain")
 
 
 def _pdf_reader(env: Mapping[str, str]) -> str:
     raw = env.get("EVSEL_PDF_READER", "").strip().lower() or "tables"
     if raw not in PDF_READERS:
         raise EvselError(f"EVSEL_PDF_READER={raw!r} is not one of {', '.join(PDF_READERS)}",
-                         "set EVSEL_PDF_READER=tables (the default) or plain, or unset it")
+                         "set EVSEL_PDF_READER=tables (the default), finder or plain, or unset it")
     return raw
 
 
@@ -105,7 +105,8 @@ class Settings:
     corpus_bm25_candidates: int | None = None
     debug: bool = False  # EVSEL_DEBUG: tracebacks instead of one-line errors
     # EVSEL_PDF_READER: "tables" (reading order, running lines dropped, tables as rows with their
-    # headers) or "plain" (each page's text as extracted: the reader before tables, kept to compare)
+    # headers), "finder" (the same, tables located by pymupdf's table finder: slower) or "plain"
+    # (each page's text as extracted: the reader before tables, kept to compare)
     pdf_reader: str = "tables"
 
     @classmethod

@@ -53,10 +53,11 @@ class Words:
         return [m.span() for m in re.finditer(r"\S+", text)]
 
 
-def test_a_table_is_chunked_into_rows_with_headers_and_exact_offsets(tmp_path):
+@pytest.mark.parametrize("reader", ["tables", "finder"])
+def test_a_table_is_chunked_into_rows_with_headers_and_exact_offsets(tmp_path, reader):
     path = tmp_path / "cash.pdf"
     _table_pdf(path)
-    doc = parse_pdf(path)
+    doc = parse_pdf(path, reader=reader)
     doc.check()
     rows = [s for s in doc.segments if s.rendered is not None]
     rendered = [s.rendered.strip() for s in rows]

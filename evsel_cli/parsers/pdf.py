@@ -94,7 +94,8 @@ def clean_page_text(text: str) -> str:
 def parse_pdf(path: Path, data: bytes | None = None, reader: str = "tables") -> ParsedDocument:
     """A PDF (from `data`, its bytes, when read already). `reader` "tables" (pdf_layout.py): the
     text in reading order without running headers and footers, tables as rows that name their
-    columns; "plain": each page's text as pymupdf extracts it, one segment a page."""
+    columns; "finder": the same with pymupdf's table finder locating tables; "plain": each page's
+    text as pymupdf extracts it, one segment a page."""
     doc = _open(path, "pdf", data)
     try:
         builder = TextBuilder()
@@ -117,7 +118,7 @@ def parse_pdf(path: Path, data: bytes | None = None, reader: str = "tables") -> 
                 if not text.endswith("\n"):
                     text += "\n"
                 builder.add(text + "\n", page=index + 1)
-        extra = _read_layout(path, layout, builder) if reader != "plain" else {}
+        extra = _read_layout(path, layout, builder, reader) if reader != "plain" else {}
         meta = doc.metadata or {}
         title = pdf_title(meta, _xmp(doc), path)
     finally:
@@ -139,13 +140,13 @@ def _page_error(path: Path, index: int, n_pages: int, exc: BaseException) -> Inp
                       "re-export or re-download the PDF", path=str(path))
 
 
-def _read_layout(path: Path, pages: list, builder: TextBuilder) -> dict:
+def _read_layout(path: Path, pages: list, builder: TextBuilder, reader: str) -> dict:
     """The layout reader's pages into `builder`; what it found (tables, dropped running lines)."""
     dropped, texts = running_lines([words for _, words in pages])
     blocks = []
     for index, ((page, words), drop) in enumerate(zip(pages, dropped)):
         try:
-            blocks.append(read_page(page, words, drop)[0])
+            blocks.append(read_page(page, words, drop, finder=reader == "finder")[0])
         except _PYMUPDF_ERRORS as exc:
             raise _page_error(path, index, len(pages), exc) from exc
     tables = build_text(blocks, builder)

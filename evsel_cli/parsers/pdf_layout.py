@@ -132,10 +132,12 @@ def clean_block(text: str) -> str:
     return _HYPHEN_BREAK.sub(r"\1\2", text.replace("\x00", ""))
 
 
-def read_page(page: pymupdf.Page, words: list[Word], dropped: set[int]) -> tuple[list[object], list[Table]]:
-    """The page's blocks in reading order: text (str) and tables (Table, with their caption)."""
+def read_page(page: pymupdf.Page, words: list[Word], dropped: set[int],
+              finder: bool = False) -> tuple[list[object], list[Table]]:
+    """The page's blocks in reading order: text (str) and tables (Table, with their caption);
+    `finder`: tables start from pymupdf's table finder's boxes."""
     taken = set(dropped)
-    tables = find_tables(page, words, taken)
+    tables = find_tables(page, words, taken, finder)
     blocks = _lines(words, lambda i: i not in taken)
     outside = [line for block in blocks.values() for line, _ in block]
     items: list[tuple[pymupdf.Rect, object]] = []

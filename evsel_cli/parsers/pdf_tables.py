@@ -1,10 +1,12 @@
 """A PDF page's tables as a reader uses them: each row with its label and every value named by its
 column header ("Purchases of PP&E | 2018: (1,577) | 2017: (1,373)"), under the table's caption.
 
-pymupdf's table finder (`Page.find_tables`, its line-based detector) says where tables are; the
-rows and columns are rebuilt from the words inside, which keeps the words' own spacing (the
-finder's cell text runs words together in some filings). The finder runs only on pages whose
-words line up in columns: it costs ~100x a page's text extraction.
+A table is found from its words: printed rows of a label and values (numbers, dashes), grown to
+the header rows above and the one-cell rows between (section titles, wrapped labels); its columns
+are where the values line up. pymupdf's table finder (`Page.find_tables`) can give the starting
+boxes instead (EVSEL_PDF_READER=finder): measured on the FinanceBench filings it costs ~10x the
+whole ingest and finds no more (docs/RESULTS.md). Cells keep the words' own spacing (the finder's
+cell text runs words together in some filings).
 """
 
 from __future__ import annotations
@@ -100,9 +102,7 @@ def tabular_box(words: list[Word]) -> pymupdf.Rect | None:
     rows = [r for r in _row_ids(words, set()) if _kind(words, r) == "data"]
     if len(rows) < _MIN_TABULAR_LINES:
         return None
-    held = [words[i] for r in rows for i in r]
-    return pymupdf.Rect(min(w.x0 for w in held) - 5, min(w.y0 for w in held) - 5, max(w.x1 for w in held) + 5,
-                        max(w.y1 for w in held) + 5)
+    return pymupdf.Rect(_box([words[i] for r in rows for i in r])) + (-5, -5, 5, 5)
 
 
 def _glue(cells: list[Cell]) -> list[Cell]:
@@ -151,25 +151,43 @@ def _inside(word: Word, box: pymupdf.Rect) -> bool:
     return box.x0 - 1 <= x <= box.x1 + 1 and box.y0 - 1 <= y <= box.y1 + 1
 
 
-def find_tables(page: pymupdf.Page, words: list[Word], taken: set[int]) -> list[Table]:
-    """The page's tables, top to bottom; `taken`: words already used (running lines, tables)."""
+def find_tables(page: pymupdf.Page, words: list[Word], taken: set[int], finder: bool = False) -> list[Table]:
+    """The page's tables, top to bottom; `taken`: words already used (running lines, tables).
+    A table starts from a printed row of a label and values, or with `finder` from a box of
+    pymupdf's line-based table finder (~30x slower a page, and no better: docs/RESULTS.md)."""
     clip = tabular_box([w for i, w in enumerate(words) if i not in taken])
     if clip is None:
         return []
     rows = _row_ids(words, taken)
     kinds = [_kind(words, row) for row in rows]
+    if finder:
+        seeds = []
+        for box in _regions(page, clip):
+            inside = [k for k, row in enumerate(rows) if sum(_inside(words[i], box) for i in row) * 2 > len(row)]
+            if inside:
+                seeds.append((inside[0], inside[-1]))
+    else:
+        seeds = [(k, k) for k, kind in enumerate(kinds) if kind == "data"]
     tables = []
-    for box in _regions(page, clip):
-        seed = [k for k, row in enumerate(rows) if sum(_inside(words[i], box) for i in row) * 2 > len(row)]
-        if not seed:
+    used = -1  # rows up to this one are in a table already
+    for first, last in seeds:
+        if last <= used:
             continue
-        first, last = _grow(words, rows, kinds, seed[0], seed[-1])
-        held = [i for row in rows[first:last + 1] for i in row if i not in taken]
-        table = _table(words, held, box) if held else None
+        first, last = _grow(words, rows, kinds, first, last)
+        first = max(first, used + 1)
+        if not finder and sum(kind == "data" for kind in kinds[first:last + 1]) < _MIN_TABULAR_LINES:
+            continue
+        held = [i for row in rows[first:last + 1] for i in row]
+        table = _table(words, held, pymupdf.Rect(_box([words[i] for i in held])))
         if table is not None:
             taken.update(table.words)
             tables.append(table)
+            used = last
     return sorted(tables, key=lambda t: t.bbox[1])
+
+
+def _box(words: list[Word]) -> tuple[float, float, float, float]:
+    return min(w.x0 for w in words), min(w.y0 for w in words), max(w.x1 for w in words), max(w.y1 for w in words)
 
 
 def _row_ids(words: list[Word], taken: set[int]) -> list[list[int]]:
