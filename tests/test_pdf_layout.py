@@ -4,6 +4,7 @@ out; the plain reader stays selectable (EVSEL_PDF_READER=plain)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pymupdf
@@ -136,3 +137,29 @@ def test_a_running_header_and_page_numbers_are_dropped_on_every_page(tmp_path):
     dropped = parsed.metadata["dropped_lines"]
     assert dropped["count"] == 10 and dropped["lines"][:2] == ["ACME Corporation Annual Report", "Page 1"]
     assert "ACME Corporation Annual Report" in parse_pdf(path, reader="plain").text
+
+
+def test_ingest_stores_table_chunks_that_docs_show_marks_with_their_page(tmp_path, capsys, monkeypatch):
+    from evsel.cli import main
+
+    path = tmp_path / "cash.pdf"
+    _table_pdf(path)
+    assert main(["ingest", "--json", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["docs", "show", "1", "--chunks", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["metadata"]["reader"] == "tables" and len(doc["metadata"]["tables"]) == 1
+    tables = [c for c in doc["chunks"] if c.get("table")]
+    assert tables and all(c["table"]["page"] == 1 for c in tables)
+    assert any("Purchases of PP&E | 2018: (1,577) | 2017: (1,373)" in c["text"] for c in tables)
+    assert not any("|" in c["text"] for c in doc["chunks"] if not c.get("table"))
+    assert main(["docs", "show", "1", "--chunks"]) == 0
+    shown = capsys.readouterr().out
+    assert "table on page 1" in shown and "tables:" in shown
+    # the plain reader is another reading of the same file: ingest reads it again
+    monkeypatch.setenv("EVSEL_PDF_READER", "plain")
+    assert main(["ingest", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["files"][0]["status"] == "ingested"
+    assert main(["docs", "show", "1", "--chunks", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["metadata"]["reader"] == "plain" and not any(c.get("table") for c in doc["chunks"])
