@@ -66,7 +66,9 @@ def main() -> int:
             runs[reader].append(ingest(folder, reader))
             print(reader, runs[reader][-1], flush=True)
     median = {r: statistics.median(x["seconds"] for x in runs[r]) for r in READERS}
-    result = {"command": "python bench/pdf_reader.py " + " ".join(sys.argv[1:]), "files": len(list(folder.glob("*.pdf"))),
+    from evsel.evaluation.report import run_info
+
+    result = {"run": run_info(["python", "bench/pdf_reader.py", *sys.argv[1:]]), "files": len(list(folder.glob("*.pdf"))),
               "runs": runs, "median_seconds": median, "tables_over_plain": median["tables"] / median["plain"]}
     write_result(args.out, result)
     print(json.dumps({"median_seconds": median, "tables_over_plain": result["tables_over_plain"]}))
