@@ -23,6 +23,7 @@ _YEAR = re.compile(r"^(19|20)\d\d$")
 _CELL_GAP = 0.6
 # Pages with at least this many printed rows of a label and values are searched for tables.
 _MIN_TABULAR_LINES = 3
+_HEADER_ROWS = 3
 # Table regions this close (points) one above the other, overlapping across, are one table (the
 # finder cuts a table with shaded rows into one table per row).
 _JOIN_GAP = 14.0
@@ -197,9 +198,12 @@ def _row_ids(words: list[Word], taken: set[int]) -> list[list[int]]:
 
 
 def _kind(words: list[Word], row: list[int]) -> str:
-    """"data": a label and values, or values; "header": several cells; "line": one cell."""
+    """"data": a label and values (ending in one, values at least half its cells), or values;
+    "header": several cells; "line": one cell. (Justified prose has wide gaps and a bare number
+    now and then; it rarely ends in one.)"""
     cells = _glue(_cells([words[i] for i in row]))
-    if len(cells) >= 2 and any(_is_value(c.text) for c in cells[1:]):
+    if len(cells) >= 2 and _is_value(cells[-1].text) \
+            and 2 * sum(_is_value(c.text) for c in cells[1:]) >= len(cells) - 1:
         return "data"
     return "header" if len(cells) >= 2 else "line"
 
@@ -221,11 +225,12 @@ def _grow(words: list[Word], rows: list[list[int]], kinds: list[str], first: int
         if ahead is None or kinds[ahead] != "data" or not all(near(k, k + 1) for k in range(last, ahead)):
             break
         last = ahead
+    headers = 0  # header rows on top: a few (column names over two or three lines), not a paragraph
     while first > 0 and near(first - 1, first):
-        if kinds[first - 1] in ("data", "header"):
+        if kinds[first - 1] == "data" or (kinds[first - 1] == "header" and headers < _HEADER_ROWS):
+            headers += kinds[first - 1] == "header"
             first -= 1
-        elif first > 1 and kinds[first - 1] == "line" and kinds[first - 2] in ("data", "header") \
-                and near(first - 2, first - 1):
+        elif first > 1 and kinds[first - 1] == "line" and kinds[first - 2] == "data" and near(first - 2, first - 1):
             first -= 2
         else:
             break
