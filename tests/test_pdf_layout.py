@@ -101,24 +101,26 @@ def test_the_plain_reader_stays_selectable(tmp_path):
         Settings.resolve(env={"EVSEL_PDF_READER": "fancy"})
 
 
-LEFT = "Left column opens the paper here and explains the first idea at some length. " * 8
-RIGHT = "Right column starts afterwards and gives the second idea in its own words. " * 8
+LEFT = "Left column line of the paper that runs on"
+RIGHT = "Right column line of the paper, carrying on"
 
 
 def test_a_two_column_page_is_read_in_column_order(tmp_path):
     path = tmp_path / "paper.pdf"
     doc = pymupdf.open()
     page = doc.new_page(width=612, height=792)
-    # written right column first, so extraction order puts it first
-    page.insert_textbox(pymupdf.Rect(320, 100, 540, 500), RIGHT, fontsize=10)
-    page.insert_textbox(pymupdf.Rect(72, 100, 292, 500), LEFT, fontsize=10)
     page.insert_text((72, 60), "A Title Across The Whole Page Of This Paper", fontsize=14)
+    # written line by line across both columns, so extraction order interleaves them
+    for k in range(12):
+        page.insert_text((72, 100 + 14 * k), f"{LEFT} {k}.", fontsize=10)
+        page.insert_text((320, 107 + 14 * k), f"{RIGHT} {k}.", fontsize=10)  # off the left baseline
     doc.save(path)
     text = parse_pdf(path).text
-    assert text.index("A Title") < text.index("Left column") < text.index("Right column")
-    assert text.rindex("at some length") < text.index("Right column")  # the whole left column first
+    assert text.index("A Title") < text.index(f"{LEFT} 0.") < text.index(f"{LEFT} 11.") < text.index(f"{RIGHT} 0.")
+    assert all(text.index(f"{LEFT} {k}.") < text.index(f"{LEFT} {k + 1}.") for k in range(11))
+    assert all(text.index(f"{RIGHT} {k}.") < text.index(f"{RIGHT} {k + 1}.") for k in range(11))
     plain = parse_pdf(path, reader="plain").text
-    assert plain.index("Right column") < plain.index("Left column")  # what the plain reader gives
+    assert plain.index(f"{RIGHT} 0.") < plain.index(f"{LEFT} 11.")  # what the plain reader gives
 
 
 def test_a_running_header_and_page_numbers_are_dropped_on_every_page(tmp_path):

@@ -96,8 +96,9 @@ def running_lines(pages: list[list[Word]]) -> tuple[list[set[int]], Counter]:
 
 
 def _in_order(items: list[tuple[pymupdf.Rect, object]], width: float) -> list[object]:
-    """Blocks (text or tables) in reading order: extraction order on a one-column page; on a
-    two-column page, between blocks that cross the middle, the left column then the right."""
+    """Blocks (text or tables) in reading order: extraction order on a one-column page or one whose
+    extraction already reads column by column; on a two-column page whose extraction goes across
+    the columns, between blocks that cross the middle, the left column then the right."""
     middle = width / 2
     slack = 0.02 * width
     left = [it for it in items if it[0].x1 <= middle + slack]
@@ -110,6 +111,11 @@ def _in_order(items: list[tuple[pymupdf.Rect, object]], width: float) -> list[ob
     if prose(left) < _COLUMN_SHARE * total or prose(right) < _COLUMN_SHARE * total:
         return [it[1] for it in items]
     sides = {id(it): 0 for it in left} | {id(it): 1 for it in right}
+    sided = [sides[id(it)] for it in items if id(it) in sides]
+    if sum(a != b for a, b in zip(sided, sided[1:])) <= 2 * (len(items) - len(sided) + 1):
+        # the extraction order already reads column by column (most papers' PDFs), and keeps
+        # figure labels and captions where their writer put them
+        return [it[1] for it in items]
     ordered: list[object] = []
     band: list[tuple[pymupdf.Rect, object]] = []
     for it in sorted(items, key=lambda it: (it[0].y0, it[0].x0)):
@@ -128,7 +134,8 @@ def _chars(item: object) -> int:
 
 
 def clean_block(text: str) -> str:
-    """Words hyphenated across line ends joined, as the plain reader does."""
+    """Words hyphenated across line ends joined, as the plain reader does (a page's text between
+    tables: a line ending the text before a table is not joined to the table)."""
     return _HYPHEN_BREAK.sub(r"\1\2", text.replace("\x00", ""))
 
 
@@ -140,12 +147,9 @@ def read_page(page: pymupdf.Page, words: list[Word], dropped: set[int],
     tables = find_tables(page, words, taken, finder)
     blocks = _lines(words, lambda i: i not in taken)
     outside = [line for block in blocks.values() for line, _ in block]
-    items: list[tuple[pymupdf.Rect, object]] = []
-    for block in blocks.values():
-        lines = [line for line, _ in block]
-        rect = pymupdf.Rect(min(b[0] for b in lines), min(b[1] for b in lines), max(b[2] for b in lines),
-                            max(b[3] for b in lines))
-        items.append((rect, clean_block("\n".join(b[4] for b in lines)) + "\n"))
+    # lines, not blocks, are ordered: mupdf puts the two columns' lines in one block when they
+    # alternate in the file
+    items: list[tuple[pymupdf.Rect, object]] = [(pymupdf.Rect(line[:4]), line[4] + "\n") for line in outside]
     for table in tables:
         table.caption = " ".join(part for part in (caption_above(outside, table), table.units) if part)
         at = next((k for k, (rect, _) in enumerate(items) if rect.y0 >= table.bbox[3]), len(items))
@@ -174,7 +178,7 @@ def build_text(pages: list[list[object]], builder: TextBuilder) -> list[dict]:
                 text += block
                 continue
             if text:
-                builder.add(text, page=number, break_before=after_table)
+                builder.add(clean_block(text), page=number, break_before=after_table)
                 text, after_table = "", False
             start = builder.length
             info = {"page": number, "bbox": [round(v, 1) for v in block.bbox], "caption": block.caption}
@@ -184,6 +188,6 @@ def build_text(pages: list[list[object]], builder: TextBuilder) -> list[dict]:
             provenance.append({**info, "rows": len(block.rows), "char_start": start, "char_end": builder.length})
             after_table = True
         if text:
-            builder.add(text, page=number, break_before=after_table)
+            builder.add(clean_block(text), page=number, break_before=after_table)
             after_table = False
     return provenance
