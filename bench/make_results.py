@@ -506,7 +506,9 @@ def pdf_readers_section(evals: dict[str, tuple[Path, dict]], ingest: dict | None
         return []
     out = ["## PDF readers: tables, reading order, running lines (`EVSEL_PDF_READER`)", "",
            "Each row is one `evsel eval` of its own section above (same chunker, same questions); `plain` is the "
-           "reader before tables (each page's text as pymupdf extracts it), `tables` the default.", "",
+           "reader before tables (each page's text as pymupdf extracts it); `tables` (the default) and `finder` "
+           "read tables as rows with their headers, in reading order without running lines, tables found from "
+           "the words alone or located by pymupdf's table finder.", "",
            "| set | method | reader | R@1 | R@3 | R@5 | R@10 | MRR | chunks | questions (with gold) | command |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in sorted(runs, key=lambda n: (n.split("-pdf-")[0], n.endswith("dense"), n.split("-pdf-")[1])):
@@ -520,13 +522,14 @@ def pdf_readers_section(evals: dict[str, tuple[Path, dict]], ingest: dict | None
                        f"`{r['run']['command']}` |")
     if ingest:
         med = ingest["median_seconds"]
+        readers = [r for r in ("finder", "tables") if r in med]
         out += ["", f"Ingest of the {ingest['files']} FinanceBench filings, whole process `evsel --no-daemon ingest "
                 f"--no-encode pdfs/` in a fresh home (`{ingest['run']['command']}`, commit "
-                f"`{ingest['run'].get('commit')}`): plain {med['plain']:.1f} s, tables {med['tables']:.1f} s, "
-                f"**{ingest['tables_over_plain']:.2f}x**; the tables reader stored "
-                f"{ingest['runs']['tables'][0]['tables']} tables and left out "
-                f"{ingest['runs']['tables'][0]['dropped_lines']} running lines "
-                f"({ingest['runs']['tables'][0]['chunks']} chunks against {ingest['runs']['plain'][0]['chunks']})."]
+                f"`{ingest['run'].get('commit')}`): plain {med['plain']:.1f} s, "
+                + ", ".join(f"{r} {med[r]:.1f} s (**{med[r] / med['plain']:.2f}x**; "
+                            f"{ingest['runs'][r][0]['tables']} tables, {ingest['runs'][r][0]['dropped_lines']} running "
+                            f"lines left out, {ingest['runs'][r][0]['chunks']} chunks)" for r in readers)
+                + f"; plain stored {ingest['runs']['plain'][0]['chunks']} chunks."]
     return out + [""]
 
 

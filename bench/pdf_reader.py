@@ -3,8 +3,9 @@
     python bench/pdf_reader.py --out bench/results/pdf-reader-ingest.json
 
 Whole processes as a user runs them: `evsel --no-daemon ingest --no-encode pdfs/` (parse, chunk,
-store; no model states) in a fresh EVSEL_HOME, EVSEL_PDF_READER=plain (the page-text reader) and
-=tables (reading order, running lines, tables as rows) alternating over `--repeats`, one thread.
+store; no model states) in a fresh EVSEL_HOME, EVSEL_PDF_READER=plain (the page-text reader),
+=tables and =finder (reading order, running lines, tables as rows; tables found from the words, or
+from pymupdf's table finder) in turn over `--repeats`, one thread.
 Also reports what each reader stored: chunks, tables, running lines dropped.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import data_dir, load_1m, write_result  # noqa: E402
 
-READERS = ("plain", "tables")
+READERS = ("plain", "tables", "finder")
 
 
 def ingest(folder: Path, reader: str) -> dict:
@@ -69,9 +70,11 @@ def main() -> int:
     from evsel.evaluation.report import run_info
 
     result = {"run": run_info(["python", "bench/pdf_reader.py", *sys.argv[1:]]), "files": len(list(folder.glob("*.pdf"))),
-              "runs": runs, "median_seconds": median, "tables_over_plain": median["tables"] / median["plain"]}
+              "runs": runs, "median_seconds": median, "tables_over_plain": median["tables"] / median["plain"],
+              "finder_over_plain": median["finder"] / median["plain"]}
     write_result(args.out, result)
-    print(json.dumps({"median_seconds": median, "tables_over_plain": result["tables_over_plain"]}))
+    print(json.dumps({"median_seconds": median, "tables_over_plain": result["tables_over_plain"],
+                      "finder_over_plain": result["finder_over_plain"]}))
     return 0
 
 

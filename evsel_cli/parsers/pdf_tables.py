@@ -1,12 +1,13 @@
 """A PDF page's tables as a reader uses them: each row with its label and every value named by its
 column header ("Purchases of PP&E | 2018: (1,577) | 2017: (1,373)"), under the table's caption.
 
-A table is found from its words: printed rows of a label and values (numbers, dashes), grown to
-the header rows above and the one-cell rows between (section titles, wrapped labels); its columns
-are where the values line up. pymupdf's table finder (`Page.find_tables`) can give the starting
-boxes instead (EVSEL_PDF_READER=finder): measured on the FinanceBench filings it costs ~10x the
-whole ingest and finds no more (docs/RESULTS.md). Cells keep the words' own spacing (the finder's
-cell text runs words together in some filings).
+A table starts from a printed row of a label and values or, with EVSEL_PDF_READER=finder, from a
+box of pymupdf's table finder (`Page.find_tables`, its line-based detector; its layout model is ~7x
+slower again); either is grown to the whole table from its words: rows of values, the header rows
+above, the one-cell rows between (section titles, wrapped labels). Its columns are where the values
+line up. Cells keep the words' own spacing (the finder's cell text runs words together in some
+filings). The finder made the filings' ingest over 3x the plain reader's (the target is 2x) for the
+same FinanceBench recall (docs/RESULTS.md compares the readers).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def _inside(word: Word, box: pymupdf.Rect) -> bool:
 def find_tables(page: pymupdf.Page, words: list[Word], taken: set[int], finder: bool = False) -> list[Table]:
     """The page's tables, top to bottom; `taken`: words already used (running lines, tables).
     A table starts from a printed row of a label and values, or with `finder` from a box of
-    pymupdf's line-based table finder (~30x slower a page, and no better: docs/RESULTS.md)."""
+    pymupdf's line-based table finder."""
     clip = tabular_box([w for i, w in enumerate(words) if i not in taken])
     if clip is None:
         return []
