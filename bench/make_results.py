@@ -2,7 +2,7 @@
 
     python bench/make_results.py
 
-Reads eval-*.json (from `evsel eval ... --json`), scaling.json, throughput.json, encode_variants.json, bm25.json,
+Reads eval-*.json (from `evsel eval ... --json`; eval-<set>-pdf-<reader>.json side by side too), pdf-reader-ingest.json, scaling.json, throughput.json, encode_variants.json, bm25.json,
 unreal.json, daemon.json, startup.json, generate.json and faults.json; every section
 states the machine, commit, date and exact command of the run it shows. Nothing here is typed in
 by hand: rerun a benchmark, then this script.
@@ -498,6 +498,41 @@ def ingest_section(result: dict) -> list[str]:
     return out + [""]
 
 
+def pdf_readers_section(evals: dict[str, tuple[Path, dict]], ingest: dict | None) -> list[str]:
+    """The PDF readers side by side: `evsel eval` of the PDF sets with EVSEL_PDF_READER=plain (the
+    page-text reader) and =tables, run one after the other, and the filings' ingest time."""
+    runs = {n: r for n, (_, r) in evals.items() if "-pdf-" in n}
+    if not runs:
+        return []
+    out = ["## PDF readers: tables, reading order, running lines (`EVSEL_PDF_READER`)", "",
+           "Each row is one `evsel eval` of its own section above (same chunker, same questions); `plain` is the "
+           "reader before tables (each page's text as pymupdf extracts it); `tables` (the default) and `finder` "
+           "read tables as rows with their headers, in reading order without running lines, tables found from "
+           "the words alone or located by pymupdf's table finder.", "",
+           "| set | method | reader | R@1 | R@3 | R@5 | R@10 | MRR | chunks | questions (with gold) | command |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in sorted(runs, key=lambda n: (n.split("-pdf-")[0], n.endswith("dense"), n.split("-pdf-")[1])):
+        r = runs[name]
+        data = r["dataset"]
+        reader = name.split("-pdf-")[1].removesuffix("-dense")
+        for spec, m in r["methods"].items():
+            out.append(f"| {data['name']} | `{spec}` | {reader} | {f3(m.get('recall@1'))} | {f3(m.get('recall@3'))} | "
+                       f"**{f3(m.get('recall@5'))}** | {f3(m.get('recall@10'))} | {f3(m.get('mrr'))} | "
+                       f"{data['chunks']} | {data['questions']} ({data['questions_with_gold']}) | "
+                       f"`{r['run']['command']}` |")
+    if ingest:
+        med = ingest["median_seconds"]
+        readers = [r for r in ("finder", "tables") if r in med]
+        out += ["", f"Ingest of the {ingest['files']} FinanceBench filings, whole process `evsel --no-daemon ingest "
+                f"--no-encode pdfs/` in a fresh home (`{ingest['run']['command']}`, commit "
+                f"`{ingest['run'].get('commit')}`): plain {med['plain']:.1f} s, "
+                + ", ".join(f"{r} {med[r]:.1f} s (**{med[r] / med['plain']:.2f}x**; "
+                            f"{ingest['runs'][r][0]['tables']} tables, {ingest['runs'][r][0]['dropped_lines']} running "
+                            f"lines left out, {ingest['runs'][r][0]['chunks']} chunks)" for r in readers)
+                + f"; plain stored {ingest['runs']['plain'][0]['chunks']} chunks."]
+    return out + [""]
+
+
 def generate_section(result: dict) -> list[str]:
     out = ["## Generation backends: transformers vs llama-cpp-python (bench/generate.py)", ""]
     out += provenance(result["run"])
@@ -791,6 +826,8 @@ def main() -> int:
         lines += background_section(json.loads((RESULTS / "daemon-background.json").read_text()))
     if ingest:
         lines += ingest_section(ingest)
+    pdf_ingest = RESULTS / "pdf-reader-ingest.json"
+    lines += pdf_readers_section(evals, json.loads(pdf_ingest.read_text()) if pdf_ingest.exists() else None)
     if (RESULTS / "ingest-memory.json").exists():
         lines += ingest_memory_section(json.loads((RESULTS / "ingest-memory.json").read_text()))
     if (RESULTS / "generate.json").exists():

@@ -1,8 +1,10 @@
 """Sentence-aligned chunks of about `budget` backbone tokens that exactly cover a document's text.
 
 Concatenating a document's chunks gives its text back. A chunk never crosses a segment marked
-`break_before` (a Markdown section, a dialogue session) and never splits an atomic segment (a
-dialogue turn); a sentence longer than the budget is cut at word boundaries.
+`break_before` (a Markdown section, a dialogue session, a PDF table) and never splits an atomic
+segment (a dialogue turn, a table row); a sentence longer than the budget is cut at word boundaries.
+A PDF table's chunk is the exception to the first sentence: its text is its rows rewritten
+(`Segment.rendered`, under the table's caption), its offsets the printed rows' span on the page.
 """
 
 from __future__ import annotations
@@ -219,7 +221,8 @@ def _capped(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
 
 def _batch_pieces(doc: ParsedDocument, spans: list[tuple[int, int, Segment, bool]], budget: int,
                   counter: TokenCounter) -> Iterator[Piece]:
-    counts = counter.count([doc.text[s:e] for s, e, _, _ in spans])
+    counts = counter.count([segment.rendered if segment.rendered is not None else doc.text[s:e]
+                            for s, e, segment, _ in spans])
     for (start, end, segment, new_chunk), tokens in zip(spans, counts):
         if tokens > budget and not segment.atomic:
             cuts = _split_long(doc.text, start, end, budget, counter)
@@ -227,6 +230,16 @@ def _batch_pieces(doc: ParsedDocument, spans: list[tuple[int, int, Segment, bool
                 yield Piece(s, e, n, segment, new_chunk and j == 0)
         else:
             yield Piece(start, end, tokens, segment, new_chunk)
+
+
+def chunk_text(doc: ParsedDocument, group: list[Piece]) -> str:
+    """What a chunk of these pieces says: the document's text, or for a table's rows (a chunk never
+    holds anything else with them) its caption and the rows as rewritten."""
+    table = group[0].segment.table
+    if table is None:
+        return doc.text[group[0].start:group[-1].end]
+    caption = f"{table['caption']}\n" if table.get("caption") else ""
+    return caption + "".join(p.segment.rendered or doc.text[p.start:p.end] for p in group)
 
 
 def chunk_document(
@@ -261,7 +274,7 @@ def iter_chunks(
         for p in group:
             if not segments or segments[-1] is not p.segment:
                 segments.append(p.segment)
-        made.append(Chunk(seq, start, end, doc.text[start:end], n_tokens, segments))
+        made.append(Chunk(seq, start, end, chunk_text(doc, group), n_tokens, segments))
         seq += 1
 
     def close(flush: bool) -> None:
@@ -270,10 +283,10 @@ def iter_chunks(
         over the budget move on: into the next chunk, or with `flush` (a break) into their own."""
         while current:
             take = len(current)
-            n = counter.count([doc.text[current[0].start:current[take - 1].end]])[0]
+            n = counter.count([chunk_text(doc, current[:take])])[0]
             while n > budget and take > 1:
                 take -= 1
-                n = counter.count([doc.text[current[0].start:current[take - 1].end]])[0]
+                n = counter.count([chunk_text(doc, current[:take])])[0]
             emit(current[:take], n)
             del current[:take]
             if not flush:

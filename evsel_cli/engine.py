@@ -401,7 +401,8 @@ class Engine:
                             per_question=per_question, rerank_top=rerank_top, answer_style=answer_style,
                             memory=memory, reader=reader)
         folder = data_dir or self.settings.data_dir
-        data = load_dataset(dataset, _Path(folder) if folder else None, split=split, concat=concat, fold=fold)
+        data = load_dataset(dataset, _Path(folder) if folder else None, split=split, concat=concat, fold=fold,
+                            pdf_reader=self.settings.pdf_reader)
         return run(data, config, self, on_event=on_event)
 
     def train_convert(self, out: str, options: dict, data_dir: str | None = None,

@@ -299,6 +299,7 @@ class Ingest:
             existing = self.store.documents_for_path(collection_id, str(path))
             if existing and all(
                 d["sha256"] == sha and _metadata(d).get("chunker") == config and _metadata(d).get("kind_arg") == kind
+                and (d["kind"] != "pdf" or _metadata(d).get("reader", "plain") == self.settings.pdf_reader)
                 for d in existing
             ):
                 return FileResult(str(path), "unchanged", [d["id"] for d in existing],
@@ -309,7 +310,8 @@ class Ingest:
                 on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": done,
                           "total": total})
 
-            parsed = parse_file(path, kind, warnings, data=data, on_progress=reading)
+            parsed = parse_file(path, kind, warnings, data=data, on_progress=reading,
+                                pdf_reader=self.settings.pdf_reader)
             del data
             on_event({"type": "progress", "task": "parse", "label": f"read {path.name}", "done": 1, "total": 1})
             for message in warnings:

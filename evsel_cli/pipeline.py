@@ -143,6 +143,8 @@ def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: 
         shown = next(i for i, s in enumerate(evidence, 1) if s.chunk is chunk)
         span = {"passage": shown, "start": found.start, "end": found.end, "text": chunk.text[found.start:found.end],
                 "doc_start": chunk.char_start + found.start, "doc_end": chunk.char_start + found.end}
+        if len(chunk.text) != chunk.char_end - chunk.char_start:  # a PDF table's rows, rewritten: no offset maps
+            span.update(doc_start=None, doc_end=None)
     return {"text": found.text, "kind": found.kind, "reason": found.reason, "span": span,
             "generated": found.generated, "speaker": found.speaker, "metric_text": found.as_metric_text(),
             "answer_type": found.answer_type, "confidence": found.confidence,

@@ -66,6 +66,17 @@ def _count(env: Mapping[str, str], name: str) -> int | None:
     return int(raw)
 
 
+PDF_READERS = ("tables", "finder", "plain")
+
+
+def _pdf_reader(env: Mapping[str, str]) -> str:
+    raw = env.get("EVSEL_PDF_READER", "").strip().lower() or "tables"
+    if raw not in PDF_READERS:
+        raise EvselError(f"EVSEL_PDF_READER={raw!r} is not one of {', '.join(PDF_READERS)}",
+                         "set EVSEL_PDF_READER=tables (the default), finder or plain, or unset it")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """What one request runs with. Paths are absolute (resolved where the user typed them)."""
@@ -96,6 +107,10 @@ class Settings:
     # for BM25 (None: every match, the local store's exact top-n)
     corpus_bm25_candidates: int | None = None
     debug: bool = False  # EVSEL_DEBUG: tracebacks instead of one-line errors
+    # EVSEL_PDF_READER: "tables" (reading order, running lines dropped, tables as rows with their
+    # headers), "finder" (the same, tables located by pymupdf's table finder: slower) or "plain"
+    # (each page's text as extracted: the reader before tables, kept to compare)
+    pdf_reader: str = "tables"
 
     @classmethod
     def resolve(cls, *, model: str | None = None, device: str | None = None, no_daemon: bool | None = None,
@@ -130,6 +145,7 @@ class Settings:
             data_dir=_absolute(env.get("EVSEL_DATA"), cwd),
             corpus_bm25_candidates=_count(env, "EVSEL_CORPUS_BM25_CANDIDATES"),
             debug=_flag(env, "EVSEL_DEBUG", False),
+            pdf_reader=_pdf_reader(env),
         )
 
     def encode_at_ingest(self, requested: bool | None = None) -> bool:

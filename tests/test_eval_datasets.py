@@ -113,6 +113,11 @@ def test_mmlongbench_pages(backbone_tokenizer):
     shared_data("mmlongbench_doc", "documents", "2023.findings-emnlp.248.pdf")
     dataset = load_dataset("mmlongbench", DATA)
     assert any("skipped: their evidence is only in figures" in n for n in dataset.notes)
+    # questions whose evidence is only a table are counted: a table's text is on its page
+    tables_only = [q for q in dataset.questions if q.gold and "Table" in q.meta["sources"]
+                   and not {"Pure-text (Plain-text)", "Generalized-text (Layout)"} & set(q.meta["sources"])]
+    assert tables_only and any(f"{len(tables_only)} question(s) with evidence only in tables counted" in n
+                               for n in dataset.notes)
     key = "2023.findings-emnlp.248.pdf"
     corpus = build_corpus(dataset, [key], backbone_tokenizer, 140)
     questions = [q for q in dataset.questions if q.docs == [key]]

@@ -76,3 +76,21 @@ def test_percentiles():
     assert metrics.percentile(values, 95) == 0.5  # nearest rank: ceil(0.95 * 5) = 5th
     assert metrics.percentile(list(range(1, 101)), 95) == 95
     assert metrics.percentile([], 95) is None
+
+
+@pytest.mark.parametrize(("prediction", "reference", "score"), [
+    ("(1,577)", "$1577.00", 1.0),  # the cash-flow statement's figure, its sign in parentheses
+    ("Capital expenditure was $1,577 million in 2018.", "$1577.00", 1.0),
+    ("8.7", "$8.70", 1.0),
+    ("1,373", "$1577.00", 0.0),
+    ("The margin fell.", "$1577.00", 0.0),
+    ("0.62%", "0.62%", 1.0),
+    ("20 billion", "Yes, about $20 billion from the exchange offer", 0.0),  # not a figure reference
+])
+def test_numeric_match_reads_figures_as_a_filing_prints_them(prediction, reference, score):
+    assert metrics.numeric_match(prediction, [reference]) == score
+
+
+def test_only_a_lone_number_is_a_figure():
+    assert metrics.is_figure("$1577.00") and metrics.is_figure("77.78") and metrics.is_figure("15%")
+    assert not metrics.is_figure("Yes, it's spinning off Upjohn.") and not metrics.is_figure("Trillium, Array")

@@ -44,6 +44,7 @@ def docs_show(
 ):
     """Show one document's details (and its chunks with --chunks)."""
     doc = engine_from(ctx).docs_show(doc_id, with_chunks)
+    _mark_table_chunks(doc)
     labels = doc["metadata"].get("page_labels")
     if isinstance(labels, dict):  # the store keeps them in string order ('1', '10', '2')
         doc["metadata"]["page_labels"] = dict(sorted(labels.items(), key=lambda kv: _page_number(kv[0])))
@@ -58,12 +59,19 @@ def docs_show(
             continue
         if key == "page_labels":
             value = ", ".join(f"{page}={label}" for page, label in value.items())
+        elif key == "tables" and isinstance(value, list):
+            value = f"{len(value)} on {len({t.get('page') for t in value})} page(s), read as rows with their headers"
+        elif key == "dropped_lines" and isinstance(value, dict):
+            value = (f"{value.get('count')} running header/footer/page-number line(s) left out: "
+                     + "; ".join(map(str, value.get("lines", []))))
         elif isinstance(value, list):
             value = ", ".join(map(str, value))
         stdout.print(f"[bold]{key}:[/] {escape(str(value))}")
     for chunk in doc.get("chunks", []):
         where = []
-        if chunk["page_start"] is not None:
+        if chunk.get("table"):
+            where.append(f"table on page {chunk['table']['page']}")
+        elif chunk["page_start"] is not None:
             where.append(f"pages {chunk['page_start']}-{chunk['page_end']}")
         if chunk["session"]:
             where.append(f"session {chunk['session']}")
@@ -72,6 +80,19 @@ def docs_show(
         stdout.print(f"\n[cyan]chunk {chunk['seq']}[/] [dim]{chunk['n_tokens']} tokens, chars "
                      f"{chunk['char_start']}-{chunk['char_end']} {' '.join(where)}[/]")
         stdout.print(escape(" ".join(chunk["text"].split())))
+
+
+def _mark_table_chunks(doc: dict) -> None:
+    """A chunk made of a PDF table's rows gets `table` (page, box, caption): its text is the rows
+    rewritten with their headers, its offsets the rows as printed on that page."""
+    tables = doc["metadata"].get("tables")
+    if not isinstance(tables, list):
+        return
+    for chunk in doc.get("chunks", []):
+        for table in tables:
+            if table["char_start"] <= chunk["char_start"] and chunk["char_end"] <= table["char_end"]:
+                chunk["table"] = {k: table[k] for k in ("page", "bbox", "caption")}
+                break
 
 
 # what ingest records to tell a changed setting from an unchanged file (kept in --json)

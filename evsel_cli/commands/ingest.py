@@ -35,6 +35,9 @@ def ingest(
     PATHS are files or directories (searched recursively for .txt, .md, .epub, .pdf, .json and
     .jsonl). An unchanged file is skipped; a changed one replaces its old version. A file that
     fails is reported on stderr and the others are still ingested; the exit code is 1 if any failed.
+    A PDF is read as a reader sees it: two-column pages in column order, running headers, footers
+    and page numbers left out, each table as chunks of rows that name their columns (env
+    EVSEL_PDF_READER=plain reads each page's text as extracted instead).
     """
     engine = engine_from(ctx)  # --encode unset (None): the engine applies EVSEL_ENCODE, from the same settings
     with ProgressView() as view:

@@ -285,20 +285,22 @@ def load_hotpotqa(data_dir: Path, **_) -> EvalDataset:
 _TEXT_SOURCES = ("Pure-text (Plain-text)", "Generalized-text (Layout)")
 
 
-def load_mmlongbench(data_dir: Path, **_) -> EvalDataset:
+def load_mmlongbench(data_dir: Path, pdf_reader: str = "tables", **_) -> EvalDataset:
     root = _need(data_dir / "mmlongbench_doc", "MMLongBench-Doc (mmlongbench_doc/)")
     present = {p.name: p for p in (root / "documents").glob("*.pdf")}
-    loaders = {name: (lambda p=path: parse_pdf(p)) for name, path in sorted(present.items())}
+    loaders = {name: (lambda p=path: parse_pdf(p, reader=pdf_reader)) for name, path in sorted(present.items())}
     questions = []
-    visual_only = 0
+    visual_only = tables = 0
     for n, item in enumerate(json.loads((root / "samples.json").read_text(encoding="utf-8"))):
         if item["doc_id"] not in present:
             continue
         pages = [int(p) for p in ast.literal_eval(item["evidence_pages"] or "[]")]
         sources = ast.literal_eval(item["evidence_sources"] or "[]")
         if pages and not any(s in _TEXT_SOURCES for s in sources):
-            visual_only += 1  # evidence only in figures, charts or tables
-            continue
+            if "Table" not in sources:
+                visual_only += 1  # evidence only in figures or charts
+                continue
+            tables += 1  # a table's text is on its page (both PDF readers keep it)
         answerable = item["answer"] != "Not answerable"
         questions.append(EvalQuestion(
             qid=f"{item['doc_id']}/{n}", question=item["question"], docs=[item["doc_id"]],
@@ -307,16 +309,17 @@ def load_mmlongbench(data_dir: Path, **_) -> EvalDataset:
             group="answerable" if answerable else "not-answerable",
             meta={"sources": sources},
         ))
-    notes = [f"{len(present)} PDF(s) present",
-             f"{visual_only} question(s) skipped: their evidence is only in figures, charts or tables",
+    notes = [f"{len(present)} PDF(s) present; PDF reader: {pdf_reader}",
+             f"{visual_only} question(s) skipped: their evidence is only in figures or charts",
+             f"{tables} question(s) with evidence only in tables counted",
              "'Not answerable' questions have no gold pages: answers only"]
     return EvalDataset("mmlongbench", loaders, questions, notes, source=str(root))
 
 
-def load_financebench(data_dir: Path, **_) -> EvalDataset:
+def load_financebench(data_dir: Path, pdf_reader: str = "tables", **_) -> EvalDataset:
     root = _need(data_dir / "financebench", "FinanceBench (financebench/)")
     present = {p.stem: p for p in (root / "pdfs").glob("*.pdf")}
-    loaders = {name: (lambda p=path: parse_pdf(p)) for name, path in sorted(present.items())}
+    loaders = {name: (lambda p=path: parse_pdf(p, reader=pdf_reader)) for name, path in sorted(present.items())}
     questions = []
     absent = 0
     for line in (root / "financebench_open_source.jsonl").read_text(encoding="utf-8").splitlines():
@@ -336,7 +339,8 @@ def load_financebench(data_dir: Path, **_) -> EvalDataset:
             qid=item["financebench_id"], question=item["question"], docs=[item["doc_name"]],
             answers=[str(item["answer"])], gold=gold, group=item.get("question_type", "all"),
         ))
-    notes = [f"{len(present)} PDF(s) present; {absent} question(s) skipped: their PDF is not in the data",
+    notes = [f"{len(present)} PDF(s) present; PDF reader: {pdf_reader}; {absent} question(s) skipped: their PDF is "
+             "not in the data",
              "gold = evidence text located on its page (the whole page when the text is not found)"]
     return EvalDataset("financebench", loaders, questions, notes, source=str(root))
 
@@ -483,9 +487,10 @@ ADAPTERS = {
 
 
 def load_dataset(name: str, data_dir: Path | None = None, split: str | None = None, concat: int = 0,
-                 fold: int | None = None) -> EvalDataset:
+                 fold: int | None = None, pdf_reader: str = "tables") -> EvalDataset:
     """A dataset by name, or a generic JSONL file by path; `fold` keeps one of the fixed folds
-    (evaluation/folds.py) of LoCoMo, MuSiQue or HotpotQA."""
+    (evaluation/folds.py) of LoCoMo, MuSiQue or HotpotQA; `pdf_reader`: how PDFs are read
+    (Settings.pdf_reader)."""
     if name.endswith(".jsonl") or Path(name).is_file():
         return load_jsonl(Path(name).expanduser())
     if name not in ADAPTERS:
@@ -495,5 +500,5 @@ def load_dataset(name: str, data_dir: Path | None = None, split: str | None = No
 
     check_fold(name, fold)
     data_dir = data_dir or default_data_dir()
-    data = ADAPTERS[name](data_dir, split=split, concat=concat)
+    data = ADAPTERS[name](data_dir, split=split, concat=concat, pdf_reader=pdf_reader)
     return data if fold is None else select_fold(data, fold)

@@ -96,6 +96,33 @@ def contained(prediction: str, references: list[str]) -> float:
     return 0.0
 
 
+_FIGURE = re.compile(r"\(?-?[$\u20ac\u00a3]?\s*(\d[\d,]*(?:\.\d+)?)\s*\)?\s*%?")
+# A reference is a figure when it is one number with at most a currency, a percent, a unit word.
+_FIGURE_ONLY = re.compile(r"^\s*\(?-?[$\u20ac\u00a3]?\s*\d[\d,]*(?:\.\d+)?\s*\)?\s*%?\s*"
+                          r"(?:million|millions|billion|billions|thousand|times|x)?\s*$", re.I)
+
+
+def is_figure(reference: str) -> bool:
+    return bool(_FIGURE_ONLY.match(reference))
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(m.group(1).replace(",", "")) for m in _FIGURE.finditer(text) if m.group(1).strip(",")]
+
+
+def numeric_match(prediction: str, references: list[str]) -> float:
+    """1 when the prediction states a figure reference's number: 1,577 and (1,577) match $1577.00 (a
+    table's parentheses mark the sign, which the question's wording carries), within a rounding."""
+    said = _numbers(prediction)
+    for reference in references:
+        if not is_figure(reference):
+            continue
+        wanted = _numbers(reference)
+        if wanted and any(math.isclose(n, wanted[0], rel_tol=5e-3, abs_tol=5e-3) for n in said):
+            return 1.0
+    return 0.0
+
+
 def shown(passages: list[str], references: list[str]) -> bool:
     """Does some passage hold some reference word for word (after SQuAD normalisation)? The
     questions a reader can answer from the evidence it was shown."""

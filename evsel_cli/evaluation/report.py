@@ -173,7 +173,7 @@ def git_commit() -> str | None:
 
 # settings that change what a run measures (which model, which adapters): the command shows them
 RECORDED_ENV = ("EVSEL_THREADS", "EVSEL_MODEL", "EVSEL_QRRANKER_HEADS", "EVSEL_UNREAL_ADAPTER",
-                "EVSEL_BLOCKSEARCH_DECODER")
+                "EVSEL_BLOCKSEARCH_DECODER", "EVSEL_PDF_READER")
 
 
 def run_info(argv: list[str] | None = None) -> dict:

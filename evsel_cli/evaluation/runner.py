@@ -207,6 +207,8 @@ def _score_answer(dataset: EvalDataset, question: EvalQuestion, answer: str) -> 
         scores["em"] = metrics.exact_match(answer, question.answers)
         scores["f1"] = metrics.token_f1(answer, question.answers)
         scores["contained"] = metrics.contained(answer, question.answers)
+        if any(metrics.is_figure(a) for a in question.answers):  # a figure printed in the document
+            scores["numeric"] = metrics.numeric_match(answer, question.answers)
     if dataset.answer_metric == "locomo":
         reference = question.answers[0] if question.answers else ""
         scores["locomo_f1"] = metrics.locomo_f1(answer, reference, question.meta.get("category", 0))
@@ -227,7 +229,7 @@ def _summary(records: list[dict], ks: list[int], claims: bool) -> dict:
             out[key] = metrics.mean([r["ranking"][key] for r in ranked])
     answered = [r for r in records if "answer" in r]
     if answered:
-        for key in ("em", "f1", "contained", "locomo_f1", "correct"):
+        for key in ("em", "f1", "contained", "numeric", "locomo_f1", "correct"):
             values = [r["scores"][key] for r in answered if key in r["scores"]]
             if values:
                 out[key] = metrics.mean(values)

@@ -37,10 +37,12 @@ def read_file(path: Path, kind: str = "auto") -> bytes:
 
 
 def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None, data: bytes | None = None,
-               on_progress: Callable[[int, int], None] | None = None) -> list[ParsedDocument]:
+               on_progress: Callable[[int, int], None] | None = None,
+               pdf_reader: str = "tables") -> list[ParsedDocument]:
     """Parse one file into one or more documents (a LoCoMo JSON file holds several conversations),
     from `data`, its bytes, when read already (`read_file`). `on_progress(done, total)` is called
-    while a long file is read (an EPUB's chapters), so a caller can show it or stop there."""
+    while a long file is read (an EPUB's chapters), so a caller can show it or stop there.
+    `pdf_reader`: how a PDF is read (Settings.pdf_reader)."""
     warnings = warnings if warnings is not None else []
     suffix = path.suffix.lower()
     if data is None:
@@ -52,7 +54,7 @@ def parse_file(path: Path, kind: str = "auto", warnings: list[str] | None = None
             raise InputError("an EPUB cannot be read as pdf", "use --kind auto or book", path=str(path))
         from .pdf import parse_pdf, read_with_pymupdf  # pymupdf takes ~1 s to import; a daemon client needs none of it
 
-        return [read_with_pymupdf(lambda p: parse_pdf(p, data), path, "pdf", warnings)]
+        return [read_with_pymupdf(lambda p: parse_pdf(p, data, pdf_reader), path, "pdf", warnings)]
     if suffix == ".epub":
         if kind == "dialogue":
             raise InputError("an EPUB cannot be read as a dialogue", "use --kind auto or book", path=str(path))

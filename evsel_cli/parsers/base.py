@@ -10,7 +10,7 @@ class Segment:
     """A span [start, end) of a document's text with where it came from.
 
     Segments tile the text exactly. A chunk never crosses a segment marked `break_before`,
-    and never splits an `atomic` segment (a dialogue turn).
+    and never splits an `atomic` segment (a dialogue turn, a table row).
     """
 
     start: int
@@ -22,6 +22,10 @@ class Segment:
     time: str | None = None
     atomic: bool = False
     break_before: bool = False
+    # A PDF table row: its text as a reader needs it (label, column headers), the chunk's text in
+    # place of the printed row, and the table it belongs to (page, box, caption), shared by its rows
+    rendered: str | None = None
+    table: dict | None = None
 
 
 @dataclass

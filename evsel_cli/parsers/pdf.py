@@ -10,6 +10,8 @@ import pymupdf
 
 from ..errors import InputError
 from .base import ParsedDocument, TextBuilder
+from .pdf_layout import build_text, read_page, running_lines
+from .pdf_tables import page_words
 
 pymupdf.TOOLS.mupdf_display_errors(False)  # its own warnings go to stderr; ours say what to do
 
@@ -89,29 +91,34 @@ def clean_page_text(text: str) -> str:
     return _TRAILING_SPACE.sub("\n", text)
 
 
-def parse_pdf(path: Path, data: bytes | None = None) -> ParsedDocument:
-    """A PDF (from `data`, its bytes, when read already): one segment per page with text."""
+def parse_pdf(path: Path, data: bytes | None = None, reader: str = "tables") -> ParsedDocument:
+    """A PDF (from `data`, its bytes, when read already). `reader` "tables" (pdf_layout.py): the
+    text in reading order without running headers and footers, tables as rows that name their
+    columns; "finder": the same with pymupdf's table finder locating tables; "plain": each page's
+    text as pymupdf extracts it, one segment a page."""
     doc = _open(path, "pdf", data)
     try:
         builder = TextBuilder()
         labels = {}
         n_pages = doc.page_count
+        layout = []  # tables: (page, its words) until the running lines are known
         for index in range(n_pages):
             try:
                 page = doc.load_page(index)
-                text = clean_page_text(page.get_text("text"))
+                if reader == "plain":
+                    text = clean_page_text(page.get_text("text"))
+                else:
+                    layout.append((page, page_words(page)))
             except _PYMUPDF_ERRORS as exc:  # "page not in document": the PDF claims more pages than it has
-                raise InputError(
-                    f"cannot extract text from page {index + 1} of {n_pages} ({_reason(exc)}): the PDF is damaged",
-                    "re-export or re-download the PDF", path=str(path)
-                ) from exc
+                raise _page_error(path, index, n_pages, exc) from exc
             label = page.get_label() if hasattr(page, "get_label") else ""
             if label and label != str(index + 1):
                 labels[str(index + 1)] = label
-            if text.strip():
+            if reader == "plain" and text.strip():
                 if not text.endswith("\n"):
                     text += "\n"
                 builder.add(text + "\n", page=index + 1)
+        extra = _read_layout(path, layout, builder, reader) if reader != "plain" else {}
         meta = doc.metadata or {}
         title = pdf_title(meta, _xmp(doc), path)
     finally:
@@ -122,10 +129,31 @@ def parse_pdf(path: Path, data: bytes | None = None) -> ParsedDocument:
             "OCR is not supported; run OCR first (for example ocrmypdf) and ingest its output",
             path=str(path),
         )
-    metadata = {"pages": n_pages, "author": (meta.get("author") or "").strip()}
+    metadata = {"pages": n_pages, "author": (meta.get("author") or "").strip(), "reader": reader, **extra}
     if labels:
         metadata["page_labels"] = labels
     return ParsedDocument(text=builder.text(), kind="pdf", title=title, segments=builder.segments, metadata=metadata)
+
+
+def _page_error(path: Path, index: int, n_pages: int, exc: BaseException) -> InputError:
+    return InputError(f"cannot extract text from page {index + 1} of {n_pages} ({_reason(exc)}): the PDF is damaged",
+                      "re-export or re-download the PDF", path=str(path))
+
+
+def _read_layout(path: Path, pages: list, builder: TextBuilder, reader: str) -> dict:
+    """The layout reader's pages into `builder`; what it found (tables, dropped running lines)."""
+    dropped, texts = running_lines([words for _, words in pages])
+    blocks = []
+    for index, ((page, words), drop) in enumerate(zip(pages, dropped)):
+        try:
+            blocks.append(read_page(page, words, drop, finder=reader == "finder")[0])
+        except _PYMUPDF_ERRORS as exc:
+            raise _page_error(path, index, len(pages), exc) from exc
+    tables = build_text(blocks, builder)
+    extra: dict = {"tables": tables}
+    if texts:
+        extra["dropped_lines"] = {"count": sum(texts.values()), "lines": [t for t, _ in texts.most_common(10)]}
+    return extra
 
 
 # what writers put in the title field when the user gave none
