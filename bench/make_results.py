@@ -501,7 +501,8 @@ def ingest_section(result: dict) -> list[str]:
 def pdf_readers_section(evals: dict[str, tuple[Path, dict]], ingest: dict | None) -> list[str]:
     """The PDF readers side by side: `evsel eval` of the PDF sets with EVSEL_PDF_READER=plain (the
     page-text reader) and =tables, run one after the other, and the filings' ingest time."""
-    runs = {n: r for n, (_, r) in evals.items() if "-pdf-" in n}
+    runs = {n: r for n, (_, r) in evals.items() if "-pdf-" in n and not n.endswith("-generate")}
+    answered = {n: r for n, (_, r) in evals.items() if "-pdf-" in n and n.endswith("-generate")}
     if not runs:
         return []
     out = ["## PDF readers: tables, reading order, running lines (`EVSEL_PDF_READER`)", "",
@@ -520,6 +521,17 @@ def pdf_readers_section(evals: dict[str, tuple[Path, dict]], ingest: dict | None
                        f"**{f3(m.get('recall@5'))}** | {f3(m.get('recall@10'))} | {f3(m.get('mrr'))} | "
                        f"{data['chunks']} | {data['questions']} ({data['questions_with_gold']}) | "
                        f"`{r['run']['command']}` |")
+    if answered:
+        out += ["", "Answers (`--generate`, the default answer step on BM25's top 5), per reader, one run each: token "
+                "F1, the reference contained in the answer, and for the questions whose reference is a figure "
+                "printed in the filing, a numeric match ((1,577) = $1577.00).", "",
+                "| set | reader | R@5 | F1 | contained | numeric (figure questions) | command |", "|---|---|---|---|---|---|---|"]
+        for name in sorted(answered):
+            r = answered[name]
+            reader = name.split("-pdf-")[1].removesuffix("-generate")
+            for spec, m in r["methods"].items():
+                out.append(f"| {r['dataset']['name']} | {reader} | {f3(m.get('recall@5'))} | {f3(m.get('f1'))} | "
+                           f"{f3(m.get('contained'))} | {f3(m.get('numeric'))} | `{r['run']['command']}` |")
     if ingest:
         med = ingest["median_seconds"]
         readers = [r for r in ("finder", "tables") if r in med]
