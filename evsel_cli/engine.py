@@ -46,14 +46,22 @@ class ScopeCache(Protocol):
 
 def writable_folder(out: str) -> str:
     """`out`, made and written to once before a run that ends by writing there: a folder it cannot
-    be (a read-only disk, a file on the way) is one line now, not a failure after minutes of work."""
+    be (a read-only disk, a file on the way) is one line now, not a failure after minutes of work.
+    The levels the probe made are removed again: a run refused later for its inputs leaves nothing."""
     import errno
     import tempfile
 
+    made = []
     try:
+        at = Path(out).absolute()
+        while not at.exists() and not at.is_symlink() and at != at.parent:
+            made.append(at)
+            at = at.parent
         Path(out).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
+        for level in made:  # deepest first
+            level.rmdir()
     except OSError as exc:
         why = {errno.EROFS: "it is on a read-only file system", errno.ENOTDIR: "a part of it is a file, not a folder",
                errno.EEXIST: "it is a file, not a folder", errno.EACCES: "permission denied",

@@ -522,7 +522,7 @@ def test_a_deferred_ingest_records_each_file_until_done_and_returns_its_followup
 
     # the deferred work, once run, leaves no record (nothing to compute for a document that is gone)
     engine.docs_rm(work.doc_ids)
-    assert engine.run_deferred(work) == {"encoded": 0, "missing_before": 0}
+    assert engine.run_deferred(work) == {"encoded": 0, "missing_before": 0, "qrranker_kv": 0}
     assert engine.journal.pending_encodes() == []
 
 

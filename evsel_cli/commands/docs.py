@@ -96,7 +96,7 @@ def _mark_table_chunks(doc: dict) -> None:
 
 
 # what ingest records to tell a changed setting from an unchanged file (kept in --json)
-_INTERNAL_METADATA = ("chunker", "kind_arg")
+_INTERNAL_METADATA = ("chunker", "kind_arg", "reader")
 
 
 def _page_number(page: str) -> tuple:
