@@ -33,3 +33,14 @@ def write_result(path: Path, result: dict) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
     tmp.replace(path)
+
+
+def wait_until_preloaded(read_status, limit_s: float = 600) -> None:
+    """Wait until the started daemon has loaded the model (`read_status()`: `evsel daemon status --json`)."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while read_status()["preload"] != "done":
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the daemon did not load the model within {limit_s / 60:.0f} minutes")
+        time.sleep(0.5)

@@ -65,12 +65,10 @@ def load_average() -> list[float] | None:
 
 def start_warm_daemon(env: dict) -> None:
     """Start the daemon and wait until it has loaded the model."""
+    from common import wait_until_preloaded  # bench/ is on sys.path (main)
+
     evsel(["daemon", "start"], env)
-    deadline = time.monotonic() + 600
-    while daemon_status(env)["preload"] != "done":
-        if time.monotonic() > deadline:
-            raise SystemExit("the daemon did not load the model within 10 minutes")
-        time.sleep(0.5)
+    wait_until_preloaded(lambda: daemon_status(env))
 
 
 STORY_QUESTIONS = ["Who keeps the light?", "What happened to the boat?", "Who came to the island?"]
@@ -150,7 +148,7 @@ def main() -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(ROOT / "bench"))
-    from common import write_result
+    from common import wait_until_preloaded, write_result
 
     from evsel.evaluation.report import run_info
 
@@ -175,11 +173,7 @@ def main() -> int:
 
         _, start_s, _ = evsel(["daemon", "start"], env)
         record["daemon_start_s"] = round(start_s, 2)
-        deadline = time.monotonic() + 600
-        while daemon_status(env)["preload"] != "done":
-            if time.monotonic() > deadline:
-                raise SystemExit("the daemon did not load the model within 10 minutes")
-            time.sleep(0.5)
+        wait_until_preloaded(lambda: daemon_status(env))
         evsel(["ask", WARM_UP, "--max-new-tokens", str(args.max_new_tokens)], env)  # warm-up, not timed
 
         # the default answer step (the reader) and the rules step it replaced, in the same run

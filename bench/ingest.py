@@ -49,12 +49,10 @@ def fresh_home(base_env: dict) -> tuple[Path, dict]:
     home = Path(tempfile.mkdtemp(prefix="evsel-bench-ingest-"))
     os.chmod(home, 0o700)
     env = dict(base_env, EVSEL_HOME=str(home))
+    from common import wait_until_preloaded  # bench/ is on sys.path (main)
+
     evsel(["daemon", "start"], env)
-    deadline = time.monotonic() + 600
-    while status(env)["preload"] != "done":
-        if time.monotonic() > deadline:
-            raise SystemExit("the daemon did not load the model within 10 minutes")
-        time.sleep(0.5)
+    wait_until_preloaded(lambda: status(env))
     return home, env
 
 
