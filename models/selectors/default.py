@@ -118,17 +118,17 @@ class DefaultSelector(Selector):
         each kind's as "method (kind) + ..." when the scope held kinds with different methods."""
         return " + ".join(self._ran) if self._ran else self.inner("book").name
 
-    def _parts(self, chunks: list[ChunkRecord]) -> dict[str, list[int]]:
-        """The chunks' indices by the selector that ranks them (one entry for a single-kind scope)."""
-        parts: dict[str, list[int]] = {}
+    def _parts(self, chunks: list[ChunkRecord]) -> dict[str, tuple[Selector, list[int]]]:
+        """By the name of the selector that ranks them: that selector and the chunks' indices (one
+        entry for a single-kind scope)."""
+        parts: dict[str, tuple[Selector, list[int]]] = {}
         kinds: dict[str, list[str]] = {}
         for i, chunk in enumerate(chunks):
             kind = kind_of(chunk.kind)
-            name = self.inner(kind).name
-            parts.setdefault(name, []).append(i)
-            kinds.setdefault(name, [])
-            if kind not in kinds[name]:
-                kinds[name].append(kind)
+            inner = self.inner(kind)
+            parts.setdefault(inner.name, (inner, []))[1].append(i)
+            if kind not in kinds.setdefault(inner.name, []):
+                kinds[inner.name].append(kind)
         self._ran = [name if len(parts) == 1 else f"{name} ({', '.join(kinds[name])})" for name in parts]
         return parts
 
@@ -142,28 +142,25 @@ class DefaultSelector(Selector):
             self.inner(kind).load()
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
-        for name, at in self._parts(chunks).items():
-            self._inners_by_name(name).prepare([chunks[i] for i in at])
-
-    def _inners_by_name(self, name: str) -> Selector:
-        return next(s for s in self._inners.values() if s.name == name)
+        for inner, at in self._parts(chunks).values():
+            inner.prepare([chunks[i] for i in at])
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
-        parts = self._parts(chunks)
+        parts = list(self._parts(chunks).values())
         if len(parts) == 1:
-            return self._inners_by_name(next(iter(parts))).scores(question, chunks)
+            return parts[0][0].scores(question, chunks)
         # several kinds, several methods: each ranks its own kind's chunks, merged by reciprocal rank
         import numpy as np
 
         out = [0.0] * len(chunks)
-        for name, at in parts.items():
-            part = self._inners_by_name(name).scores(question, [chunks[i] for i in at])
+        for inner, at in parts:
+            part = inner.scores(question, [chunks[i] for i in at])
             for rank, j in enumerate(np.argsort(-np.asarray(part, dtype=np.float64), kind="stable").tolist(), 1):
                 out[at[j]] = 1.0 / (MIXED_K + rank)
         return out
 
     def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
-        parts = self._parts(chunks)
+        parts = list(self._parts(chunks).values())
         if len(parts) == 1:
-            return self._inners_by_name(next(iter(parts))).ranking(question, chunks, top_n)
+            return parts[0][0].ranking(question, chunks, top_n)
         return super().ranking(question, chunks, top_n)
