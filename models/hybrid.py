@@ -146,21 +146,13 @@ def evaluate(pool_scores: list[np.ndarray], gold: list[np.ndarray], ks=(1, 3, 5,
     question whose gold missed the pool counts, with recall and MRR 0: the share of gold chunks
     in the top k, as eval's chunk_recall@k (k <= 10 lies inside the pool). Without, only the
     questions with gold in the pool count, over their pooled gold."""
-    out = {f"recall@{k}": 0.0 for k in ks}
-    out["mrr"] = 0.0
-    counted = 0
-    for i, (s, g) in enumerate(zip(pool_scores, gold)):
-        total = totals[i] if totals is not None else (g.sum() if g.ndim == 1 else 0)
-        if not total:
-            continue
-        counted += 1
-        order = np.argsort(-s, kind="stable")
-        hits = g[order]
-        for k in ks:
-            out[f"recall@{k}"] += hits[:k].sum() / total
-        first = np.flatnonzero(hits)
-        out["mrr"] += 1.0 / (first[0] + 1) if len(first) else 0.0
-    return {k: v / counted if counted else 0.0 for k, v in out.items()} | {"questions": counted}
+    from .paired import question_metrics
+
+    recall, rr = question_metrics(pool_scores, gold, totals, ks)
+    counted = len(rr)
+    out = {f"recall@{k}": float(recall[k].mean()) if counted else 0.0 for k in ks}
+    out["mrr"] = float(rr.mean()) if counted else 0.0
+    return out | {"questions": counted}
 
 
 def fit(features: list[np.ndarray], gold: list[np.ndarray], groups: list[str], l2: float = 1e-3,

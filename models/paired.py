@@ -27,21 +27,34 @@ SOURCE_KINDS = {"locomo": "dialogue", "fairytaleqa": "book", "fairytaleqa-train"
                 "hotpotqa": "book", "nocha": "book", "financebench": "pdf", "mmlongbench": "pdf"}
 
 
-def per_question(pool_scores: list[np.ndarray], gold: list[np.ndarray], totals: list[int], k: int = 3
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(recall@k, reciprocal rank) of each question with gold in its scope, ranking its pool by
-    the scores; recall is over all of the question's gold chunks (those the pool missed count)."""
+def question_metrics(pool_scores: list[np.ndarray], gold: list[np.ndarray], totals: list[int] | None = None,
+                     ks=(3,)) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """({k: recall@k}, reciprocal rank) of each question with gold, ranking its pool by the
+    scores. With `totals` (each question's gold chunks in its whole scope) recall is over all of
+    them, those the pool missed too; without, over the pooled gold, and a question whose pool
+    holds none is left out."""
     import numpy as np
 
-    recall, rr = [], []
-    for scores, g, total in zip(pool_scores, gold, totals):
+    recall: dict[int, list[float]] = {k: [] for k in ks}
+    rr = []
+    for i, (scores, g) in enumerate(zip(pool_scores, gold)):
+        g = np.asarray(g)
+        total = totals[i] if totals is not None else g.sum()
         if not total:
             continue
-        hits = np.asarray(g)[np.argsort(-np.asarray(scores), kind="stable")]
-        recall.append(hits[:k].sum() / total)
+        hits = g[np.argsort(-np.asarray(scores), kind="stable")]
+        for k in ks:
+            recall[k].append(hits[:k].sum() / total)
         first = np.flatnonzero(hits)
         rr.append(1.0 / (first[0] + 1) if len(first) else 0.0)
-    return np.asarray(recall, dtype=np.float64), np.asarray(rr, dtype=np.float64)
+    return {k: np.asarray(v, dtype=np.float64) for k, v in recall.items()}, np.asarray(rr, dtype=np.float64)
+
+
+def per_question(pool_scores: list[np.ndarray], gold: list[np.ndarray], totals: list[int], k: int = 3
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(recall@k, reciprocal rank) of each question with gold in its scope: what the rule pairs."""
+    recall, rr = question_metrics(pool_scores, gold, totals, (k,))
+    return recall[k], rr
 
 
 def sign_flip_p(candidate: np.ndarray, baseline: np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> float:
@@ -95,4 +108,4 @@ def decide(candidate: str, recall: np.ndarray, rr: np.ndarray, base_recall: np.n
 
 
 __all__ = ["ALPHA", "FALLBACK", "KINDS", "MIN_QUESTIONS", "SOURCE_KINDS", "SPEED_LIMIT", "decide", "per_question",
-           "sign_flip_p"]
+           "question_metrics", "sign_flip_p"]
