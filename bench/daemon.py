@@ -3,6 +3,7 @@
     python bench/daemon.py                       # Sherlock Holmes from ../shared/data/nocha
     python bench/daemon.py --questions 5 --out bench/results/daemon.json
     python bench/daemon.py --versus hybrid        # warm asks of a method against BM25's: the ratio
+    python bench/daemon.py --versus hybrid --home DIR   # ... in DIR, kept: a rerun skips the encode
 
 Each question is asked twice as a user would, timed from process start to exit: once with
 `--no-daemon` (the process imports torch, loads the model, reads the chunks, ranks, generates) and
@@ -12,6 +13,8 @@ is broken down into client start (process start until the daemon has the request
 imports, connect, version check), queue, the engine's own scope/select/generate, and client finish
 (reply to exit: printing). Both answers must be identical. The same is repeated with
 --evidence-only (no generation). Runs in a temporary EVSEL_HOME; the model cache is shared.
+`--versus` ingests the book through the daemon and waits for its background encode (UNREAL
+states, QRRanker's stored block KV) before the warm-up, as a user's asks would find it.
 Like bench/run_all.sh, it runs every process (the daemon too) with one thread unless
 OMP_NUM_THREADS says otherwise: on shared cores, spin-waiting OpenMP threads make generation
 erratic and up to 10x slower.
@@ -135,9 +138,12 @@ def main() -> int:
     parser.add_argument("--background", action="store_true",
                         help="only ask latency idle vs during a background encode, on the sample story "
                              "(default out: bench/results/daemon-background.json)")
-    parser.add_argument("--versus", metavar="METHOD",
-                        help="only warm asks with --select METHOD against --select bm25 on the book, and their "
-                             "ratio (default out: bench/results/daemon-versus.json)")
+    parser.add_argument("--versus", metavar="METHOD[,METHOD]",
+                        help="only warm asks with each --select METHOD against --select bm25 on the book, and "
+                             "their ratios (default out: bench/results/daemon-versus.json)")
+    parser.add_argument("--home", type=Path,
+                        help="with --background or --versus: run in this EVSEL_HOME and keep it (a second run "
+                             "finds the book ingested and encoded); default: a temporary one")
     args = parser.parse_args()
     if args.background:
         return side_main(args, background_row, "daemon-background.json")
@@ -232,7 +238,8 @@ def main() -> int:
         record["daemon"] = {k: info[k] for k in ("build", "memory_mb", "cache", "backbones")}
     finally:
         subprocess.run([sys.executable, "-m", "evsel", "daemon", "stop"], env=env, capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
+        if not args.home:
+            shutil.rmtree(home, ignore_errors=True)
     record["load_average_after"] = load_average()
     reader, rules = (record[m]["warm_breakdown_median"]["generate_s"] for m in ("answer", "answer_rules"))
     record["answer_step"] = {"reader_warm_median_s": reader, "rules_warm_median_s": rules,
@@ -249,28 +256,39 @@ def main() -> int:
 
 
 def versus_row(args, env: dict, record: dict) -> None:
-    """Warm daemon asks with `--select METHOD` against `--select bm25` on the book, alternating in
-    the same run: the ratio of medians is what `evsel train hybrid --warm-ask-ratio` takes (the
-    default rule's speed condition, models/paired.py)."""
-    evsel(["--no-daemon", "ingest", str(args.book)], dict(env, EVSEL_ENCODE="0"))
+    """Warm daemon asks with each `--select METHOD` (comma-separated) against `--select bm25` on the
+    book, alternating in the same run: each ratio of medians is what `evsel train hybrid
+    --warm-ask-ratio METHOD=RATIO` takes (the default rule's speed condition, models/paired.py)."""
     start_warm_daemon(env)
-    methods = {"method": args.versus, "bm25": "bm25"}
-    for method in methods.values():  # warm-up: each method's states and parts are resident
+    # as a user would: ingest through the daemon, whose background work stores what the selectors
+    # read (UNREAL states, QRRanker's block KV), and ask once it is done
+    started = time.monotonic()
+    evsel(["ingest", str(args.book)], env)
+    while daemon_status(env)["queue"]["background"]:
+        time.sleep(1.0)
+    record["background_encode_s"] = round(time.monotonic() - started, 1)
+    methods = list(dict.fromkeys(m.strip() for m in args.versus.split(",") if m.strip() and m.strip() != "bm25"))
+    methods.append("bm25")
+    for method in methods:  # warm-up: each method's states and parts are resident
         evsel(["ask", WARM_UP, "--select", method, "--max-new-tokens", str(args.max_new_tokens)], env)
-    runs = {name: [] for name in methods}
+    runs: dict[str, list[dict]] = {method: [] for method in methods}
     for question in QUESTIONS[: args.questions]:
-        for name, method in methods.items():
+        for method in methods:
             _, seconds, result = evsel(["ask", question, "--json", "--select", method,
                                         "--max-new-tokens", str(args.max_new_tokens)], env)
-            ran = json.loads(result.stdout)["method"]["select"]
-            runs[name].append({"question": question, "wall_s": round(seconds, 3), "ran": ran})
-            print(f"{method:20s} warm {seconds:6.2f}s  {question}", flush=True)
-    medians = {name: statistics.median(r["wall_s"] for r in rows) for name, rows in runs.items()}
-    record["versus"] = {"method": args.versus, "warm_median_s": round(medians["method"], 3),
-                        "bm25_warm_median_s": round(medians["bm25"], 3),
-                        "warm_ask_ratio": round(medians["method"] / medians["bm25"], 3), "runs": runs}
-    print(f"warm ask: {args.versus} {medians['method']:.2f}s, bm25 {medians['bm25']:.2f}s, ratio "
-          f"{record['versus']['warm_ask_ratio']} (evsel train hybrid --warm-ask-ratio)")
+            reply = json.loads(result.stdout)
+            runs[method].append({"question": question, "wall_s": round(seconds, 3), "ran": reply["method"]["select"],
+                                 "select_s": reply["timings"].get("select_s"),
+                                 "generate_s": reply["timings"].get("generate_s")})
+            print(f"{method:36s} warm {seconds:6.2f}s  {question}", flush=True)
+    medians = {method: statistics.median(r["wall_s"] for r in rows) for method, rows in runs.items()}
+    base = medians["bm25"]
+    record["versus"] = {"bm25_warm_median_s": round(base, 3), "methods": {
+        method: {"warm_median_s": round(medians[method], 3), "warm_ask_ratio": round(medians[method] / base, 3)}
+        for method in methods[:-1]}, "runs": runs}
+    for method in methods[:-1]:
+        print(f"warm ask: {method} {medians[method]:.2f}s, bm25 {base:.2f}s: "
+              f"--warm-ask-ratio {method}={medians[method] / base:.2f}")
 
 
 def side_main(args, row, default_out: str) -> int:
@@ -282,8 +300,8 @@ def side_main(args, row, default_out: str) -> int:
     from evsel.evaluation.report import run_info
 
     out = args.out if args.out != ROOT / "bench" / "results" / "daemon.json" else ROOT / "bench" / "results" / default_out
-    home = Path(tempfile.mkdtemp(prefix="evsel-bench-daemon-"))
-    os.chmod(home, 0o700)
+    home = args.home or Path(tempfile.mkdtemp(prefix="evsel-bench-daemon-"))
+    home.mkdir(mode=0o700, exist_ok=True)
     env = dict(os.environ, EVSEL_HOME=str(home))
     env.pop("EVSEL_NO_DAEMON", None)
     env.pop("EVSEL_DAEMON_BUILD", None)
@@ -294,7 +312,8 @@ def side_main(args, row, default_out: str) -> int:
         row(args, env, record)
     finally:
         subprocess.run([sys.executable, "-m", "evsel", "daemon", "stop"], env=env, capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
+        if not args.home:
+            shutil.rmtree(home, ignore_errors=True)
     record["load_average_after"] = load_average()
     write_result(out, record)
     print(f"wrote {out}")

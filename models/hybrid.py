@@ -28,6 +28,7 @@ GROUPS = {
 }
 FEATURES = tuple(f for names in GROUPS.values() for f in names)
 LLM_GROUPS = ("unreal", "qr")  # the groups that need the backbone
+POOLING_GROUPS = ("dense", "unreal")  # besides BM25, the signals whose top chunks make the pool
 WORD = re.compile(r"[A-Za-z][A-Za-z'-]+")
 
 

@@ -27,6 +27,18 @@ def _layers(value: str | None) -> list[int] | None:
     return out
 
 
+def _warm_ask_ratio(value: str) -> tuple[str, float]:
+    """'2.1' (the hybrid with every signal) or 'METHOD=2.1' -> (method, ratio)."""
+    method, _, number = value.rpartition("=")
+    try:
+        ratio = float(number)
+    except ValueError:
+        ratio = float("nan")
+    if not ratio > 0 or (method and not method.startswith("hybrid")):
+        raise typer.BadParameter(f"{value!r} is not a ratio like 1.8 or hybrid:bm25+dense+unreal+dialogue=1.8")
+    return (method or "hybrid", ratio)
+
+
 app = App(help="Train the adapters of model-internal selectors (the backbone stays frozen).")
 
 _source_help = ("Training source (repeatable): fairytaleqa-train (default); locomo, musique or hotpotqa with --fold "
@@ -370,10 +382,12 @@ def train_hybrid(
         "--questions", parser=INT, help="Training questions (full: 240).")] = None,
     dev_questions: Annotated[Optional[int], typer.Option(
         "--dev-questions", parser=INT, help="Dev questions (full: 120).")] = None,
-    warm_ask_ratio: Annotated[Optional[float], typer.Option(
-        "--warm-ask-ratio", parser=FLOAT,
-        help="The hybrid's warm ask time over a BM25 one (bench/daemon.py); the fusion becomes the default "
-             "for the source's kind of document only when this is at most 2 (unmeasured: it does not).")] = None,
+    warm_ask_ratios: Annotated[Optional[List[str]], typer.Option(
+        "--warm-ask-ratio", metavar="[METHOD=]RATIO",
+        help="A method's warm ask time over a BM25 one (bench/daemon.py --versus METHOD): RATIO alone is "
+             "hybrid's (every signal), METHOD=RATIO another weight set's, e.g. "
+             "hybrid:bm25+dense+unreal+dialogue=1.6. Repeatable. A method becomes the default for the "
+             "source's kind of document only when this is at most 2 (unmeasured: it does not).")] = None,
     as_json: JsonOption = False,
 ):
     """The learned fusion's weights (--select hybrid): BM25, dense, UNREAL and QR-head scores and
@@ -383,7 +397,8 @@ def train_hybrid(
     """
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
     options = {"sources": list(sources), "fold": fold, "groups": groups, "questions": questions,
-               "dev_questions": dev_questions, "warm_ask_ratio": warm_ask_ratio}
+               "dev_questions": dev_questions,
+               "warm_ask_ratio": dict(_warm_ask_ratio(v) for v in warm_ask_ratios) if warm_ask_ratios else None}
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:
         summary = engine.train_hybrid(str(Path(out).absolute()), options, command, on_event=view, recipe_name=recipe)

@@ -124,7 +124,7 @@ class HybridSelector(Selector):
 
         n = len(chunks)
         full = {"bm25": np.asarray(self.bm25.scores(question, chunks), dtype=np.float64)}
-        for group in ("dense", "unreal"):
+        for group in fusion.POOLING_GROUPS:
             if group in groups and group in self.parts:
                 full[group] = np.asarray(self.parts[group].scores(question, chunks), dtype=np.float64)
         bm25_order = np.argsort(-full["bm25"], kind="stable")
