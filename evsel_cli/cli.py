@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import __version__, settings
-from .errors import EvselError, user_message
-from .output import error
+from . import __version__
 
 __all__ = ["CONTEXT_SETTINGS", "app", "cli", "interrupted", "main"]
 
@@ -31,28 +29,34 @@ def __getattr__(name: str):
 
 def interrupted(interrupt: BaseException) -> int:
     """Report Ctrl-C (and what an ingest stored before it) and give the exit code."""
+    from .output import error
+
     stored = getattr(interrupt, "stored_files", None)  # an ingest's files stored before it stopped
     error("interrupted" + ("" if stored is None else
                            f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored"))
     return 130
 
 
-def _without_typer(args: list[str]) -> int | None:
-    """The exit code of a command answered here, or None: the Typer app runs it."""
-    if args == ["--version"]:
-        sys.stdout.write(f"evsel, version {__version__}\n")
-        sys.stdout.flush()
-        return 0
-    from .forward import forwarded
-
-    return forwarded(args)
-
-
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args == ["--version"]:
+        try:
+            sys.stdout.write(f"evsel, version {__version__}\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            pass
+        return 0
     # everything evsel writes holds the user's text or questions: the home 0700, its files 0600
     os.umask(os.umask(0o077) | 0o077)
+    # imported here, after `--version` would have been answered (it needs none of them)
+    from . import settings
+    from .errors import EvselError, user_message
+    from .output import error
+
     try:
-        code = _without_typer(sys.argv[1:] if argv is None else list(argv))
+        from .forward import forwarded
+
+        code = forwarded(args)
         if code is None:
             from .typer_cli import run
 
