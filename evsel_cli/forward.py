@@ -21,8 +21,8 @@ _GLOBAL_VARIABLES = ("EVSEL_MODEL", "EVSEL_DEVICE", "EVSEL_NO_DAEMON")
 _FLAG = "flag"
 
 # per command: {option: (parameter, how its value is read)}, as commands/ask.py and docs.py declare them
-_DOCS_LIST = {"--collection": ("collection", str), "--json": ("as_json", _FLAG)}
-_ASK = {
+DOCS_LIST_OPTIONS = {"--collection": ("collection", str), "--json": ("as_json", _FLAG)}
+ASK_OPTIONS = {
     "--doc": ("doc_ids", int), "--collection": ("collection", str), "--top-n": ("top_n", int),
     "--select": ("select", str), "--rerank": ("rerank", str), "--rerank-top": ("rerank_top", int),
     "--memory": ("memory", _FLAG), "--evidence-only": ("evidence_only", _FLAG),
@@ -86,9 +86,9 @@ def forwarded(args: list[str]) -> int | None:
     """Run `evsel ARGS` here when it is a `docs list` or `ask` this module reads exactly; its exit
     code, or None when the Typer app must run it (nothing was sent)."""
     if args[:2] == ["docs", "list"]:
-        parsed, command = parse(args[2:], _DOCS_LIST, 0), "docs_list"
+        parsed, command = parse(args[2:], DOCS_LIST_OPTIONS, 0), "docs_list"
     elif args[:1] == ["ask"]:
-        parsed, command = parse(args[1:], _ASK, 1), "ask"
+        parsed, command = parse(args[1:], ASK_OPTIONS, 1), "ask"
     else:
         return None
     if parsed is None or settings.variables_named(_GLOBAL_VARIABLES):
