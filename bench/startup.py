@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -146,7 +147,7 @@ def main() -> int:
                 argv, which = commands[name]
                 runs[name].append(timed(argv, envs[which]))
         for name, (argv, which) in commands.items():
-            if argv[:3] == EVSEL:
+            if argv[:3] == EVSEL or name == BASELINE:
                 costs[name] = import_costs(argv, envs[which])
         # every warm run went to its home's one daemon (none restarted it)
         same_daemon = all(json.loads((Path(envs[which]["EVSEL_HOME"]) / "daemon.pid").read_text())["pid"] == pid
@@ -165,7 +166,7 @@ def main() -> int:
         argv, which = commands[name]
         wall, cpu = statistics.median(w for w, _ in samples), statistics.median(c for _, c in samples)
         target = TARGETS.get(name)
-        rows[name] = {"argv": " ".join(Path(a).name if a == sys.executable else a for a in argv),
+        rows[name] = {"argv": shlex.join("python" if a == sys.executable else a for a in argv),
                       "code": f"commit {before_commit}" if which else "this checkout",
                       "wall_median_s": round(wall, 4), "cpu_median_s": round(cpu, 4),
                       "wall_ratio": round(wall / base_wall, 2), "cpu_ratio": round(cpu / base_cpu, 2),
