@@ -432,6 +432,14 @@ def startup_section(result: dict) -> list[str]:
                                 if m["depth"] <= 1)
             out.append(f"| {label} | {cost['total_us'] / 1000:.0f} ({cost['modules']} modules) | {packages} | "
                        f"{modules} |")
+    out += ["", "`evsel --version` is answered before anything but the `evsel` package is imported; `docs list` and "
+            "`ask` sent to a running daemon run without Typer and rich (evsel_cli/forward.py: about twice the "
+            "interpreter's start-up between them) and print the bytes the Typer app prints, errors included "
+            "(tests/test_startup_imports.py); any other argument, and every mistake, goes to the Typer app. Of "
+            "what is left, the settings, the daemon's client and the output module (dataclasses, inspect, typing, "
+            "socket, json) cost about as much as the interpreter again; the ask's extra over `docs list` is "
+            "mostly the client's check of --select before anything is sent, which loads the selector registry "
+            "and its built-in selector modules, and a request that goes through the daemon's queue."]
     return out + [""]
 
 
