@@ -11,6 +11,8 @@ as always, with its help and its error messages.
 
 from __future__ import annotations
 
+import sys
+
 from evsel import settings
 from evsel.api import REQUEST
 from evsel.defaults import STYLES
@@ -102,12 +104,17 @@ def forwarded(args: list[str]) -> int | None:
     # what the Typer app's root callback passes when no global option is given
     engine = DaemonClient(Settings.resolve(model=None, device="auto", no_daemon=False))
     as_json = values.pop("as_json", False)
-    if command == "docs_list":
-        replies.docs_list(engine, values.get("collection"), as_json)
+    try:
+        if command == "docs_list":
+            replies.docs_list(engine, values.get("collection"), as_json)
+            return 0
+        # every option with its default, as the Typer command passes them
+        request = {name: parameter.default for name, parameter in REQUEST["ask"].signature.parameters.items()
+                   if name not in ("self", "question", "on_event")}
+        request.update(values)
+        replies.ask(engine, found[0], as_json, **request)
         return 0
-    # every option with its default, as the Typer command passes them
-    request = {name: parameter.default for name, parameter in REQUEST["ask"].signature.parameters.items()
-               if name not in ("self", "question", "on_event")}
-    request.update(values)
-    replies.ask(engine, found[0], as_json, **request)
-    return 0
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")  # as the Typer app (commands/base.py): the blank line closes the terminal's ^C echo
+        sys.stderr.flush()
+        raise

@@ -216,3 +216,25 @@ def test_the_forwarded_ask_reads_its_options_as_the_typer_command_declares_them(
     for name, parameter in REQUEST["ask"].signature.parameters.items():
         if name not in ("self", "question", "on_event"):
             assert defaults[name] == parameter.default, name
+
+
+@pytest.mark.parametrize("args", [["docs", "list"], ["ask", "Who keeps the light?", "--evidence-only"]])
+def test_ctrl_c_in_a_forwarded_command_is_reported_as_the_typer_app_reports_it(args, capsys, monkeypatch, tmp_path):
+    """Ctrl-C while a forwarded request waits for its reply: the same lines and exit code (130)
+    as through the Typer app."""
+    from daemon_helpers import run_cli, use_daemon
+
+    from evsel import forward
+    from evsel.daemon.client import DaemonClient
+
+    use_daemon(monkeypatch, tmp_path)
+
+    def interrupted(self, method, params, on_event=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DaemonClient, "call", interrupted)
+    through_forward = run_cli(capsys, *args)
+    monkeypatch.setattr(forward, "forwarded", lambda args: None)
+    through_typer = run_cli(capsys, *args)
+    assert through_forward == through_typer
+    assert through_forward[0] == 130 and through_forward[2] == "\nevsel: error: interrupted\n"
