@@ -415,7 +415,8 @@ def startup_section(result: dict) -> list[str]:
         if row.get("target_ratio"):
             met = row.get("target_met")
             target = f"≤ {row['target_ratio']:g}x" + ("" if met is None else " met" if met else " not met")
-        label = f"`{row['argv']}`" + (" (before)" if name.endswith("(before)") else "")
+        label = (f"`{row['argv']}`" + (" on a terminal" if row.get("output", "pipes") != "pipes" else "")
+                 + (" (before)" if name.endswith("(before)") else ""))
         out.append(f"| {label} | {row['wall_median_s'] * 1000:.0f} | {row['wall_ratio']:.2f}x | "
                    f"{row['cpu_median_s'] * 1000:.0f} | {row['cpu_ratio']:.2f}x | {target} |")
     costs = {name: row["imports"] for name, row in result["commands"].items() if row.get("imports")}
@@ -433,9 +434,11 @@ def startup_section(result: dict) -> list[str]:
             out.append(f"| {label} | {cost['total_us'] / 1000:.0f} ({cost['modules']} modules) | {packages} | "
                        f"{modules} |")
     out += ["", "`evsel --version` is answered before anything but the `evsel` package is imported; `docs list` and "
-            "`ask` sent to a running daemon run without Typer and rich (evsel_cli/forward.py: about twice the "
-            "interpreter's start-up between them) and print the bytes the Typer app prints, errors included "
-            "(tests/test_startup_imports.py); any other argument, and every mistake, goes to the Typer app. Of "
+            "`ask` sent to a running daemon run without Typer (evsel_cli/forward.py) and, writing to a pipe or a "
+            "file, without rich (together about twice the interpreter's start-up), and print the bytes the Typer "
+            "app prints, errors included (tests/test_startup_imports.py); any other argument, and every mistake, "
+            "goes to the Typer app. On a terminal rich still renders the output (colours, the live progress rows, "
+            "the table fitted to the terminal's width), which costs about the interpreter's start-up again. Of "
             "what is left, the settings, the daemon's client and the output module (dataclasses, inspect, typing, "
             "socket, json) cost about as much as the interpreter again; the ask's extra over `docs list` is "
             "mostly the client's check of --select before anything is sent, which loads the selector registry "

@@ -6,8 +6,10 @@
 
 Each round runs, as a user would (a new process, timed from start to exit), `python -c pass`,
 `evsel --version`, `evsel docs list` and an evidence-only `evsel ask` through a warm daemon, and
-`evsel --no-daemon docs list` (which opens the store in the process) for contrast; the order is
-rotated every round so that each command sees the same machine load. With --before COMMIT the
+`evsel --no-daemon docs list` (which opens the store in the process) for contrast, each with pipes
+for stdout and stderr; then the warm `docs list` and `ask` again with a terminal (a pseudo-terminal
+of 120x50) as both, where rich renders their output. The order is rotated every round so that
+each command sees the same machine load. With --before COMMIT the
 same evsel commands of that commit (its files laid out as the installed `evsel` namespace, from
 `git archive`, on PYTHONPATH, talking to a daemon of their own) run in the same rounds. Reported per
 command: the median wall time and the median CPU time (user + system, of that process alone: the
@@ -25,15 +27,20 @@ writes it), so the figures are those a user sees, not the compiler's.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import pty
 import resource
 import shlex
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +54,13 @@ COMMANDS = {  # name: argv
     "evsel ask --evidence-only (warm daemon)": [*EVSEL, "ask", QUESTION, "--evidence-only"],
     "evsel --no-daemon docs list": [*EVSEL, "--no-daemon", "docs", "list"],
 }
+# run with a terminal as stdout and stderr: rich renders those (colours, live progress rows, the
+# table fitted to the terminal's width)
+ON_TERMINAL = {
+    "evsel docs list (warm daemon, terminal)": [*EVSEL, "docs", "list"],
+    "evsel ask --evidence-only (warm daemon, terminal)": [*EVSEL, "ask", QUESTION, "--evidence-only"],
+}
+TERMINAL_SIZE = (50, 120)  # rows, columns
 BASELINE = "python -c pass"
 # issue 36: --version and a command forwarded to the daemon within 3x the bare interpreter
 TARGETS = {"evsel --version": 3.0, "evsel docs list (warm daemon)": 3.0,
@@ -57,8 +71,11 @@ LAYOUT = {"evsel": "evsel_cli", "evsel/daemon": "daemon", "evsel/models": "model
 TOP = 12  # modules and packages listed per command
 
 
-def timed(argv: list[str], env: dict) -> tuple[float, float]:
-    """Wall and CPU seconds (user + system) of one process run to its exit."""
+def timed(argv: list[str], env: dict, terminal: bool = False) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one process run to its exit; its stdout and stderr
+    are pipes, or one pseudo-terminal (`terminal`), read as it writes."""
+    if terminal:
+        return _timed_on_terminal(argv, env)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -66,6 +83,38 @@ def timed(argv: list[str], env: dict) -> tuple[float, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _timed_on_terminal(argv: list[str], env: dict) -> tuple[float, float]:
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", *TERMINAL_SIZE, 0, 0))
+    shown = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # the terminal closed
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        result = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        os.close(follower)
+        reader.join(10)
+        os.close(leader)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({result.returncode}) on a terminal: {shown.decode(errors='replace')}")
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -106,6 +155,10 @@ def start_home(env: dict) -> int:
     return json.loads((Path(env["EVSEL_HOME"]) / "daemon.pid").read_text())["pid"]
 
 
+def _on_terminal(name: str) -> bool:
+    return name.removesuffix(BEFORE) in ON_TERMINAL
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15, help="runs of each command")
@@ -117,7 +170,8 @@ def main() -> int:
 
     scratch = Path(tempfile.mkdtemp(prefix="evsel-bench-startup-"))
     os.chmod(scratch, 0o700)
-    env = dict(os.environ, EVSEL_ENCODE="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(os.environ, EVSEL_ENCODE="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               TERM=os.environ.get("TERM", "xterm-256color"))
     for name in ("EVSEL_NO_DAEMON", "EVSEL_DAEMON_BUILD", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH"):
         env.pop(name, None)
     envs = {"": dict(env, EVSEL_HOME=str(scratch / "home"))}
@@ -127,9 +181,10 @@ def main() -> int:
                                        capture_output=True, text=True).stdout.strip()
         envs[BEFORE] = dict(env, EVSEL_HOME=str(scratch / "home-before"),
                             PYTHONPATH=str(lay_out(before_commit, scratch / "before")))
-    commands = {name: (argv, "") for name, argv in COMMANDS.items()}
+    commands = {name: (argv, "") for name, argv in (COMMANDS | ON_TERMINAL).items()}
     if args.before:
-        commands |= {name + BEFORE: (argv, BEFORE) for name, argv in COMMANDS.items() if argv[:3] == EVSEL}
+        commands |= {name + BEFORE: (argv, BEFORE) for name, argv in (COMMANDS | ON_TERMINAL).items()
+                     if argv[:3] == EVSEL}
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     load_before = load_1m()
     costs = {}
@@ -138,16 +193,16 @@ def main() -> int:
         for which, home_env in envs.items():
             os.mkdir(home_env["EVSEL_HOME"], 0o700)
             daemons[which] = start_home(home_env)
-        for argv, which in commands.values():  # warm-up: the OS file cache and bytecode, not timed
-            timed(argv, envs[which])
+        for name, (argv, which) in commands.items():  # warm-up: the OS file cache and bytecode, not timed
+            timed(argv, envs[which], _on_terminal(name))
         names = list(commands)
         for round_ in range(args.rounds):
             shift = round_ % len(names)
             for name in names[shift:] + names[:shift]:
                 argv, which = commands[name]
-                runs[name].append(timed(argv, envs[which]))
+                runs[name].append(timed(argv, envs[which], _on_terminal(name)))
         for name, (argv, which) in commands.items():
-            if argv[:3] == EVSEL or name == BASELINE:
+            if (argv[:3] == EVSEL or name == BASELINE) and not _on_terminal(name):
                 costs[name] = import_costs(argv, envs[which])
         # every warm run went to its home's one daemon (none restarted it)
         same_daemon = all(json.loads((Path(envs[which]["EVSEL_HOME"]) / "daemon.pid").read_text())["pid"] == pid
@@ -168,6 +223,7 @@ def main() -> int:
         target = TARGETS.get(name)
         rows[name] = {"argv": shlex.join("python" if a == sys.executable else a for a in argv),
                       "code": f"commit {before_commit}" if which else "this checkout",
+                      "output": f"terminal ({TERMINAL_SIZE[1]}x{TERMINAL_SIZE[0]})" if _on_terminal(name) else "pipes",
                       "wall_median_s": round(wall, 4), "cpu_median_s": round(cpu, 4),
                       "wall_ratio": round(wall / base_wall, 2), "cpu_ratio": round(cpu / base_cpu, 2),
                       "target_ratio": target, "target_met": None if target is None else wall / base_wall <= target,
