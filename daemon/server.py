@@ -55,6 +55,7 @@ class PrivateLogHandler(logging.handlers.RotatingFileHandler):
         fd = runtime.open_private(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND)
         return os.fdopen(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
 
+
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before the daemon exits
 RECONCILE_S = 2.0  # how often the watch list is re-read from the store
 FD_RESERVE = 64  # descriptors kept free of connections: the store, logs, the model's files, watches

@@ -153,7 +153,7 @@ def _plain(texts: list[str], stream) -> bool:
     if "[" in joined or "\\" in joined or "\t" in joined or _UNPRINTABLE.search(joined) or _EMOJI_CODE.search(joined):
         return False
     try:
-        joined.encode(stream.encoding or "utf-8", stream.errors or "strict")
+        joined.encode(getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None) or "strict")
     except (LookupError, UnicodeError):
         return False
     return True
