@@ -401,15 +401,48 @@ def daemon_section(result: dict) -> list[str]:
 def startup_section(result: dict) -> list[str]:
     out = ["## Start-up of the command (bench/startup.py)", ""]
     out += provenance(result["run"])
+    before = result.get("before_commit")
     out += [f"- load average (1 min) before/after: {result['load_1m_before']:.2f} / {result['load_1m_after']:.2f}; "
-            f"the warm runs all went to one daemon: {result['same_daemon_throughout']}", "",
+            f"the warm runs all went to their home's one daemon: {result['same_daemon_throughout']}",
+            f"- bytecode: {result.get('bytecode', 'as found')}", "",
             f"Whole processes, each run {result['rounds']} times in a rotating order; median wall and CPU (user + "
-            f"system of the process itself) time, and each as a ratio to `{result['baseline']}` in the same run.", "",
-            "| command | wall (ms) | wall ratio | CPU (ms) | CPU ratio | target |", "|---|---|---|---|---|---|"]
+            f"system of the process itself, not the daemon's) time, and each as a ratio to `{result['baseline']}` "
+            "in the same run." + (f" Rows marked (before) run the code of commit `{before}` in the same rounds, "
+                                  "against a daemon of their own." if before else ""), "",
+            "| command | wall (ms) | wall ratio | CPU (ms) | CPU ratio | target (wall) |", "|---|---|---|---|---|---|"]
     for name, row in result["commands"].items():
-        target = f"≤ {row['target_ratio']:g}x" if row.get("target_ratio") else ""
-        out.append(f"| `{row['argv']}` | {row['wall_median_s'] * 1000:.0f} | {row['wall_ratio']:.2f}x | "
+        target = ""
+        if row.get("target_ratio"):
+            met = row.get("target_met")
+            target = f"≤ {row['target_ratio']:g}x" + ("" if met is None else " met" if met else " not met")
+        label = (f"`{row['argv']}`" + (" on a terminal" if row.get("output", "pipes") != "pipes" else "")
+                 + (" (before)" if name.endswith("(before)") else ""))
+        out.append(f"| {label} | {row['wall_median_s'] * 1000:.0f} | {row['wall_ratio']:.2f}x | "
                    f"{row['cpu_median_s'] * 1000:.0f} | {row['cpu_ratio']:.2f}x | {target} |")
+    costs = {name: row["imports"] for name, row in result["commands"].items() if row.get("imports")}
+    if costs:
+        out += ["", "What each command's imports cost (one run under `python -X importtime`, so read the shares, "
+                "not the exact times): the self time of its modules summed per top-level package, largest first "
+                "(ms); then its modules with the most cumulative time (their own imports included).", "",
+                "| command | imports in all (ms) | by package (ms) | costliest modules, cumulative (ms) |",
+                "|---|---|---|---|"]
+        for name, cost in costs.items():
+            label = f"`{result['commands'][name]['argv']}`" + (" (before)" if name.endswith("(before)") else "")
+            packages = ", ".join(f"{package} {us / 1000:.1f}" for package, us in list(cost["by_package_us"].items())[:8])
+            modules = ", ".join(f"{m['module']} {m['cumulative_us'] / 1000:.1f}" for m in cost["top_cumulative"]
+                                if m["depth"] <= 1)
+            out.append(f"| {label} | {cost['total_us'] / 1000:.0f} ({cost['modules']} modules) | {packages} | "
+                       f"{modules} |")
+    out += ["", "`evsel --version` is answered before anything but the `evsel` package is imported; `docs list` and "
+            "`ask` sent to a running daemon run without Typer (evsel_cli/forward.py) and, writing to a pipe or a "
+            "file, without rich (together about twice the interpreter's start-up), and print the bytes the Typer "
+            "app prints, errors included (tests/test_startup_imports.py); any other argument, and every mistake, "
+            "goes to the Typer app. On a terminal rich still renders the output (colours, the live progress rows, "
+            "the table fitted to the terminal's width), which costs about the interpreter's start-up again. Of "
+            "what is left, the settings, the daemon's client and the output module (dataclasses, inspect, typing, "
+            "socket, json) cost about as much as the interpreter again; the ask's extra over `docs list` is "
+            "mostly the client's check of --select before anything is sent, which loads the selector registry "
+            "and its built-in selector modules, and a request that goes through the daemon's queue."]
     return out + [""]
 
 

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
-import uuid
 
 from evsel import __version__, settings
 from evsel.api import REQUEST, REQUESTS
@@ -52,7 +50,7 @@ class Connection:
     def request(self, method: str, params: dict | None = None, on_event=_ignore, settings: dict | None = None,
                 meta: dict | None = None):
         """Send one request and wait for its result, relaying events. Ctrl-C cancels it."""
-        request_id = uuid.uuid4().hex[:12]
+        request_id = os.urandom(6).hex()  # 12 hex digits, as uuid4().hex[:12] gave (uuid costs the import)
         message = {"v": PROTOCOL_VERSION, "id": request_id, "type": "request", "method": method,
                    "params": params or {}, "client": {"pid": os.getpid(), "version": __version__}}
         if settings is not None:
@@ -195,6 +193,8 @@ def hello(connection: Connection) -> dict:
 def spawn(daemon_files: DaemonFiles, model: str | None = None, device: str = "auto",
           idle_timeout: float | None = None, preload: bool = True) -> None:
     """Launch a detached daemon (python -m evsel.daemon --detach); returns once the launcher exits."""
+    import subprocess  # only here: a client of a running daemon never starts one
+
     runtime.check_home_private(daemon_files.home)
     runtime.clean_stale(daemon_files)
     command = [sys.executable, "-m", "evsel.daemon", "--detach", "--device", device or "auto"]

@@ -46,6 +46,16 @@ from .scheduler import Job, Scheduler, internal_error
 
 log = logging.getLogger("evsel.daemon")
 
+
+class PrivateLogHandler(logging.handlers.RotatingFileHandler):
+    """daemon.log, opened (and reopened at each rotation) with `open_private`: never through a
+    symlink planted in the home."""
+
+    def _open(self):
+        fd = runtime.open_private(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND)
+        return os.fdopen(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
+
+
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds without clients, jobs or watches before the daemon exits
 RECONCILE_S = 2.0  # how often the watch list is re-read from the store
 FD_RESERVE = 64  # descriptors kept free of connections: the store, logs, the model's files, watches
@@ -153,7 +163,7 @@ class Daemon:
         for handler in list(log.handlers):
             log.removeHandler(handler)
         # opened 0600 with O_NOFOLLOW (at start and at each rotation): a symlink planted in the home is refused
-        handler = runtime.PrivateLogHandler(self.files.log, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS)
+        handler = PrivateLogHandler(self.files.log, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
         if self.foreground:

@@ -6,14 +6,18 @@ UTF-8, lone surrogates that no terminal encoding can write. Every human-readable
 `SafeConsole`, which shows each such character as a visible escape (`\\x1b`); `print_json` keeps
 the exact text, escaped as JSON.
 
-rich is imported on first use (about a quarter of a bare `evsel` run's start-up): `stdout` and
+rich is imported on first use (about as long as the interpreter's own start-up): `stdout` and
 `stderr` make their console when first printed to, so `evsel --version` or a `--json` result never
-imports it.
+imports it. Lines built as styled parts (`show`, `show_table`) are written without rich where rich
+would write exactly their text: to a stream that is no terminal (rich writes no colour there), when
+no part holds what rich's markup would change (brackets, backslashes, tabs, `:name:` emoji codes,
+control characters). Anything else goes through rich as before.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import threading
@@ -74,9 +78,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+_WIDE = 100_000
+
+
 def wide_console() -> "Console":
     """A console for stdout that never wraps (one record per line for grep on a pipe)."""
-    return safe_console_class()(width=100_000, highlight=False)
+    return safe_console_class()(width=_WIDE, highlight=False)
 
 
 class DeferredConsole:
@@ -85,6 +92,14 @@ class DeferredConsole:
     def __init__(self, **options):
         self.options = options
         self.made: Console | None = None
+
+    @property
+    def stream(self):
+        return sys.stderr if self.options.get("stderr") else sys.stdout
+
+    @property
+    def is_terminal(self) -> bool:
+        return False if plain_stream(self.stream) else self.console().is_terminal
 
     def console(self) -> "Console":
         if self.made is None:
@@ -116,13 +131,85 @@ def print_json(data) -> None:
     sys.stdout.flush()
 
 
+def plain_stream(stream) -> bool:
+    """Whether rich writes to `stream` as to a file (no colour, no live rows): no terminal, and
+    neither of rich's overrides (FORCE_COLOR, TTY_COMPATIBLE) set."""
+    if "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ:
+        return False
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# what rich's markup may read as an emoji code (`:smile:`)
+_EMOJI_CODE = re.compile(r":\S*?:")
+
+
+def _plain(texts: list[str], stream) -> bool:
+    """Whether rich prints these texts as they are: nothing in them is markup, an emoji code, a
+    tab it expands or a character `visible` changes, and the stream can encode them."""
+    joined = "".join(texts)
+    if "[" in joined or "\\" in joined or "\t" in joined or _UNPRINTABLE.search(joined) or _EMOJI_CODE.search(joined):
+        return False
+    try:
+        joined.encode(getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None) or "strict")
+    except (LookupError, UnicodeError):
+        return False
+    return True
+
+
+def markup(parts: list[tuple[str, str | None]]) -> str:
+    """Styled parts (text, rich style or None) as rich markup, each text escaped."""
+    return "".join(f"[{style}]{escape(text)}[/]" if style else escape(text) for text, style in parts)
+
+
+def show(parts: list[tuple[str, str | None]], console: DeferredConsole | None = None, **options) -> None:
+    """Print one line of styled parts (text, rich style or None) on `console` (stdout): their
+    text where rich would print only that, else through rich with `options`."""
+    console = console if console is not None else stdout
+    stream = console.stream
+    texts = [text for text, _ in parts]
+    if plain_stream(stream) and _plain(texts, stream):
+        stream.write("".join(texts) + "\n")
+        stream.flush()
+    else:
+        console.print(markup(parts), **options)
+
+
+def show_table(columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    """A table on stdout, one record per line, columns two spaces apart (no borders); on a pipe
+    each record stays on one line for grep and friends."""
+    cells = [*columns, *(cell for row in rows for cell in row)]
+    widths = [max(len(cell) for cell in column) for column in zip(columns, *rows)]
+    # rich measures wide characters, folds what is wider than its console and trims a cell's
+    # outer spaces: those tables are rich's
+    if (plain_stream(sys.stdout) and _plain(cells, sys.stdout) and sum(widths) + 2 * len(widths) < _WIDE // 2
+            and all(cell.isascii() and cell == cell.strip() and "\n" not in cell for cell in cells)):
+        for row in (columns, *rows):
+            sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    console = stdout if stdout.is_terminal else wide_console()
+    console.print(table)
+
+
 def error(message: str) -> None:
     # messages carry paths and file text: "[...]" or ":name:" in them is neither markup nor emoji
-    stderr.print(f"[bold red]evsel: error:[/] {escape(_one_line(message))}", markup=True, highlight=False, emoji=False)
+    show([("evsel: error:", "bold red"), (f" {_one_line(message)}", None)], stderr,
+         markup=True, highlight=False, emoji=False)
 
 
 def warning(message: str) -> None:
-    stderr.print(f"[yellow]evsel: warning:[/] {escape(_one_line(message))}", markup=True, highlight=False, emoji=False)
+    show([("evsel: warning:", "yellow"), (f" {_one_line(message)}", None)], stderr,
+         markup=True, highlight=False, emoji=False)
 
 
 def _one_line(message: str) -> str:
@@ -237,8 +324,7 @@ class ProgressView:
     def __init__(self, enabled: bool = True, *, console: Console | None = None, clock=time.monotonic,
                  interval_s: float = PLAIN_INTERVAL_S, after_s: float = PLAIN_AFTER_S,
                  heartbeat_s: float | None = 1.0):
-        console = console if console is not None else stderr
-        self.console = console.console() if isinstance(console, DeferredConsole) else console
+        self.console = console if console is not None else stderr  # rich's, made when first printed to
         self.enabled = enabled
         self.live = enabled and self.console.is_terminal
         self.plain = enabled and not self.console.is_terminal
@@ -247,7 +333,8 @@ class ProgressView:
         self.after_s = after_s
         self.heartbeat_s = heartbeat_s  # a plain line also comes while no event does (a model load)
         # rows are drawn only on a terminal (rich.progress is imported for them alone)
-        self.progress = _live_progress(self.console, clock) if self.live else None
+        self.progress = _live_progress(self.console.console() if isinstance(self.console, DeferredConsole)
+                                       else self.console, clock) if self.live else None
         self.stages: dict[str, Stage] = {}  # running stages, oldest first
         self.tasks: dict[str, TaskID] = {}
         self.work_started: float | None = None

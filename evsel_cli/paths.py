@@ -7,14 +7,16 @@ import shlex
 import stat
 from pathlib import Path
 
-import platformdirs
-
 from . import settings
 
 
 def evsel_home() -> Path:
     """The state directory: $EVSEL_HOME, else the platform's user data dir. Created on demand."""
-    home = settings.evsel_home() or Path(platformdirs.user_data_dir("evsel"))
+    home = settings.evsel_home()
+    if home is None:
+        import platformdirs  # only without EVSEL_HOME: a few ms of every command's start-up
+
+        home = Path(platformdirs.user_data_dir("evsel"))
     if not home.is_dir():
         try:
             home.mkdir(mode=0o700, parents=True)

@@ -302,7 +302,7 @@ def test_the_private_attribute_check_finds_other_objects_and_libraries(tmp_path)
 # says why). Each other reader allowed here says why.
 SETTINGS_MODULE = "evsel_cli/settings.py"
 ENV_READS_ALLOWED = {
-    "evsel_cli/cli.py": "--device, --model and --no-daemon fall back to their variables through Typer's envvar, so "
+    "evsel_cli/typer_cli.py": "--device, --model and --no-daemon fall back to their variables through Typer's envvar, so "
                         "a bad value is reported as the option's",
     "evsel_cli/commands/eval.py": "--data-dir falls back to EVSEL_DATA through Typer's envvar (checked as the "
                                   "option's path)",

@@ -1,17 +1,25 @@
 """The CLI's client path stays light: `evsel --version`, `--help`, and `docs list` and `ask` sent to
-a running daemon import no numpy, torch, sqlite_utils or evsel.engine (what they import is read
-from `python -X importtime`; no timing is asserted). And the request signatures the client checks
-against (evsel.api) are the engine's."""
+a running daemon import no numpy, torch, sqlite_utils or evsel.engine; `--version`, `docs list` and
+`ask` to a running daemon not even Typer or rich (evsel.forward), and print what the Typer app
+prints, byte for byte, errors included (what they import is read from `python -X importtime`; no
+timing is asserted). And the request signatures the client checks against (evsel.api) are the
+engine's."""
 
 from __future__ import annotations
 
 import inspect
+import io
+import os
 import subprocess
 import sys
+
+import pytest
 
 from daemon_helpers import daemon_home, evsel, status  # noqa: F401  (a fixture)
 
 HEAVY = ("numpy", "torch", "sqlite_utils", "evsel.engine", "evsel.pipeline", "transformers", "pydantic")
+# what evsel.forward and `--version` leave out: the command tree and the terminal renderer
+TYPER_AND_RICH = ("typer", "rich", "evsel.typer_cli", "evsel.commands.base")
 
 
 def imported(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -24,8 +32,8 @@ def imported(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     return result, modules
 
 
-def heavy(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+def heavy(modules: set[str], names: tuple[str, ...] = HEAVY) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in names))
 
 
 def test_version_and_help_import_nothing_heavy():
@@ -33,7 +41,11 @@ def test_version_and_help_import_nothing_heavy():
         result, modules = imported(*args)
         assert result.returncode == 0, result.stderr[-2000:]
         assert heavy(modules) == [], args
-    assert "rich" not in imported("--version")[1]  # printed by Typer alone
+    result, modules = imported("--version")
+    assert result.stdout == "evsel, version 0.1.0\n"
+    # answered before anything but the package itself is imported
+    assert sorted(m for m in modules if m.startswith("evsel")) == ["evsel", "evsel.cli"]
+    assert heavy(modules, TYPER_AND_RICH) == []
 
 
 def test_commands_sent_to_a_running_daemon_import_nothing_heavy(daemon_home):  # noqa: F811
@@ -41,14 +53,18 @@ def test_commands_sent_to_a_running_daemon_import_nothing_heavy(daemon_home):  #
     evsel("ingest", evsel("sample").stdout.strip())
     result, modules = imported("docs", "list")
     assert result.returncode == 0 and "The Gull Point Light" in result.stdout, result.stderr[-2000:]
-    assert heavy(modules) == []
+    assert heavy(modules, HEAVY + TYPER_AND_RICH) == []
     result, modules = imported("ask", "Who keeps the light?", "--evidence-only")
     assert result.returncode == 0 and "Evidence (bm25" in result.stdout, result.stderr[-2000:]
-    assert heavy(modules) == []
-    # the client checks a request before queueing it, still without the engine
+    assert heavy(modules, HEAVY + TYPER_AND_RICH) == []
+    # the client checks a request before queueing it, still without the engine (or Typer)
     result, modules = imported("ask", "Who keeps the light?", "--select", "nosuch")
     assert result.returncode == 1 and "unknown selector 'nosuch'" in result.stderr
-    assert heavy(modules) == []
+    assert heavy(modules, HEAVY + TYPER_AND_RICH) == []
+    # a mistake in the options is the Typer app's to report (its usage line and wording)
+    result, modules = imported("ask", "Who keeps the light?", "--top-n", "x")
+    assert result.returncode == 2 and "Invalid value for '--top-n'" in result.stderr
+    assert "typer" in modules and heavy(modules) == []
     # the daemon answered the ask (and never saw the refused one)
     assert [r["method"] for r in status(daemon_home)["recent"]].count("ask") == 1
 
@@ -68,3 +84,157 @@ def test_the_request_tables_signatures_are_the_engines():
             else:
                 assert mine.default == theirs.default, f"Engine.{name}: {theirs}"
     assert sorted(REQUESTS) == sorted(n for n in REQUESTS if inspect.isfunction(getattr(Engine, n, None)))
+
+
+TYPER_APP = ("import sys, evsel.forward\n"
+             "evsel.forward.forwarded = lambda args: None  # every command to the Typer app\n"
+             "from evsel.cli import main\n"
+             "sys.exit(main(sys.argv[1:]))\n")
+
+
+def _without_timings(text: str) -> str:
+    """An `ask --json` reply without its timings (they differ run to run); other text as it is."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict):
+        data.pop("timings", None)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("force_color", [False, True], ids=["pipe", "FORCE_COLOR"])
+def test_forwarded_commands_print_what_the_typer_app_prints(daemon_home, tmp_path, force_color):  # noqa: F811
+    """Each command, through evsel.forward and through the Typer app, against one daemon: the same
+    stdout, stderr and exit code, on documents whose text rich's markup would change (brackets,
+    an emoji code, a tab, backslashes, wide characters) and on plain ones."""
+    odd = tmp_path / "odd.md"
+    odd.write_text("# Odd [bold]title[/] :smile:\n\nThe keeper said: \"time:now:\" and [red]nothing[/] at\tall.\n\n"
+                   "A backslash \\ here, café, “quotes”. Who keeps the light? The keeper keeps the light.\n")
+    (tmp_path / "wide.md").write_text("# 日本語のタイトル\n\n灯台守は誰ですか。The keeper keeps the light.\n")
+    (tmp_path / "plain.txt").write_text("Plain notes\n\nThe keeper keeps the light, said the plain note.\n")
+    evsel("daemon", "start", "--no-preload")
+    evsel("ingest", evsel("sample").stdout.strip())
+    evsel("ingest", str(odd), str(tmp_path / "wide.md"), str(tmp_path / "plain.txt"), "--collection", "odd")
+    env = dict(os.environ)
+    if force_color:
+        env["FORCE_COLOR"] = "1"
+    question = "Who keeps the light?"
+    cases = [
+        ["docs", "list"], ["docs", "list", "--json"], ["docs", "list", "--collection", "default"],
+        ["docs", "list", "--collection=odd"], ["docs", "list", "--collection", "nosuch"],
+        ["docs", "list", "--collection"], ["docs", "list", "extra"],
+        ["ask", question, "--evidence-only"], ["ask", question, "--evidence-only", "--collection", "default"],
+        ["ask", question, "--evidence-only", "--collection", "odd", "--top-n", "3"],
+        ["ask", question, "--evidence-only", "--doc", "2", "--doc", "4", "--json"],
+        ["ask", question, "--evidence-only", "--select", "random", "--top-n=2"],
+        ["ask", question, "--select", "nosuch"], ["ask", question, "--evidence-only", "--rerank", "nosuch"],
+        ["ask", question, "--evidence-only", "--doc", "99"], ["ask", question, "--style", "nosuch"],
+        ["ask", question, "--evidence-only", "--top-n", "x"], ["ask", question, "--evidence-only", "--bogus"],
+        ["ask", question, "--evidence-only", "--top-n", "3", "--top-n", "2"], ["ask", "--evidence-only"],
+    ]
+    for args in cases:
+        forwarded = subprocess.run([sys.executable, "-m", "evsel", *args], capture_output=True, text=True,
+                                   env=env, timeout=300)
+        typer_app = subprocess.run([sys.executable, "-c", TYPER_APP, *args], capture_output=True, text=True,
+                                   env=env, timeout=300)
+        assert forwarded.returncode == typer_app.returncode, (args, forwarded.stderr, typer_app.stderr)
+        assert _without_timings(forwarded.stdout) == _without_timings(typer_app.stdout), args
+        assert forwarded.stderr == typer_app.stderr, args
+    # the odd documents' text reached the output (rich rendered what it would change)
+    shown = evsel("ask", question, "--evidence-only", "--collection", "odd", env=env).stdout
+    assert "日本語" in shown and "😄" in shown and "[red]nothing[/]" in shown
+
+
+PARTS = [
+    [("plain words, a colon: and (brackets)", None)],
+    [("Answer:", "bold"), (" the keeper", None), (" ", None), ("(person, passage #1)", "dim"), ("\n", None)],
+    [("[bold]not markup[/]", None)], [("a :smile: code", None)], [("time:now:", "dim")], [("a\ttab", None)],
+    [("back\\slash", None)], [("ends in a backslash\\", "bold")], [("control \x1b[2J here", None)],
+    [("café “quotes” 日本語", None)], [("", "bold underline"), (" trailing  ", None)],
+    [("\n", None), ("#1", "cyan"), (" ", None), ("rank 1 | score 2.000", "dim"), ("\n", None), ("Title", "bold")],
+]
+
+
+@pytest.mark.parametrize("parts", PARTS, ids=range(len(PARTS)))
+def test_a_line_written_without_rich_is_what_rich_writes(parts, monkeypatch):
+    """`show` on a pipe: the same text as rich's console printing the line's markup."""
+    from evsel import output
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", piped)
+    output.show(parts, output.DeferredConsole(soft_wrap=True, highlight=False))
+    by_rich = io.StringIO()
+    output.safe_console_class()(file=by_rich, soft_wrap=True, highlight=False).print(output.markup(parts))
+    assert piped.getvalue() == by_rich.getvalue()
+
+
+@pytest.mark.parametrize("rows", [
+    [["1", "default", "book", "The Gull Point Light", "115", "/a/b.md"], ["12", "x", "pdf", "T", "3", "/c.pdf#2"]],
+    [["1", "odd", "book", "Odd [bold]title[/] :smile:", "1", "/o.md"]],
+    [["1", "odd", "book", "日本語のタイトル", "1", "/w.md"], ["2", "odd", "book", " padded ", "", "/p.txt"]],
+], ids=["plain", "markup", "wide"])
+def test_a_table_written_without_rich_is_what_rich_writes(rows, monkeypatch):
+    from rich.table import Table
+
+    from evsel import output
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    columns = ("id", "collection", "kind", "title", "chunks", "path")
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", piped)
+    output.show_table(columns, rows)
+    monkeypatch.undo()
+    table = Table(box=None, pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(output.escape(cell) for cell in row))
+    by_rich = io.StringIO()
+    output.safe_console_class()(file=by_rich, width=100_000, highlight=False).print(table)
+    assert piped.getvalue() == by_rich.getvalue()
+
+
+def test_the_forwarded_ask_reads_its_options_as_the_typer_command_declares_them():
+    """evsel.forward's option table names the Typer command's options and parameters, and the
+    defaults it fills in (the request table's) are the Typer command's."""
+    from evsel import forward
+    from evsel.api import REQUEST
+    from evsel.cli import cli
+
+    for command, table in ((cli.commands["ask"], forward.ASK_OPTIONS),
+                           (cli.commands["docs"].commands["list"], forward.DOCS_LIST_OPTIONS)):
+        declared = {opt: param.name for param in command.params for opt in getattr(param, "opts", ())}
+        assert {opt: parameter for opt, (parameter, _) in table.items()} == {
+            opt: name for opt, name in declared.items() if opt.startswith("--") and opt not in ("--help", "--list-methods")}
+    defaults = {param.name: param.default for param in cli.commands["ask"].params}
+    for name, parameter in REQUEST["ask"].signature.parameters.items():
+        if name not in ("self", "question", "on_event"):
+            assert defaults[name] == parameter.default, name
+
+
+@pytest.mark.parametrize("args", [["docs", "list"], ["ask", "Who keeps the light?", "--evidence-only"]])
+def test_ctrl_c_in_a_forwarded_command_is_reported_as_the_typer_app_reports_it(args, capsys, monkeypatch, tmp_path):
+    """Ctrl-C while a forwarded request waits for its reply: the same lines and exit code (130)
+    as through the Typer app."""
+    from daemon_helpers import run_cli, use_daemon
+
+    from evsel import forward
+    from evsel.daemon.client import DaemonClient
+
+    use_daemon(monkeypatch, tmp_path)
+
+    def interrupted(self, method, params, on_event=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DaemonClient, "call", interrupted)
+    through_forward = run_cli(capsys, *args)
+    monkeypatch.setattr(forward, "forwarded", lambda args: None)
+    through_typer = run_cli(capsys, *args)
+    assert through_forward == through_typer
+    assert through_forward[0] == 130 and through_forward[2] == "\nevsel: error: interrupted\n"

@@ -6,11 +6,10 @@ import typer
 
 from evsel import api
 from evsel.defaults import DEFAULT_SELECT, RERANK_TOP, STYLES
-from evsel.output import ProgressView, escape, flat, print_json, stdout
-from evsel.provenance import evidence_label
 
+from . import replies
 from .base import INT, choice
-from .common import CollectionOption, JsonOption, engine_from, wall_timings
+from .common import CollectionOption, JsonOption, engine_from
 
 
 def _list_methods(ctx: typer.Context, value: bool) -> None:
@@ -78,45 +77,6 @@ def ask(
     model (`evsel models info` names it and why; docs/FUSION.md has the measurements), BM25 when
     the model has no trained fusion.
     """
-    engine = engine_from(ctx)
-    with ProgressView(enabled=not as_json) as view:
-        result = engine.ask(question, doc_ids=list(doc_ids or ()) or None, collection=collection, top_n=top_n,
-                            select=select, rerank=rerank, rerank_top=rerank_top, evidence_only=evidence_only,
-                            max_new_tokens=max_new_tokens, style=style, memory=memory,
-                            corpus=corpus, on_event=view)
-    for number, item in enumerate(result["evidence"], 1):
-        item["passage"] = number  # the number the human display shows and grounding.span.passage cites
-    result["timings"] = wall_timings(engine, result.get("timings") or {})
-    if as_json:
-        print_json(result)
-        return
-    grounding = result.get("grounding") or {}
-    span = grounding.get("span")
-    if result["answer"] is not None:
-        kind = f"{grounding['answer_type']}, " if grounding.get("answer_type") else ""
-        cited = f" [dim]({kind}passage #{span['passage']})[/]" if span else ""
-        # a PDF's answer keeps its page's line breaks: shown on one line, like the passages
-        stdout.print(f"[bold]Answer:[/] {escape(flat(result['answer']))}{cited}\n")
-    elif grounding.get("kind") == "abstained":
-        stdout.print(f"[bold]Answer:[/] none: {escape(grounding['reason'])}\n")
-    method = result["method"]["select"] + (f" > {result['method']['rerank']}" if result["method"].get("rerank") else "")
-    stdout.print(f"[bold]Evidence[/] ({method}, {len(result['evidence'])} of "
-                 f"{result['method']['candidates']} passages, in document order):")
-    if result.get("memory"):
-        stdout.print(f"[bold]Memory[/] (summaries the reranker read): "
-                     f"{escape('; '.join(m['label'] + (' of ' + m['title'] if m.get('title') else '') for m in result['memory']))}")
-    for number, item in enumerate(result["evidence"], 1):
-        where = evidence_label(item)
-        stdout.print(f"\n[cyan]#{number}[/] [dim]rank {item['rank']} | score {item['score']:.3f} | "
-                     f"doc {item['doc_id']} | chars {item['char_start']}-{item['char_end']}[/]\n[bold]{escape(where)}[/]")
-        stdout.print(_highlighted(item["text"], span if span and span["passage"] == number else None))
-
-
-def _highlighted(text: str, span: dict | None) -> str:
-    """The passage on one line, the answer's span underlined and bold."""
-    if span is None:
-        return escape(flat(text))
-    before, inside, after = text[: span["start"]], text[span["start"]: span["end"]], text[span["end"]:]
-    parts = [flat(part) for part in (before, inside, after)]
-    pad = [" " if before[-1:].isspace() else "", " " if after[:1].isspace() else ""]
-    return f"{escape(parts[0])}{pad[0]}[bold underline]{escape(parts[1])}[/]{pad[1]}{escape(parts[2])}"
+    replies.ask(engine_from(ctx), question, as_json, doc_ids=list(doc_ids or ()) or None, collection=collection,
+                top_n=top_n, select=select, rerank=rerank, rerank_top=rerank_top, evidence_only=evidence_only,
+                max_new_tokens=max_new_tokens, style=style, memory=memory, corpus=corpus)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from typing import Annotated, Optional
 
 import typer
@@ -50,33 +48,3 @@ def settings(ctx: typer.Context):
         root.meta["evsel.settings"] = Settings.resolve(model=obj.get("model"), device=obj.get("device"),
                                                        no_daemon=obj.get("no_daemon"))
     return root.meta["evsel.settings"]
-
-
-_COMMAND_STARTED = time.perf_counter()  # when this module was imported: the fallback for process_seconds
-
-
-def process_seconds() -> float:
-    """Wall time since this process started (interpreter start-up, imports, connecting to or
-    starting the daemon, its queue, the work and the reply): the time a user waited."""
-    try:
-        with open(f"/proc/{os.getpid()}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time in ticks after boot
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.perf_counter() - _COMMAND_STARTED
-
-
-def wall_timings(engine, timings: dict) -> dict:
-    """A result's engine timings with the wall time the client saw: `queued_s` (the daemon's queue;
-    0 in-process), `run_s` (the daemon ran the request), `engine_s` (the engine's own total) and
-    `total_s`, this process's whole wall time."""
-    meta = getattr(engine, "last_meta", None) or {}
-    out = dict(timings)
-    if "total_s" in out:
-        out["engine_s"] = out.pop("total_s")
-    out["queued_s"] = round(float(meta.get("queue_s", 0.0)), 4)
-    if "run_s" in meta:
-        out["run_s"] = round(float(meta["run_s"]), 4)
-    out["total_s"] = round(process_seconds(), 4)
-    return out

@@ -4,8 +4,9 @@ from typing import Annotated, List
 
 import typer
 
-from evsel.output import escape, print_json, stderr, stdout, wide_console
+from evsel.output import escape, print_json, stderr, stdout
 
+from . import replies
 from .base import INT, App
 from .common import CollectionOption, JsonOption, engine_from
 
@@ -15,24 +16,7 @@ app = App(help="List, inspect and remove ingested documents.")
 @app.command("list")
 def docs_list(ctx: typer.Context, collection: CollectionOption = None, as_json: JsonOption = False):
     """List documents: id, collection, kind, title, chunks."""
-    rows = engine_from(ctx).docs_list(collection)
-    if as_json:
-        print_json(rows)
-        return
-    if not rows:
-        stderr.print("no documents yet; add some with: evsel ingest PATH")
-        return
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False)
-    for column in ("id", "collection", "kind", "title", "chunks", "tokens", "path"):
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        table.add_row(str(r["id"]), escape(r["collection"]), r["kind"], escape(r["title"]), str(r["n_chunks"]),
-                      str(r["n_tokens"]), escape(r["path"] + (f"#{r['part']}" if r["part"] else "")))
-    # on a pipe there is no width to fit: keep each document on one line for grep and friends
-    console = stdout if stdout.is_terminal else wide_console()
-    console.print(table)
+    replies.docs_list(engine_from(ctx), collection, as_json)
 
 
 @app.command("show")
