@@ -402,3 +402,48 @@ def test_the_hybrid_scores_a_scope_with_the_set_fitted_for_its_kind():
     as_book = [replace(c, kind="book") for c in turns()]
     bm25 = get_selector("bm25", context)
     assert [s.chunk.id for s in selector.rank(question, as_book)] == [s.chunk.id for s in bm25.rank(question, as_book)]
+
+
+def _unreal_rows(n: int, seed: int) -> list[dict]:
+    """Pools of 8 whose gold is the chunk UNREAL ranks first, BM25 right only half the time."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in range(n):
+        x = np.zeros((8, len(hy.FEATURES)))
+        unreal = rng.normal(size=8)
+        gold_at = int(np.argmax(unreal))
+        bm25 = rng.normal(size=8)
+        if q % 2:
+            bm25[gold_at] = bm25.max() + 1.0
+        for name, values in (("bm25_z", bm25), ("unreal_z", unreal), ("dense_z", rng.normal(size=8)),
+                             ("qr_z", rng.normal(size=8))):
+            x[:, hy.FEATURES.index(name)] = values
+        gold = np.zeros(8)
+        gold[gold_at] = 1
+        rows.append({"id": f"u{seed}-{q}", "x": x.tolist(), "gold": gold.tolist(), "gold_total": 1})
+    return rows
+
+
+def test_the_default_is_the_best_candidate_that_passes_with_its_own_speed():
+    from evsel.recipes import hybrid as recipe
+
+    runs = [{"name": "chats", "dev_name": "chats-dev", "kind": "dialogue", "train": _unreal_rows(200, 1),
+             "dev": _unreal_rows(240, 2)}]
+    available = ["bm25", "dense", "unreal", "qr"]
+    sets = recipe.fit_sets(runs[0]["train"], runs[0]["dev"], available)[0]
+    # a set without UNREAL would rank a smaller pool (no UNREAL top chunks) than its dev metrics
+    # assume: only the sets holding every pooling signal are candidates
+    assert [recipe.method_of(ws, sets) for ws in recipe.candidates(sets)] == ["hybrid", "hybrid:bm25+dense+unreal"]
+    slow_full = recipe.fit_by_kind(runs, available, {"hybrid": 2.3, "hybrid:bm25+dense+unreal": 1.5})
+    chosen = slow_full["defaults"]["dialogue"]
+    assert chosen["method"] == "hybrid:bm25+dense+unreal" and "1.50x" in chosen["why"]
+    verdicts = {c["candidate"]: c for c in chosen["candidates"]}
+    assert verdicts["hybrid"]["method"] == "bm25" and "2.30x" in verdicts["hybrid"]["why"]
+    # two candidates tested: each at half the level
+    assert all(c["test"]["alpha"] == 0.025 for c in chosen["candidates"])
+    # a number alone is the full fusion's; the other candidate, unmeasured, cannot pass
+    only_full = recipe.fit_by_kind(runs, available, 1.2)["defaults"]["dialogue"]
+    assert only_full["method"] == "hybrid"
+    assert "not measured" in {c["candidate"]: c for c in only_full["candidates"]}["hybrid:bm25+dense+unreal"]["why"]
+    none = recipe.fit_by_kind(runs, available, None)["defaults"]["dialogue"]
+    assert none["method"] == "bm25" and none["why"].startswith("hybrid is not the default")
