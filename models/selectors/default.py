@@ -40,9 +40,14 @@ def default_methods(backbone, settings=None) -> dict[str, tuple[str, str]]:
         return {kind: (FALLBACK, NO_RECORD) for kind in KINDS}
     per_kind, shared = data.get("defaults") or {}, data.get("default") or {}
     out = {}
+    tested = "+".join(sorted(per_kind)) or "no kind"
     for kind in KINDS:
         record = per_kind.get(kind) or shared
-        out[kind] = (record["method"], record.get("why", "")) if record.get("method") else (FALLBACK, NO_RECORD)
+        if record.get("method"):
+            out[kind] = (record["method"], record.get("why", ""))
+        else:  # the shipped fusion was tested on other kinds of document than this one
+            out[kind] = (FALLBACK, f"not measured on {kind} documents (the shipped fusion's dev questions are "
+                                   f"{tested} ones): BM25 (words), the best method without that test")
     return out
 
 
