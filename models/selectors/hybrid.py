@@ -97,9 +97,10 @@ class HybridSelector(Selector):
         have = {"bm25", "dialogue", *self.parts} & set(wanted)
         chosen = fusion.choose_set(data, have)
         if chosen is None or (self.wanted is not None and set(chosen["groups"]) != set(self.wanted)):
+            fitted = sorted({"hybrid:" + "+".join(ws["groups"]) for ws in data["weight_sets"]}, key=len)
             raise ModelError(f"the hybrid weights have no set for the signals {'+'.join(sorted(have))}"
                              + (f" ({'; '.join(self.missing.values())})" if self.missing else ""),
-                             "train them with: evsel train hybrid, or choose other groups (hybrid:bm25+dense)")
+                             f"choose one they have ({', '.join(fitted)}), or train them with: evsel train hybrid")
         self.weight_set = chosen
         self.weights_data = data
         self.parts = {g: p for g, p in self.parts.items() if g in chosen["groups"]}
