@@ -324,7 +324,7 @@ def test_the_default_runs_each_kinds_method_and_says_which(tmp_path):
     settings = Settings(hybrid_weights=str(tmp_path))
     methods = default_methods(FakeBackbone(), settings)
     assert methods["dialogue"][0] == "hybrid:bm25+dialogue" and methods["book"][0] == "bm25"
-    assert methods["pdf"][0] == "bm25" and "no measured default" in methods["pdf"][1]
+    assert methods["pdf"][0] == "bm25" and "not measured on pdf documents" in methods["pdf"][1]
     assert default_method(FakeBackbone(), settings)[0] == "by kind"
     context = SelectorContext(load_backbone=lambda: FakeBackbone(), states=None, settings=settings)
     chat = [replace(c, kind="dialogue") for c in turns()]
