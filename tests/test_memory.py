@@ -210,7 +210,9 @@ def test_the_daemon_writes_summaries_in_the_background(daemon_home, tmp_path):  
     wait_for(lambda: len(_summary_rows(daemon_home)) == 2 and not status(daemon_home)["queue"]["background"],
              timeout=600, what="the background summaries")
     assert sorted(kind for kind, _ in _summary_rows(daemon_home)) == ["session", "session"]
-    result = evsel_json("ask", "--rerank", "qrranker", "--memory", "--evidence-only", "What did Ann adopt?")
+    # BM25 first: the default's fusion for chats would encode the chunks' UNREAL states (--no-encode above)
+    result = evsel_json("ask", "--select", "bm25", "--rerank", "qrranker", "--memory", "--evidence-only",
+                        "What did Ann adopt?")
     assert [m["kind"] for m in result["memory"]] == ["session", "session"]
     assert result["evidence"][0]["text"]
 
