@@ -382,7 +382,11 @@ class Backbone:
         from evsel.models import cpu_threads
 
         cpus = cpu_threads.usable_cpus()
-        if cpus < 2 or torch.get_num_threads() != cpus:
+        if cpus < 2:
+            self.threads_reason = "one CPU: no count to choose"
+            return
+        if torch.get_num_threads() != cpus:
+            self.threads_reason = "set in this process before the model loaded; EVSEL_THREADS overrides"
             return
         path = paths.private_folder(self.cache_dir, paths.model_cache_dir()) / cpu_threads.RECORD
         choice = cpu_threads.choose(path, lambda: probe_pass(model))
@@ -448,8 +452,7 @@ class Backbone:
                 import torch
 
                 data["threads"] = torch.get_num_threads()
-                data["threads_from"] = ("EVSEL_THREADS" if self.threads else self.threads_reason
-                                        or "torch default (one per core)")
+                data["threads_from"] = "EVSEL_THREADS" if self.threads else self.threads_reason
         if self.generation.backend == LLAMA_CPP and self._llama is not None and self._llama.loaded:
             from evsel.models import llamacpp
 

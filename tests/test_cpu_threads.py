@@ -107,6 +107,7 @@ def test_evsel_threads_and_a_count_already_set_win_over_the_measure(gqa_model_di
     lazy = Backbone(str(gqa_model_dir), "cpu")
     _ = lazy.model
     assert torch.get_num_threads() == 1 and not (lazy.cache_dir / cpu_threads.RECORD).exists()
+    assert lazy.info()["threads_from"].startswith("set in this process")
 
 
 @pytest.mark.model
