@@ -289,9 +289,9 @@ def encode_variants_section(result: dict) -> list[str]:
                 "| threads | tokens/s (median) | vs torch's default |", "|---|---|---|"]
         base = choice["chunk_encoder"][str(choice["default_threads"])]["tokens_per_s_median"]
         for n, row in choice["chunk_encoder"].items():
-            label = f"{n} ({'default' if int(n) == choice['default_threads'] else ''}"
-            label += f"{', ' if int(n) == choice['default_threads'] and int(n) == choice['chosen'] else ''}"
-            label += f"{'measured choice' if int(n) == choice['chosen'] else ''})"
+            roles = [role for role, count in (("torch's default", choice["default_threads"]),
+                                              ("measured choice", choice["chosen"])) if int(n) == count]
+            label = f"{n} ({', '.join(roles)})"
             out.append(f"| {label} | {row['tokens_per_s_median']:,.0f} | {row['tokens_per_s_median'] / base:.2f}x |")
         out.append("")
     where = enc["where_the_time_goes"]
