@@ -102,8 +102,8 @@ def measure(run_pass: Callable[[], int], counts: list[int], rounds: int = ROUNDS
 
 
 def choose(path: Path, run_pass: Callable[[], int], cpus: int | None = None) -> ThreadChoice:
-    """The recorded choice for this machine, else measured now and recorded (written atomically;
-    two processes measuring at once both write a valid record)."""
+    """The recorded choice for this machine, else measured now and recorded (written atomically:
+    two processes measuring at once both leave a valid record)."""
     cpus = cpus or usable_cpus()
     key = machine_key(cpus)
     recorded = read(path, key)
@@ -114,6 +114,9 @@ def choose(path: Path, run_pass: Callable[[], int], cpus: int | None = None) -> 
     choice = ThreadChoice(threads=best, tokens_per_s={str(n): round(v, 1) for n, v in speeds.items()},
                           machine=key, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), load_1m=load_1m())
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(choice), indent=1))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(asdict(choice), indent=1))
+        tmp.replace(path)
+    except OSError:  # a read-only model cache: the choice holds for this process, measured again next time
+        tmp.unlink(missing_ok=True)
     return choice
