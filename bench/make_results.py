@@ -2,7 +2,7 @@
 
     python bench/make_results.py
 
-Reads eval-*.json (from `evsel eval ... --json`; eval-<set>-pdf-<reader>.json side by side too), pdf-reader-ingest.json, scaling.json, throughput.json, encode_variants.json, bm25.json,
+Reads eval-*.json (from `evsel eval ... --json`; eval-<set>-pdf-<reader>.json side by side too), pdf-reader-ingest.json, scaling.json, throughput.json, encode_variants*.json (the latest run, then earlier machines' as encode_variants-<cpu>.json), bm25.json,
 unreal.json, daemon.json, startup.json, generate.json and faults.json; every section
 states the machine, commit, date and exact command of the run it shows. Nothing here is typed in
 by hand: rerun a benchmark, then this script.
@@ -232,7 +232,8 @@ def throughput_section(result: dict) -> list[str]:
 def encode_variants_section(result: dict) -> list[str]:
     """Ways of running the chunk-encoding forward pass, each against the roofline of the same run."""
     enc = result["encoding"]
-    out = ["## Encoding variants against the roofline (bench/throughput.py --only encode-variants)", ""]
+    cpu = result["run"].get("machine", {}).get("cpu", "?")
+    out = [f"## Encoding variants against the roofline (bench/throughput.py --only encode-variants), {cpu}", ""]
     out += provenance(result["run"])
     roofs = ", ".join(f"{t} thread(s) {v / 1e9:.0f}" for t, v in enc["roofline_bf16_flops"].items())
     out += [f"- load average (1 min) {enc['load_1m_before']:.1f} before, {enc['load_1m_after']:.1f} after, on 2 cores",
@@ -240,11 +241,15 @@ def encode_variants_section(result: dict) -> list[str]:
             f"matmul roofline measured in that round (best per thread count: {roofs} GFLOP/s); medians. "
             f"Real-text batches of {enc['batch'][0]}×{enc['batch'][1]} tokens, {enc['dtype']}; speed-up is against "
             "today's path at the first thread count, in the same run.", "",
-            "| variant | threads | layers run | tokens/s (median) | % of bf16 roofline | speed-up vs today |",
-            "|---|---|---|---|---|---|"]
+            "| variant | threads | layers run | tokens/s (median) | % of bf16 roofline | speed-up vs today | "
+            "pooled-vector error vs today, max |",
+            "|---|---|---|---|---|---|---|"]
     for row in enc["variants"]:
+        dev = row.get("vs_today_states")
+        error = "–" if dev is None else f"{dev['max_rel_l2_pooled']:.2%}"
         out.append(f"| {row['variant']} | {row['threads']} | {row['layers']} | {row['tokens_per_s_median']:,.0f} | "
-                   f"{row['share_of_bf16_roofline']:.1%} | {row['speedup_vs_today']:.2f}x |")
+                   f"{row['share_of_bf16_roofline']:.1%} | {row['speedup_vs_today']:.2f}x | {error} |")
+    out += encode_variants_verdict(enc)
     comp = enc["compile"]
 
     def spread(dev: dict) -> str:
@@ -272,6 +277,23 @@ def encode_variants_section(result: dict) -> list[str]:
             out.append(f"| {row['batch_tokens']:,} | {row['chunks']} | {row['padding_share']:.1%} | "
                        f"{row['tokens_per_s_median']:,.0f} | {row['share_of_bf16_roofline']:.1%} |")
         out.append("")
+    choice = enc.get("thread_choice")
+    if choice:
+        measured = ", ".join(f"{n} thread(s) {v:,.0f}" for n, v in choice["measure_tokens_per_s"].items())
+        out += [f"The same path (today's 2,560-token budget, {choice['chunks']} chunks, {choice['tokens']:,} tokens) at "
+                f"torch's default thread count (one per CPU: {choice['default_threads']}, what evsel ran with "
+                "EVSEL_THREADS unset) and at the count `models/cpu_threads.py` measures at a model's first load on "
+                f"the machine and records (measured again in this run, in {choice['measure_s']:.1f} s: {measured} "
+                f"tokens/s on its short pass; it chose {choice['chosen']}), alternated in {enc['rounds']} rounds; "
+                "the states are bit for bit the same (tests/test_cpu_threads.py):", "",
+                "| threads | tokens/s (median) | vs torch's default |", "|---|---|---|"]
+        base = choice["chunk_encoder"][str(choice["default_threads"])]["tokens_per_s_median"]
+        for n, row in choice["chunk_encoder"].items():
+            roles = [role for role, count in (("torch's default", choice["default_threads"]),
+                                              ("measured choice", choice["chosen"])) if int(n) == count]
+            label = f"{n} ({', '.join(roles)})"
+            out.append(f"| {label} | {row['tokens_per_s_median']:,.0f} | {row['tokens_per_s_median'] / base:.2f}x |")
+        out.append("")
     where = enc["where_the_time_goes"]
     groups = [k for k in where["eager"] if k != "profiled_s"]
     out += ["Where one 16×140 batch's time goes to layer 20 (torch.profiler, share of self CPU time):", "",
@@ -280,7 +302,36 @@ def encode_variants_section(result: dict) -> list[str]:
         out.append(f"| {name} | " + " | ".join(f"{shares[g]:.0%}" for g in groups) + f" | {shares['profiled_s']:.2f} |")
     out += ["", "Compiled, the profiler sees inductor's fused C++ kernels (norms, RoPE, SiLU·mul, residual adds) only "
             "as the compiled region's own time, so the elementwise work is counted in the last column there."]
+    matmul = where["eager"].get("matmul")
+    if matmul:
+        out += ["", f"With every operator but the matrix products taking no time at all, the eager pass would be at "
+                f"most {1 / matmul:.2f}x faster (1 / the products' {matmul:.0%} share): what any fusion of the rest "
+                "can give on this machine."]
     out += ["", f"Peak RSS of the run: {result['peak_rss_mib']:,.0f} MiB.", ""]
+    return out
+
+
+def encode_variants_verdict(enc: dict, tolerance: float = 0.02) -> list[str]:
+    """Which variant won at the first thread count, to layer 20, among those whose pooled states stay
+    within the tests' tolerance of today's, and which were faster but out of it."""
+    rows = [r for r in enc["variants"] if r["layers"] == 20 and r["threads"] == enc["threads"][0]]
+    measured = [r for r in rows if r.get("vs_today_states") is not None or r["speedup_vs_today"] == 1.0]
+    if not any(r.get("vs_today_states") for r in rows):
+        return []
+
+    def error(r):
+        dev = r.get("vs_today_states")
+        return 0.0 if dev is None else dev["max_rel_l2_pooled"]
+
+    within = [r for r in measured if error(r) <= tolerance]
+    best = max(within, key=lambda r: r["speedup_vs_today"])
+    out = ["", f"To layer 20 at {enc['threads'][0]} thread(s), of the variants whose states were compared with today's, "
+           f"the fastest within the {tolerance:.0%} the tests allow is **{best['variant']}** "
+           f"({best['speedup_vs_today']:.2f}x today's tokens/s in this run)."]
+    outside = [r for r in measured if error(r) > tolerance]
+    if outside:
+        out[-1] += " Out of that tolerance: " + "; ".join(
+            f"{r['variant']} {r['speedup_vs_today']:.2f}x, {error(r):.1%} max pooled error" for r in outside) + "."
     return out
 
 
@@ -857,8 +908,8 @@ def main() -> int:
         lines += blocksearch_section(json.loads((RESULTS / "blocksearch.json").read_text()))
     if throughput:
         lines += throughput_section(throughput)
-    if (RESULTS / "encode_variants.json").exists():
-        lines += encode_variants_section(json.loads((RESULTS / "encode_variants.json").read_text()))
+    for path in sorted(RESULTS.glob("encode_variants*.json"), key=lambda p: (p.name != "encode_variants.json", p.name)):  # the latest run, then earlier machines' (-<cpu>)
+        lines += encode_variants_section(json.loads(path.read_text()))
     if bm25_store:
         lines += bm25_store_section(bm25_store)
     if unreal_speed:

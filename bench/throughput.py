@@ -18,15 +18,19 @@
    the same run, with identical scores; 10^3 .. 10^5 chunks.
 4. Peak RSS after each part.
 5. `--only encode-variants` (into bench/results/encode_variants.json): ways of running the encoding
-   forward pass alternated in rounds against the bf16 roofline of each round, at --threads and at 2
-   threads: today's (SDPA, 16x140), eager attention, 64x140 batches, torch.compile per decoder layer
-   (its compile time and its deviation from eager); the real ChunkEncoder path on the Sherlock Holmes
-   book's chunks at two batch budgets (padding share); and a profile of where the time goes.
+   forward pass alternated in rounds against the bf16 roofline of each round, at --threads: today's
+   (SDPA, 16x140), eager attention, 8x140 and 64x140 batches, torch.compile per decoder layer (its
+   compile time), the other dtype (fp32 where evsel runs bf16), int8 dynamic quantisation of the
+   linear layers; today's at 2 threads too; each one's deviation from today's states. The real
+   ChunkEncoder path on the Sherlock Holmes book's chunks at three batch budgets (padding share);
+   the same path at torch's default thread count against the one models/cpu_threads.py measures per
+   machine; and a profile of where the time goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import re
 import statistics
@@ -201,6 +205,39 @@ def op_breakdown(run, x) -> dict:
     return out
 
 
+def thread_choice(backbone, texts: list[str], real_tokens: int, rounds: int) -> dict | None:
+    """The real encode path (ChunkEncoder to layer 20, today's budget) at torch's default thread count
+    (one per CPU: what evsel ran before, EVSEL_THREADS unset) and at the count models/cpu_threads.py
+    measures and records at the first load on this machine (measured again here, in this run),
+    alternated in rounds. The states are the same (tests/test_cpu_threads.py)."""
+    from evsel.models import cpu_threads
+    from evsel.models.backbone import probe_pass
+    from evsel.models.unreal import ChunkEncoder
+
+    cpus = cpu_threads.usable_cpus()
+    if cpus < 2:
+        return None
+    started = time.perf_counter()
+    measured = cpu_threads.measure(lambda: probe_pass(backbone.model), cpu_threads.candidates(cpus))
+    measure_s = time.perf_counter() - started
+    chosen = max(measured, key=measured.get)
+    seconds: dict = {n: [] for n in sorted({cpus, chosen})}
+    for _ in range(rounds):
+        for n in seconds:
+            torch.set_num_threads(n)
+            encoder = ChunkEncoder(backbone, [20], 7)
+            t = time.perf_counter()
+            encoder.encode(texts)
+            seconds[n].append(time.perf_counter() - t)
+    speed = {n: real_tokens / statistics.median(t) for n, t in seconds.items()}
+    print(f"thread choice: measured {measured}, chose {chosen}; ChunkEncoder "
+          + ", ".join(f"{n} thread(s) {v:.0f} tok/s" for n, v in speed.items()), file=sys.stderr)
+    return {"cpus": cpus, "default_threads": cpus, "chosen": chosen, "measure_s": measure_s,
+            "measure_tokens_per_s": {str(n): v for n, v in measured.items()},
+            "chunk_encoder": {str(n): {"tokens_per_s_median": speed[n], "seconds": seconds[n]} for n in seconds},
+            "speedup_vs_default": speed[chosen] / speed[cpus], "chunks": len(texts), "tokens": real_tokens}
+
+
 def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
     """Each way of running the chunk-encoding forward pass, alternated in rounds on the same real-text
     16x140 batches (median per variant), each against the bf16 roofline measured in the same run, in
@@ -223,9 +260,11 @@ def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
     out: dict = {"threads": thread_counts, "batch": [BATCH, TOKENS], "rounds": rounds, "load_1m_before": load_1m(),
                  "dtype": backbone.plan.dtype, "attention_default": config._attn_implementation}
 
+    running = {"model": model}  # the model a variant runs: the backbone's, or a copy in another dtype
+
     def forward(x, layer):
         with torch.inference_mode():
-            return run_layers(model, [layer], input_ids=x)[layer]
+            return run_layers(running["model"], [layer], input_ids=x)[layer]
 
     def set_attention(kind):
         config._attn_implementation = kind
@@ -268,14 +307,42 @@ def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
                  for depth, ref in reference.items()}
     out["eager_alone_vs_batched"] = alone_dev
     out["compiled_vs_eager"] = compiled_dev
+    # the other dtype, and int8 dynamic quantisation of every linear layer (per-channel weights,
+    # activations quantised per batch; the rest in fp32): copies of the model, the same weights
+    other_dtype = torch.float32 if backbone.plan.dtype == "bfloat16" else torch.bfloat16
+    copies = {"other dtype": copy.deepcopy(model).to(other_dtype)}
+    copies["int8"] = torch.ao.quantization.quantize_dynamic(
+        copy.deepcopy(model).float(), {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+        dtype=torch.qint8)
 
+    def use_copy(name):
+        running["model"] = copies[name] if name else model
+
+    out["copies_vs_today"] = {}
+    for name in copies:
+        use_copy(name)
+        out["copies_vs_today"][name] = {str(depth): deviation(forward(batches[0], depth).float(), ref)
+                                        for depth, ref in reference.items()}
+    use_copy(None)
+    out["other_dtype"] = str(other_dtype).removeprefix("torch.")
+    # more threads than the first count: today's path only (each variant at each count would double the run)
+    torch.set_num_threads(thread_counts[-1])
+    out["threads_vs_today"] = {str(depth): deviation(forward(batches[0], depth).float(), ref)
+                               for depth, ref in reference.items()}
+    torch.set_num_threads(thread_counts[0])
+
+    today_name = "today (sdpa, 16x140)"
     variants = {  # name: (setup, input)
-        "today (sdpa, 16x140)": (lambda: None, batches),
+        today_name: (lambda: None, batches),
         "eager attention": (lambda: set_attention("eager"), batches),
         "8x140 batches": (lambda: None, [half for x in batches for half in x.split(BATCH // 2)]),
         "64x140 batch": (lambda: None, [big]),
         "torch.compile per layer": (lambda: use_compiled(True), batches),
+        f"{out['other_dtype']} (the other dtype)": (lambda: use_copy("other dtype"), batches),
+        "int8 dynamic linears": (lambda: use_copy("int8"), batches),
     }
+    deviations = {"torch.compile per layer": compiled_dev, f"{out['other_dtype']} (the other dtype)":
+                  out["copies_vs_today"]["other dtype"], "int8 dynamic linears": out["copies_vs_today"]["int8"]}
     depths = (20, config.num_hidden_layers)
     times: dict = {(t, name): {d: [] for d in depths} for t in thread_counts for name in variants}
     roofs: dict = {t: [] for t in thread_counts}
@@ -285,6 +352,8 @@ def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
             roofs[threads].append(max(matmul_flops(torch.bfloat16, 2048, 2048, 2048, 0.5),
                                       matmul_flops(torch.bfloat16, BATCH * TOKENS, 576, 1536, 0.5)))
             for name, (setup, inputs) in variants.items():
+                if threads != thread_counts[0] and name != today_name:
+                    continue
                 setup()
                 try:
                     for depth in depths:
@@ -297,8 +366,10 @@ def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
                 finally:
                     set_attention(out["attention_default"])
                     use_compiled(False)
+                    use_copy(None)
             print(f"round {round_ + 1}/{rounds}, {threads} thread(s): roofline {roofs[threads][-1] / 1e9:.0f} GFLOP/s; "
-                  + ", ".join(f"{n} {1 / statistics.median(times[threads, n][20]):.0f}" for n in variants)
+                  + ", ".join(f"{n} {1 / statistics.median(times[threads, n][20]):.0f}" for n in variants
+                              if times[threads, n][20])
                   + " tok/s to layer 20", file=sys.stderr)
     torch.set_num_threads(thread_counts[0])
     out["roofline_bf16_flops"] = {str(t): max(r) for t, r in roofs.items()}
@@ -306,12 +377,16 @@ def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
     rows = []
     for (threads, name), by_depth in times.items():
         for depth, per_token in by_depth.items():
+            if not per_token:
+                continue
             med = statistics.median(per_token)
             flops = flops_per_token(config, depth, TOKENS)["flops_per_token"]
-            base = statistics.median(times[thread_counts[0], "today (sdpa, 16x140)"][depth])
+            base = statistics.median(times[thread_counts[0], today_name][depth])
+            dev = out["threads_vs_today"] if threads != thread_counts[0] else deviations.get(name)
             rows.append({"variant": name, "threads": threads, "layers": depth, "tokens_per_s_median": 1 / med,
                          "share_of_bf16_roofline": flops / med / max(roofs[threads]),
-                         "speedup_vs_today": base / med, "seconds_per_token": per_token})
+                         "speedup_vs_today": base / med, "seconds_per_token": per_token,
+                         "vs_today_states": dev[str(depth)] if dev else None})
     out["variants"] = rows
 
     # the real encode path on a book's chunks: length-bucketed batches, today's and larger budgets
@@ -338,6 +413,8 @@ def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
             print(f"ChunkEncoder batch_tokens {budget}: {real / med:.0f} tok/s, padding {1 - real / padded:.1%}",
                   file=sys.stderr)
         out["chunk_encoder"] = path_rows
+        out["thread_choice"] = thread_choice(backbone, texts, real, rounds)
+        torch.set_num_threads(thread_counts[0])
 
     out["where_the_time_goes"] = {"eager": op_breakdown(lambda x: forward(x, 20), batches[0])}
     use_compiled(True)

@@ -219,6 +219,7 @@ class Backbone:
         self._llama = None
         self._lock = threading.Lock()
         self.load_seconds = 0.0
+        self.threads_reason: str | None = None  # why torch runs the thread count it does, once measured
 
     @property
     def name(self) -> str:
@@ -369,7 +370,28 @@ class Backbone:
         model.to(self.plan.device)
         model.eval()
         model.requires_grad_(False)  # frozen: selectors train adapters around it, never the backbone
+        if not threads and self.plan.device == "cpu":
+            self._choose_threads(model)
         return model
+
+    def _choose_threads(self, model) -> None:
+        """EVSEL_THREADS unset: the thread count measured on this machine (models/cpu_threads.py),
+        unless this process already set torch's below one per CPU (a recipe's --threads, a bench)."""
+        import torch
+
+        from evsel.models import cpu_threads
+
+        cpus = cpu_threads.usable_cpus()
+        if cpus < 2:
+            self.threads_reason = "one CPU: no count to choose"
+            return
+        if torch.get_num_threads() != cpus:
+            self.threads_reason = "set in this process before the model loaded; EVSEL_THREADS overrides"
+            return
+        path = paths.private_folder(self.cache_dir, paths.model_cache_dir()) / cpu_threads.RECORD
+        choice = cpu_threads.choose(path, lambda: probe_pass(model))
+        torch.set_num_threads(choice.threads)
+        self.threads_reason = choice.describe(path)
 
     def _dequantize_gguf(self, target: Path) -> None:
         import torch
@@ -430,7 +452,7 @@ class Backbone:
                 import torch
 
                 data["threads"] = torch.get_num_threads()
-                data["threads_from"] = "EVSEL_THREADS" if self.threads else "torch default (one per core)"
+                data["threads_from"] = "EVSEL_THREADS" if self.threads else self.threads_reason
         if self.generation.backend == LLAMA_CPP and self._llama is not None and self._llama.loaded:
             from evsel.models import llamacpp
 
@@ -610,6 +632,17 @@ class Backbone:
         with torch.inference_mode():
             return run_layers(self.model, [layer], input_ids=input_ids.to(device),
                               attention_mask=attention_mask.to(device))[layer]
+
+
+def probe_pass(model, rows: int = 4, tokens: int = 140, layers: int = 4) -> int:
+    """One encode pass of `rows` x `tokens` ids through the first `layers` decoder layers (what
+    the thread measure times; the cost depends on the shapes, not on the ids); returns its tokens."""
+    import torch
+
+    x = (torch.arange(rows * tokens).view(rows, tokens) * 7919 + 1) % model.config.vocab_size
+    with torch.inference_mode():
+        run_layers(model, [min(layers, model.config.num_hidden_layers)], input_ids=x.to(model.device))
+    return x.numel()
 
 
 class _StopForward(Exception):
