@@ -351,8 +351,13 @@ class Scheduler:
         if job.method != "ask":
             return False
         try:
+            # the default's method depends on the scope's kinds of document (the fusion for chats)
+            kinds = None
+            if not params.get("corpus") and self.light_store is not None:
+                with self.light_lock:
+                    kinds = self.light_store.scope_kinds(params.get("doc_ids"), params.get("collection"))
             if needs_model(params.get("select") or DEFAULT_SELECT, job.settings, params.get("rerank"),
-                           params.get("memory"), evidence_only=params.get("evidence_only") is True):
+                           params.get("memory"), evidence_only=params.get("evidence_only") is True, kinds=kinds):
                 return False
         except EvselError:  # a missing model: the worker reports it
             return False

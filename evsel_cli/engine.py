@@ -278,6 +278,8 @@ class Engine:
         timings["scope_s"] = time.perf_counter() - started
 
         pipeline = Pipeline(spec, context, first=first)
+        if chunks and hasattr(pipeline.first, "limit_to_kinds"):  # `default`: only the scope's kinds' methods
+            pipeline.first.limit_to_kinds({c.kind for c in chunks})
         if opened is not None and (pipeline.needs_model or not evidence_only):
             from .corpus.query import check_backbone
 

@@ -105,15 +105,16 @@ class Pipeline:
 
 
 def needs_model(select: str, settings, rerank: str | None = None, memory: bool = False,
-                evidence_only: bool = False) -> bool:
-    """Whether an ask with these options reads a model; `select` None is the default. Raises
-    EvselError when the default cannot be resolved (the settings' model is missing)."""
+                evidence_only: bool = False, kinds: set[str] | None = None) -> bool:
+    """Whether an ask with these options reads a model; `select` None is the default, resolved for
+    the scope's `kinds` of document (None: any kind). Raises EvselError when the default cannot be
+    resolved (the settings' model is missing)."""
     if not evidence_only or rerank or memory:
         return True
     from evsel.models.selectors import needs_model as method_needs_model
     from evsel.models.selectors.default import resolve_selects
 
-    return any(method_needs_model(method) for method in resolve_selects(select or DEFAULT, settings))
+    return any(method_needs_model(method) for method in resolve_selects(select or DEFAULT, settings, kinds))
 
 
 def in_document_order(scored: list) -> list:

@@ -409,6 +409,11 @@ class Store:
             orphans = self._drop_orphan_states(dropped)
         self._drop_orphan_files(orphans)
 
+    def scope_kinds(self, doc_ids: list[int] | None = None, collection: str | None = None) -> set[str]:
+        """The kinds of document (book, pdf, dialogue) in a scope, from the documents table alone."""
+        wanted = set(doc_ids or ())
+        return {d["kind"] for d in self.documents(collection) if not wanted or d["id"] in wanted}
+
     def documents(self, collection: str | None = None) -> list[dict]:
         sql = (
             "select d.id, c.name as collection, d.title, d.kind, d.path, d.part, d.sha256, d.n_chars, "

@@ -447,3 +447,32 @@ def test_the_default_is_the_best_candidate_that_passes_with_its_own_speed():
     assert "not measured" in {c["candidate"]: c for c in only_full["candidates"]}["hybrid:bm25+dense+unreal"]["why"]
     none = recipe.fit_by_kind(runs, available, None)["defaults"]["dialogue"]
     assert none["method"] == "bm25" and none["why"].startswith("hybrid is not the default")
+
+
+def test_an_ask_needs_the_model_only_for_the_kinds_in_its_scope(tmp_path):
+    """The fusion for chats needs the model; an evidence-only ask about books (BM25) does not, so
+    the daemon answers it beside background work instead of queueing it behind the model."""
+    from dataclasses import replace
+
+    from evsel.pipeline import needs_model
+    from evsel.settings import Settings
+
+    speaker_first = {"groups": ["bm25", "unreal", "dialogue"], "weights": [0.0, 0.0, 0.0, 0.0, 5.0, 0.0]}
+    hy.save_weights(tmp_path, {"weight_sets": [speaker_first], "defaults": {
+        "dialogue": {"method": "hybrid:bm25+unreal+dialogue", "why": "planted"},
+        "book": {"method": "bm25", "why": "planted too"}}})
+    settings = Settings(hybrid_weights=str(tmp_path))
+    assert not needs_model(None, settings, evidence_only=True, kinds={"book"})
+    assert needs_model(None, settings, evidence_only=True, kinds={"dialogue", "book"})
+    assert needs_model(None, settings, evidence_only=True)  # the scope unknown: any kind's method
+    context = SelectorContext(load_backbone=lambda: FakeBackbone(), states=None, settings=settings)
+    selector = get_selector("default", context)
+    assert selector.needs_model
+    selector.limit_to_kinds({"book"})
+    assert not selector.needs_model
+    selector.load()  # only BM25's: the fusion's parts (and the model) are not loaded for books
+    assert [s.chunk.id for s in selector.rank("Where did Ben go?", book_chunks())] == \
+        [s.chunk.id for s in get_selector("bm25", context).rank("Where did Ben go?", book_chunks())]
+    chat = get_selector("default", context)
+    chat.limit_to_kinds({c.kind for c in [replace(c, kind="dialogue") for c in turns()]})
+    assert chat.needs_model

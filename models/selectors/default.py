@@ -67,15 +67,17 @@ def kind_of(kind: str) -> str:
     return kind if kind in KINDS else "book"
 
 
-def resolve_selects(select: str, settings) -> list[str]:
+def resolve_selects(select: str, settings, kinds: set[str] | None = None) -> list[str]:
     """What an ask with --select `select` may run first: `default` resolved for the settings'
-    model, every kind's method (the daemon's check whether an ask needs the model, made before
-    the scope is known); any other name as given."""
+    model, the method of each kind in `kinds` (None: of every kind; the daemon's check whether an
+    ask needs the model); any other name as given."""
     if select != "default":
         return [select]
     from evsel.models.backbone import Backbone
 
-    return sorted({m for m, _ in default_methods(Backbone(settings.model, settings.device), settings).values()})
+    methods = default_methods(Backbone(settings.model, settings.device), settings)
+    wanted = {kind_of(k) for k in kinds} if kinds is not None else set(methods)
+    return sorted({m for kind, (m, _) in methods.items() if kind in wanted})
 
 
 @register("default")
@@ -89,6 +91,7 @@ class DefaultSelector(Selector):
         self._inners: dict[str, Selector] = {}
         self._ran: list[str] = []
         self.fallback_reason: str | None = None
+        self.scope_kinds: set[str] | None = None  # limit_to_kinds: the kinds the scope holds
 
     @property
     def chosen(self) -> dict[str, tuple[str, str]]:
@@ -96,9 +99,14 @@ class DefaultSelector(Selector):
             self._chosen = default_methods(self.context.backbone, self.context.settings)
         return self._chosen
 
+    def limit_to_kinds(self, kinds: set[str]) -> None:
+        """The scope holds only these kinds of document: the others' methods are not needed."""
+        self.scope_kinds = {kind_of(k) for k in kinds}
+
     @property
     def needs_model(self) -> bool:  # the engine asks before loading: decided from the record alone
-        methods = {method for method, _ in self.chosen.values()}
+        kinds = self.scope_kinds if self.scope_kinds is not None else set(self.chosen)
+        methods = {method for kind, (method, _) in self.chosen.items() if kind in kinds}
         return any(get_selector(method, self.context).needs_model for method in methods if method != FALLBACK)
 
     def inner(self, kind: str) -> Selector:
@@ -143,7 +151,7 @@ class DefaultSelector(Selector):
         return self.resolved
 
     def load(self) -> None:
-        for kind in KINDS:
+        for kind in KINDS if self.scope_kinds is None else sorted(self.scope_kinds):
             self.inner(kind).load()
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
