@@ -353,10 +353,11 @@ class Scheduler:
         try:
             # the default's method depends on the scope's kinds of document (the fusion for chats)
             kinds = None
-            if not params.get("corpus") and self.light_store is not None:
+            select = params.get("select") or DEFAULT_SELECT
+            if select == DEFAULT_SELECT and not params.get("corpus") and self.light_store is not None:
                 with self.light_lock:
                     kinds = self.light_store.scope_kinds(params.get("doc_ids"), params.get("collection"))
-            if needs_model(params.get("select") or DEFAULT_SELECT, job.settings, params.get("rerank"),
+            if needs_model(select, job.settings, params.get("rerank"),
                            params.get("memory"), evidence_only=params.get("evidence_only") is True, kinds=kinds):
                 return False
         except EvselError:  # a missing model: the worker reports it

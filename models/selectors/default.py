@@ -75,9 +75,13 @@ def resolve_selects(select: str, settings, kinds: set[str] | None = None) -> lis
         return [select]
     from evsel.models.backbone import Backbone
 
-    methods = default_methods(Backbone(settings.model, settings.device), settings)
+    return sorted(methods_for(default_methods(Backbone(settings.model, settings.device), settings), kinds))
+
+
+def methods_for(methods: dict[str, tuple[str, str]], kinds: set[str] | None) -> set[str]:
+    """The methods `default_methods` names for `kinds` (None: for every kind)."""
     wanted = {kind_of(k) for k in kinds} if kinds is not None else set(methods)
-    return sorted({m for kind, (m, _) in methods.items() if kind in wanted})
+    return {m for kind, (m, _) in methods.items() if kind in wanted}
 
 
 @register("default")
@@ -105,8 +109,7 @@ class DefaultSelector(Selector):
 
     @property
     def needs_model(self) -> bool:  # the engine asks before loading: decided from the record alone
-        kinds = self.scope_kinds if self.scope_kinds is not None else set(self.chosen)
-        methods = {method for kind, (method, _) in self.chosen.items() if kind in kinds}
+        methods = methods_for(self.chosen, self.scope_kinds)
         return any(get_selector(method, self.context).needs_model for method in methods if method != FALLBACK)
 
     def inner(self, kind: str) -> Selector:
