@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 
 # the selectors package is light to import (no numpy, no model)
 from evsel.models.selectors import DEFAULT as DEFAULT_SELECT
-from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, register_cleanups
+from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, Scored, register_cleanups
 
 from . import chunker
 from .answer import STYLES
@@ -24,10 +24,11 @@ from .errors import EmptyStoreError, EvselError, NotFoundError
 from .ingest import Ingest, IngestOptions, IngestOutcome, resume_arguments
 from .journal import Journal, PendingEncode, PendingIngest
 from .parsers import KINDS
-from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer
+from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order
 from .provenance import evidence_label
 from .settings import Settings
 from .store import DEFAULT_COLLECTION, ChunkRecord, Store
+from .windows import neighbours_of
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_METHODS", "DEFAULT_SELECT", "KINDS",
@@ -307,9 +308,11 @@ class Engine:
         text = None
         usage = {}
         grounded = None
+        beside = None  # a chunk beside the shown passages that the answer cites
         if not evidence_only:
             on_event({"type": "progress", "task": "generate", "label": "writing the answer", "done": 0, "total": 1})
-            generated = answer(self.backbone, question, evidence, max_new_tokens, style)
+            generated = answer(self.backbone, question, evidence, max_new_tokens, style,
+                               beside=neighbours_of(chunks) if chunks else None)
             timings["generate_s"] = generated["generate_s"]
             text = generated["text"]
             usage = {"prompt_tokens": generated["prompt_tokens"], "generated_tokens": generated["generated_tokens"]}
@@ -317,6 +320,11 @@ class Engine:
                         "span": generated["span"], "generated": generated.get("generated"),
                         "answer_type": generated.get("answer_type")}
             if grounded["span"] is not None:
+                cited = grounded["span"].pop("beside", None)
+                if cited is not None:  # read beside a shown passage: shown too, in document order
+                    beside = Scored(cited, 0.0, 1)
+                    evidence = in_document_order(evidence + [beside])
+                    grounded["span"]["passage"] = evidence.index(beside) + 1
                 cited = evidence[grounded["span"]["passage"] - 1].chunk
                 grounded["span"].update({k: v for k, v in cited.provenance().items()
                                          if k in ("doc_id", "title", "path", "chunk_id", "page_start", "page_end",
@@ -337,6 +345,8 @@ class Engine:
             "answer": text,
             "grounding": grounded,
             "evidence": [{"rank": s.rank, "score": round(s.score, 4), **s.chunk.provenance(), "text": s.chunk.text}
+                         if s is not beside else {"rank": None, "score": None, "beside": True, **s.chunk.provenance(),
+                                                  "text": s.chunk.text}
                          for s in evidence],
             "method": method,
             "timings": {k: round(v, 4) for k, v in timings.items()},

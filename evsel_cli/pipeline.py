@@ -122,11 +122,14 @@ def in_document_order(scored: list) -> list:
 
 
 def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: str = "short",
-           reader_dir: str | None = None) -> dict:
+           reader_dir: str | None = None, beside: dict | None = None) -> dict:
     """The answer step on the evidence (Scored, in the order shown): text (None when it abstains),
     how it was found, the supporting span (`passage`: 1-based index into `evidence`, offsets into
-    that passage and into its document), token counts and seconds."""
+    that passage and into its document), token counts and seconds. `beside` ((doc_id, seq) ->
+    chunk, evsel/windows.py): the reader reads each prose passage with the chunks beside it; an
+    answer found in one that is not shown has `passage` None and the chunk as `span["beside"]`."""
     from .answer import STYLES, build_messages, grounded_answer
+    from .windows import reading_windows
 
     if style not in STYLES:
         raise EvselError(f"unknown answer style {style!r}", f"choose one of: {', '.join(STYLES)}")
@@ -137,13 +140,26 @@ def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: 
         out["generate_s"] = time.perf_counter() - started
         return out
     best_first = sorted(evidence, key=lambda s: s.rank)
-    found = grounded_answer(backbone, question, best_first, style, min(max_new_tokens, 16), reader_dir)
+    windows = None
+    if beside and style == "short" and not any(s.chunk.speakers for s in best_first):
+        windows = reading_windows(best_first, beside)
+        read = [Scored(w.as_chunk(), w.score, w.rank) for w in windows]
+    else:
+        read = best_first
+    found = grounded_answer(backbone, question, read, style, min(max_new_tokens, 16), reader_dir)
     span = None
     if found.passage is not None:
-        chunk = best_first[found.passage].chunk
-        shown = next(i for i, s in enumerate(evidence, 1) if s.chunk is chunk)
-        span = {"passage": shown, "start": found.start, "end": found.end, "text": chunk.text[found.start:found.end],
-                "doc_start": chunk.char_start + found.start, "doc_end": chunk.char_start + found.end}
+        if windows is not None:
+            chunk, start, end = windows[found.passage].locate(found.start, found.end)
+            if end - start < found.end - found.start:  # it ran across a chunk boundary: the cited part
+                found.text = chunk.text[start:end]
+        else:
+            chunk, start, end = best_first[found.passage].chunk, found.start, found.end
+        shown = next((i for i, s in enumerate(evidence, 1) if s.chunk.id == chunk.id), None)
+        span = {"passage": shown, "start": start, "end": end, "text": chunk.text[start:end],
+                "doc_start": chunk.char_start + start, "doc_end": chunk.char_start + end}
+        if shown is None:
+            span["beside"] = chunk
         if len(chunk.text) != chunk.char_end - chunk.char_start:  # a PDF table's rows, rewritten: no offset maps
             span.update(doc_start=None, doc_end=None)
     return {"text": found.text, "kind": found.kind, "reason": found.reason, "span": span,

@@ -25,7 +25,7 @@ READER_FORMAT = "evsel-reader-1"
 HEAD_FILE = "adapter.safetensors"  # the name the shared training loop checkpoints under
 CONFIG_FILE = "reader.json"
 MAX_SPAN_TOKENS = 30
-MAX_PASSAGE_TOKENS = 320  # longer passages are read up to here (chunks are ~140 tokens)
+MAX_PASSAGE_TOKENS = 640  # longer passages are read up to here (a chunk ~140 tokens; a window 3-4 chunks)
 
 
 @dataclass

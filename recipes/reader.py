@@ -381,11 +381,12 @@ MIN_GROUP_QUESTIONS = 10  # dev questions a group needs to get its own weights
 
 def rescore_examples(config: TrainConfig, backbone, trained_on: dict, data_dir: Path | None, on_event) -> list[dict]:
     """Held-out questions of every source the head was trained on, each with BM25's top passages
-    as `evsel ask` shows them: FairytaleQA's held-out train stories, LoCoMo's held-out conversation
+    as `evsel ask` reads them (prose widened by the chunks beside them, evsel/windows.py): FairytaleQA's held-out train stories, LoCoMo's held-out conversation
     (answerable questions), and the fold's MuSiQue / HotpotQA questions the head never trained on.
     {"id", "source", "question", "answers", "chunks"}."""
     from evsel.evaluation.runner import build_corpus
     from evsel.models.selectors import SelectorContext, get_selector
+    from evsel.windows import neighbours_of, reading_windows
 
     bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
     rng = random.Random(config.seed + 1)
@@ -403,9 +404,13 @@ def rescore_examples(config: TrainConfig, backbone, trained_on: dict, data_dir: 
         keys = sorted({q.docs[0] for q in pool})
         corpus = build_corpus(dataset, keys, backbone, config.chunk_tokens, on_event)
         for q in pool:
-            ranked = bm25.rank(q.question, corpus.chunks[q.docs[0]], config.top_n)
+            chunks = corpus.chunks[q.docs[0]]
+            shown = bm25.rank(q.question, chunks, config.top_n)[: config.top_n]
+            read = [s.chunk for s in shown]
+            if not any(c.speakers for c in read):  # prose is read with the chunks beside it, as ask reads it
+                read = [w.as_chunk() for w in reading_windows(shown, neighbours_of(chunks))]
             out.append({"id": f"{source}/{q.qid}", "source": source, "question": q.question,
-                        "answers": list(q.answers), "chunks": [s.chunk for s in ranked[: config.top_n]]})
+                        "answers": list(q.answers), "chunks": read})
     return out
 
 

@@ -47,14 +47,18 @@ def ask(engine, question: str, as_json: bool, **request) -> None:
     elif grounding.get("kind") == "abstained":
         show([("Answer:", "bold"), (f" none: {grounding['reason']}", None), ("\n", None)])
     method = result["method"]["select"] + (f" > {result['method']['rerank']}" if result["method"].get("rerank") else "")
-    show([("Evidence", "bold"), (f" ({method}, {len(result['evidence'])} of {result['method']['candidates']} "
-                                 "passages, in document order):", None)])
+    selected = sum(not item.get("beside") for item in result["evidence"])
+    read_beside = " and the passage beside them that holds the answer" if selected < len(result["evidence"]) else ""
+    show([("Evidence", "bold"), (f" ({method}, {selected} of {result['method']['candidates']} "
+                                 f"passages{read_beside}, in document order):", None)])
     if result.get("memory"):
         read = "; ".join(m["label"] + (" of " + m["title"] if m.get("title") else "") for m in result["memory"])
         show([("Memory", "bold"), (f" (summaries the reranker read): {read}", None)])
     for number, item in enumerate(result["evidence"], 1):
         show([("\n", None), (f"#{number}", "cyan"), (" ", None),
-              (f"rank {item['rank']} | score {item['score']:.3f} | doc {item['doc_id']} | chars "
+              ("read beside the selected passages" if item.get("beside") else
+               f"rank {item['rank']} | score {item['score']:.3f}", "dim"),
+              (f" | doc {item['doc_id']} | chars "
                f"{item['char_start']}-{item['char_end']}", "dim"), ("\n", None), (evidence_label(item), "bold")])
         show(_highlighted(item["text"], span if span and span["passage"] == number else None))
 

@@ -22,6 +22,7 @@ from evsel import chunker
 from evsel.errors import EvselError, ModelError
 from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, methods_with_memory
 from evsel.pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order
+from evsel.windows import neighbours_of
 from evsel.store import ChunkRecord
 
 from . import metrics
@@ -161,15 +162,16 @@ def gold_units(question: EvalQuestion, corpus: Corpus, tally: dict[str, int]) ->
 
 
 def _generate(engine, question: EvalQuestion, evidence: list, config: "EvalConfig", claims: bool,
-              full: bool = False, style: str = "short") -> dict:
-    """The answer step of the ask pipeline, on the evidence (Scored) the pipeline chose. Claims are
-    judged true/false by free generation: they have no span to find."""
+              full: bool = False, style: str = "short", beside: dict | None = None) -> dict:
+    """The answer step of the ask pipeline, on the evidence (Scored) the pipeline chose, read with
+    the chunks `beside` it as `ask` reads them. Claims are judged true/false by free generation:
+    they have no span to find."""
     if claims:
         return answer(engine.backbone, CLAIM_PROMPT.format(claim=question.question), in_document_order(evidence),
                       config.max_new_tokens, "sentence")
     style = "sentence" if full else style  # full is the whole-context generation baseline
     return answer(engine.backbone, question.question, in_document_order(evidence), config.max_new_tokens, style,
-                  config.reader)
+                  config.reader, None if full else beside)
 
 
 def _oracle_evidence(question: EvalQuestion, units: list[set[int]], chunks: list[ChunkRecord], top_n: int) -> list:
@@ -383,10 +385,11 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                     records.append(record)
                     continue
                 held = metrics.shown([s.chunk.text for s in evidence], q.answers) if q.answers else False
+                beside = neighbours_of(chunks)
                 for style in styles:
                     styled = {**record, "timings": dict(record["timings"])}
                     try:
-                        out = _generate(engine, q, evidence, config, claims, method.full, style)
+                        out = _generate(engine, q, evidence, config, claims, method.full, style, beside)
                     except ModelError as exc:  # prompt over the window: say so, do not guess
                         styled["error"] = exc.message
                     else:
