@@ -9,6 +9,7 @@ from evsel.models.selectors import Scored
 from evsel.pipeline import answer
 from evsel.store import ChunkRecord
 from evsel.windows import neighbours_of, reading_windows
+from test_reader import DISTRACTORS
 
 
 def _book(texts: list[str], doc_id: int = 1, gap: int = 0) -> list[ChunkRecord]:
@@ -55,16 +56,6 @@ def test_dialogue_chunks_are_not_read_beside():
     assert (1, 0) not in neighbours_of(chunks) and (1, 1) in neighbours_of(chunks)
 
 
-DISTRACTORS = [
-    "The harbour was quiet that morning. Fishing boats rocked at their moorings while gulls argued over "
-    "the nets, and the harbourmaster counted the crates twice before he signed for them.",
-    "In 1884 the town council voted to widen the high street. Twenty-six houses were pulled down, and "
-    "the new road was paved with granite brought by rail from the quarries in the north.",
-    "Mrs Alder kept the bakery on the corner. She rose at four every day, and by seven the queue of "
-    "customers reached the door of the post office next to it.",
-    "The winter of that year was the coldest anyone remembered. The river froze from bank to bank and "
-    "children skated where the ferry usually crossed.",
-]
 ASKED = "The lighthouse on the point stood for two hundred years, and its lamp was never once put out."
 ANSWERED = ("For forty years it was kept by Bartholomew Quill, who rowed to the town once a month for oil and "
             "bread.")
