@@ -266,8 +266,8 @@ def test_the_shipped_reader_carries_answer_step_weights_chosen_on_held_out_quest
 ])
 def test_questions_about_a_real_novel(question, expected, capsys, real_backbone):
     """The book ingested as a user would, then asked: the default evidence and the reader. ("Whom
-    did Irene Adler marry?" is not here: BM25's top 5 miss the passage with "Norton"; see
-    docs/ANSWERS.md.)"""
+    did Irene Adler marry?" is not here: the chunk with "Norton" is read now, beside BM25's first
+    passage, but the reader answers "one woman"; see docs/ANSWERS.md.)"""
     from helpers import shared_data
     from evsel.cli import main
 
