@@ -1,72 +1,122 @@
-"""Reading windows: the reader reads each shown prose passage with the chunks beside it.
+"""Reading windows: the reader reads each shown prose passage with the text beside it.
 
 A chunk boundary often falls between a question in the text and its answer ("But to whom?" ends
 one chunk, "To an English lawyer named Norton." starts the next), or between a name and what the
-question asks of it. So the answer step reads each of the top passages widened by REACH chunks on
-either side in its document, each chunk once. An answer found
-in a chunk beside the shown ones cites that chunk, and the evidence shows it next to its neighbour.
-Dialogues are read turn by turn as shown: their passages are already whole sessions' turns.
+question asks of it. So the answer step reads each of the top passages with the text before and
+after it in its document: up to BESIDE_WORDS words of the chunk on either side, whole sentences
+where they fit. The whole neighbouring chunk is the default: on held-out novel questions reading 40
+words each side bought a third of what whole chunks did (docs/ANSWERS.md), and the reader's pass
+costs in proportion to the tokens it reads, so this is the knob between the two. No text is read
+twice: a neighbour that is shown, or read beside a better-ranked passage, is not read again.
+An answer found beside a shown passage cites the chunk it lies in, and the evidence shows that
+chunk. Dialogues are read as shown: their passages are already whole sessions' turns.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
-REACH = 1  # chunks read on each side of a shown passage
+from .chunker import split_sentences
+
+BESIDE_WORDS = 150  # words read on each side of a shown passage: a whole chunk (~105 words) in practice
+_WORD = re.compile(r"\S+")
 
 
 @dataclass
+class Part:
+    """The stretch [start, end) of a chunk's text that a window reads."""
+
+    chunk: object  # ChunkRecord
+    start: int
+    end: int
+
+    @property
+    def text(self) -> str:
+        return self.chunk.text[self.start:self.end]
+
+
 class Window:
-    """A stretch of consecutive chunks of one document, read as one passage."""
+    """A shown passage with the text read beside it, as one passage."""
 
-    parts: list  # ChunkRecords in document order
-    rank: int  # the best rank among the shown passages it holds
-    score: float
-
-    def __post_init__(self) -> None:
+    def __init__(self, parts: list[Part], shown, rank: int, score: float):
+        self.parts = parts
+        self.shown = shown  # the shown passage's ChunkRecord
+        self.rank = rank
+        self.score = score
         self.offsets = []
         text = ""
-        for i, chunk in enumerate(self.parts):
-            if i and self.parts[i - 1].char_end != chunk.char_start:  # not contiguous (a PDF table's rows)
-                text += "\n"
+        for i, part in enumerate(parts):
+            previous = parts[i - 1] if i else None
+            if previous is not None and not (previous.end == len(previous.chunk.text) and part.start == 0
+                                             and previous.chunk.char_end == part.chunk.char_start):
+                text += "\n"  # not contiguous in the document (a PDF table's rows)
             self.offsets.append(len(text))
-            text += chunk.text
+            text += part.text
         self.text = text
 
     def as_chunk(self):
-        """The window as one chunk record (its first chunk's identity, the whole window's text)."""
-        first, last = self.parts[0], self.parts[-1]
-        return replace(first, text=self.text, char_end=last.char_end, page_end=last.page_end)
+        """The window as one chunk record (its shown passage's identity, the window's text)."""
+        return replace(self.shown, text=self.text)
 
     def locate(self, start: int, end: int) -> tuple:
         """(chunk, start, end): the chunk that holds most of the window's span [start, end), and the
-        span's offsets in it (a span that runs across a chunk boundary is cut there)."""
+        span's offsets in that chunk's text (a span across a chunk boundary is cut there)."""
         def held(i: int) -> int:
             a = self.offsets[i]
             return min(end, a + len(self.parts[i].text)) - max(start, a)
 
         i = max(range(len(self.parts)), key=held)
-        chunk, offset = self.parts[i], self.offsets[i]
-        return chunk, max(start - offset, 0), min(end - offset, len(chunk.text))
+        part, offset = self.parts[i], self.offsets[i]
+        return (part.chunk, part.start + max(start - offset, 0),
+                part.start + min(end - offset, len(part.text)))
 
 
-def reading_windows(best_first: list, beside: dict, reach: int = REACH) -> list[Window]:
-    """One window per shown passage (Scored, best first), in that order: the passage and up to
-    `reach` chunks of its document on either side (`beside`: (doc_id, seq) -> ChunkRecord of the
-    scope) that no shown passage and no better-ranked window holds, so no text is read twice and a
-    window stays a few chunks long."""
+def _leading(text: str, words: int) -> int:
+    """The end of the whole sentences that open `text` within `words` words (the first sentence
+    cut at a word when it alone is longer)."""
+    end = 0
+    for a, b in split_sentences(text):
+        if len(_WORD.findall(text[:b])) > words:
+            break
+        end = b
+    if end == 0:
+        found = list(_WORD.finditer(text))[:words]
+        end = found[-1].end() if found else 0
+    return end
+
+
+def _trailing(text: str, words: int) -> int:
+    """The start of the whole sentences that close `text` within `words` words."""
+    start = len(text)
+    for a, b in reversed(split_sentences(text)):
+        if len(_WORD.findall(text[a:])) > words:
+            break
+        start = a
+    if start == len(text):
+        found = list(_WORD.finditer(text))[-words:] if words else []
+        start = found[0].start() if found else len(text)
+    return start
+
+
+def reading_windows(best_first: list, beside: dict, words: int = BESIDE_WORDS) -> list[Window]:
+    """One window per shown passage (Scored, best first), in that order: the passage with up to
+    `words` words of the chunk before and after it in its document (`beside`: (doc_id, seq) ->
+    ChunkRecord of the scope), leaving out chunks that are shown or read beside a better-ranked
+    passage."""
     claimed = {(s.chunk.doc_id, s.chunk.seq) for s in best_first}
     windows = []
     for s in best_first:
         doc, seq = s.chunk.doc_id, s.chunk.seq
-        lo = hi = seq
-        while seq - lo < reach and (doc, lo - 1) in beside and (doc, lo - 1) not in claimed:
-            lo -= 1
-        while hi - seq < reach and (doc, hi + 1) in beside and (doc, hi + 1) not in claimed:
-            hi += 1
-        claimed.update((doc, k) for k in range(lo, hi + 1))
-        windows.append(Window([s.chunk if k == seq else beside[(doc, k)] for k in range(lo, hi + 1)], s.rank,
-                              s.score))
+        parts = [Part(s.chunk, 0, len(s.chunk.text))]
+        before, after = beside.get((doc, seq - 1)), beside.get((doc, seq + 1))
+        if words and before is not None and (doc, seq - 1) not in claimed:
+            claimed.add((doc, seq - 1))
+            parts.insert(0, Part(before, _trailing(before.text, words), len(before.text)))
+        if words and after is not None and (doc, seq + 1) not in claimed:
+            claimed.add((doc, seq + 1))
+            parts.append(Part(after, 0, _leading(after.text, words)))
+        windows.append(Window([p for p in parts if p.end > p.start], s.chunk, s.rank, s.score))
     return windows
 
 

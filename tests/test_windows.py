@@ -22,18 +22,22 @@ def _book(texts: list[str], doc_id: int = 1, gap: int = 0) -> list[ChunkRecord]:
     return out
 
 
-def test_windows_widen_each_passage_and_read_each_chunk_once():
-    chunks = _book([f"Sentence {i}. " for i in range(10)])
+def test_windows_read_the_sentences_beside_each_passage_once():
+    chunks = _book([f"Sentence {i} one. Sentence {i} two. " for i in range(10)])
     beside = neighbours_of(chunks)
     shown = [Scored(chunks[6], 3.0, 1), Scored(chunks[2], 2.0, 2), Scored(chunks[4], 1.0, 3), Scored(chunks[9], 0.5, 4)]
-    windows = reading_windows(shown, beside)
-    # best first; 4's neighbours are held by 2's and 6's windows; 9 has no chunk after it
-    assert [[c.seq for c in w.parts] for w in windows] == [[5, 6, 7], [1, 2, 3], [4], [8, 9]]
+    windows = reading_windows(shown, beside, words=3)
+    # best first; 4's neighbours are read beside 6 and 2 already; 9 has no chunk after it
+    assert [[p.chunk.seq for p in w.parts] for w in windows] == [[5, 6, 7], [1, 2, 3], [4], [8, 9]]
     assert [w.rank for w in windows] == [1, 2, 3, 4]
-    assert windows[0].parts[1] is chunks[6]
-    assert windows[0].text == "".join(chunks[i].text for i in range(5, 8))  # contiguous chunks join as written
-    record = windows[3].as_chunk()
-    assert (record.char_start, record.char_end) == (chunks[8].char_start, chunks[9].char_end)
+    # the last sentence before, the first after: whole sentences within 3 words, joined as written
+    assert windows[0].text == "Sentence 5 two. " + chunks[6].text + "Sentence 7 one. "
+    assert windows[0].as_chunk().id == chunks[6].id
+    # a first sentence longer than the words allowed is cut at a word
+    [window] = reading_windows([Scored(chunks[0], 1.0, 1)], beside, words=2)
+    assert window.text == chunks[0].text + "Sentence 1"
+    [alone] = reading_windows([Scored(chunks[0], 1.0, 1)], beside, words=0)
+    assert alone.text == chunks[0].text
 
 
 def test_a_span_in_a_window_maps_to_the_chunk_that_holds_it():
@@ -43,11 +47,19 @@ def test_a_span_in_a_window_maps_to_the_chunk_that_holds_it():
     start = window.text.index("Quill")
     chunk, a, b = window.locate(start, start + len("Quill"))
     assert chunk is chunks[1] and chunk.text[a:b] == "Quill"
+    chunk, a, b = window.locate(window.text.index("end"), len(window.text))
+    assert chunk is chunks[2] and chunk.text[a:b] == "end."
     # a span across a chunk boundary cites the chunk that holds most of it, cut there
     chunk, a, b = window.locate(start, len(window.text) - len("end."))
     assert chunk is chunks[1] and chunk.text[a:b] == "Quill. "
     chunk, a, b = window.locate(window.text.index("part"), start)
     assert chunk is chunks[1] and chunk.text[a:b] == "The keeper was "
+    # the part of a chunk read beside maps to its offsets in that chunk
+    long = _book(["One. Two. Three. Four.", "The keeper was Quill."])
+    [window] = reading_windows([Scored(long[1], 1.0, 1)], neighbours_of(long), words=2)
+    assert window.text == "Three. Four.The keeper was Quill."
+    chunk, a, b = window.locate(0, len("Three"))
+    assert chunk is long[0] and chunk.text[a:b] == "Three"
 
 
 def test_dialogue_chunks_are_not_read_beside():
