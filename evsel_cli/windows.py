@@ -3,7 +3,7 @@
 A chunk boundary often falls between a question in the text and its answer ("But to whom?" ends
 one chunk, "To an English lawyer named Norton." starts the next), or between a name and what the
 question asks of it. So the answer step reads each of the top passages with the text before and
-after it in its document: up to BESIDE_WORDS words of the chunk on either side, whole sentences
+after it in its section of the document: up to BESIDE_WORDS words of the chunk on either side, whole sentences
 where they fit. The whole neighbouring chunk is the default: on held-out novel questions reading 40
 words each side bought a third of what whole chunks did (docs/ANSWERS.md), and the reader's pass
 costs in proportion to the tokens it reads, so this is the knob between the two. No text is read
@@ -21,6 +21,7 @@ from .chunker import split_sentences
 
 BESIDE_WORDS = 150  # words read on each side of a shown passage: a whole chunk (~105 words) in practice
 _WORD = re.compile(r"\S+")
+_HEADING = re.compile(r"\s*#{1,6}\s")  # a Markdown heading: the chunk opens a section
 
 
 @dataclass
@@ -110,14 +111,20 @@ def reading_windows(best_first: list, beside: dict, words: int = BESIDE_WORDS) -
         doc, seq = s.chunk.doc_id, s.chunk.seq
         parts = [Part(s.chunk, 0, len(s.chunk.text))]
         before, after = beside.get((doc, seq - 1)), beside.get((doc, seq + 1))
-        if words and before is not None and (doc, seq - 1) not in claimed:
+        if words and before is not None and (doc, seq - 1) not in claimed and not opens_section(s.chunk):
             claimed.add((doc, seq - 1))
             parts.insert(0, Part(before, _trailing(before.text, words), len(before.text)))
-        if words and after is not None and (doc, seq + 1) not in claimed:
+        if words and after is not None and (doc, seq + 1) not in claimed and not opens_section(after):
             claimed.add((doc, seq + 1))
             parts.append(Part(after, 0, _leading(after.text, words)))
         windows.append(Window([p for p in parts if p.end > p.start], s.chunk, s.rank, s.score))
     return windows
+
+
+def opens_section(chunk) -> bool:
+    """Does the chunk start a Markdown section? Chunks never cross one, and the text across it is
+    another article (a corpus of Wikipedia paragraphs) or chapter: not read beside."""
+    return bool(_HEADING.match(chunk.text))
 
 
 def neighbours_of(chunks: list) -> dict:

@@ -62,6 +62,15 @@ def test_a_span_in_a_window_maps_to_the_chunk_that_holds_it():
     assert chunk is long[0] and chunk.text[a:b] == "Three"
 
 
+def test_nothing_is_read_across_a_section_heading():
+    chunks = _book(["# Alpha\n\nAlpha is a river. ", "It is long. ", "# Beta\n\nBeta is a town. ", "It is small."])
+    beside = neighbours_of(chunks)
+    [window] = reading_windows([Scored(chunks[1], 1.0, 1)], beside)
+    assert [p.chunk.seq for p in window.parts] == [0, 1]  # Beta's section is another article
+    [window] = reading_windows([Scored(chunks[2], 1.0, 1)], beside)
+    assert [p.chunk.seq for p in window.parts] == [2, 3]
+
+
 def test_dialogue_chunks_are_not_read_beside():
     chunks = _book(["A: hello", "B: hi"])
     chunks[0].speakers.append("A")
