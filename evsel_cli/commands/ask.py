@@ -66,12 +66,14 @@ def ask(
 ):
     """Answer QUESTION from the ingested documents, citing the evidence used.
 
-    The selector picks the top-n passages. By default the LLM answers from the evidence sentence
-    that best supports an answer and the answer is tied to that exact span (highlighted in its
-    passage; offsets in --json); it says so instead of answering when the evidence does not
-    support an answer. Then each passage, numbered in the order shown (the number --json gives as
-    grounding.span.passage and evidence[].passage), with its title, page or speaker/session/time,
-    rank and score.
+    The selector picks the top-n passages. By default the reader, a small trained head on the
+    LLM's own states, finds the answer's exact words across them (a book's or PDF's passages read
+    with the text beside them in their section) and the answer is tied to that span
+    (highlighted in its passage; offsets in --json); it says so instead of answering when the
+    evidence does not support an answer. Then each passage, numbered in the order shown (the
+    number --json gives as grounding.span.passage and evidence[].passage), with its title, page or
+    speaker/session/time, rank and score; a passage read beside them that holds the answer is
+    shown too, marked so (--json: "beside": true).
 
     With no --select the method is `default`, chosen per kind of document by a paired test on
     held-out questions: for chats the fusion of BM25, dense and UNREAL
