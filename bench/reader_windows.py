@@ -76,9 +76,10 @@ def run(questions: list[dict], settings: list[int]) -> dict:
         asked.append((q, in_document_order(ranked[:5]), windows.neighbours_of(scope)))
     answer(engine.backbone, asked[0][0]["question"], asked[0][1], 16)  # warm the model
     rows = {w: [] for w in settings}
+    default_words = windows.BESIDE_WORDS
     for q, evidence, beside in asked:
         for words in settings:
-            windows.reading_windows.__defaults__ = (words,)  # the setting ask would read with
+            windows.BESIDE_WORDS = words  # the setting ask reads with
             read = windows.reading_windows(sorted(evidence, key=lambda s: s.rank), beside)
             started = time.perf_counter()
             out = answer(engine.backbone, q["question"], evidence, 16, beside=beside)
@@ -90,7 +91,7 @@ def run(questions: list[dict], settings: list[int]) -> dict:
                                 "reference_shown": any(contained(s.chunk.text, [q["answer"]]) for s in evidence),
                                 "reference_read": any(contained(w.text, [q["answer"]]) for w in read),
                                 "seconds": seconds})
-    windows.reading_windows.__defaults__ = (windows.BESIDE_WORDS,)
+    windows.BESIDE_WORDS = default_words
     base = statistics.median(r["seconds"] for r in rows[settings[0]])
     summary = []
     for words in settings:
@@ -102,7 +103,7 @@ def run(questions: list[dict], settings: list[int]) -> dict:
                         "reference_read": sum(r["reference_read"] for r in got),
                         "right_where_read": int(sum(r["contained"] for r in got if r["reference_read"])),
                         "answer_step_median_s": median, "time_ratio": median / base})
-    return {"settings": summary, "per_question": rows, "default_words": windows.BESIDE_WORDS}
+    return {"settings": summary, "per_question": rows, "default_words": default_words}
 
 
 if __name__ == "__main__":

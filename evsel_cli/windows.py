@@ -100,11 +100,12 @@ def _trailing(text: str, words: int) -> int:
     return start
 
 
-def reading_windows(best_first: list, beside: dict, words: int = BESIDE_WORDS) -> list[Window]:
+def reading_windows(best_first: list, beside: dict, words: int | None = None) -> list[Window]:
     """One window per shown passage (Scored, best first), in that order: the passage with up to
-    `words` words of the chunk before and after it in its document (`beside`: (doc_id, seq) ->
-    ChunkRecord of the scope), leaving out chunks that are shown or read beside a better-ranked
-    passage."""
+    `words` (None: BESIDE_WORDS) words of the chunk before and after it in its document (`beside`:
+    (doc_id, seq) -> ChunkRecord of the scope), leaving out chunks that are shown or read beside a
+    better-ranked passage."""
+    words = BESIDE_WORDS if words is None else words
     claimed = {(s.chunk.doc_id, s.chunk.seq) for s in best_first}
     windows = []
     for s in best_first:

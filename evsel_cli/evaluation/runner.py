@@ -350,6 +350,7 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
         not_fitting = 0
         for scope_keys, scope_questions in scopes.items():
             chunks = corpus.scope(list(scope_keys))
+            beside = neighbours_of(chunks) if config.generate else None  # what the reader reads beside a passage
             if not method.full:
                 t = time.perf_counter()
                 method.prepare(chunks)
@@ -385,7 +386,6 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
                     records.append(record)
                     continue
                 held = metrics.shown([s.chunk.text for s in evidence], q.answers) if q.answers else False
-                beside = neighbours_of(chunks)
                 for style in styles:
                     styled = {**record, "timings": dict(record["timings"])}
                     try:
