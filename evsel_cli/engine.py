@@ -312,7 +312,8 @@ class Engine:
         if not evidence_only:
             on_event({"type": "progress", "task": "generate", "label": "writing the answer", "done": 0, "total": 1})
             generated = answer(self.backbone, question, evidence, max_new_tokens, style,
-                               beside=neighbours_of(chunks) if chunks else None)
+                               beside=self.scope_data("neighbours", chunks, lambda: neighbours_of(chunks))
+                               if chunks else None)
             timings["generate_s"] = generated["generate_s"]
             text = generated["text"]
             usage = {"prompt_tokens": generated["prompt_tokens"], "generated_tokens": generated["generated_tokens"]}
