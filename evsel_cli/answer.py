@@ -167,6 +167,10 @@ def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, 
 READER_TOP = 30  # the reader's best spans that compete with the typed phrases
 SENTENCE_CANDIDATES = 3  # the best-matching sentences that compete as whole answers (the rules step's answer)
 SUPPORT_DECAY = {1: 0.7, 2: 0.5}  # the support a sentence lends the one or two sentences after it
+# a sentence further back still lends support (the decay of two back) while those between total at
+# most this many words: short turns ("Married! When?" "Yesterday." "But to whom?") separate a
+# question's words from its answer without separating the thought
+SUPPORT_REACH_WORDS = 12
 UNREAD_LOGP = -25.0  # a typed phrase no whole-token span of the reader covers
 
 
@@ -231,13 +235,24 @@ def candidate_spans(reading, question: str, asked: str, found: list, ranked: lis
         run = by_passage.get(p, [])
         for i, s in enumerate(run):
             if s.start <= a < s.end or (s.start >= a and s.start < b):
-                near = max(lexical[id(s)], *(SUPPORT_DECAY[k] * lexical[id(run[i - k])]
-                                             for k in (1, 2) if i - k >= 0), 0.0)
+                near = max(lexical[id(s)], *(_support_before(run, i, lexical)), 0.0)
                 break
         logp = reading.logp_of(p, a, b)
         content = [w for w in said if w not in grounding.STOPWORDS] or said
         out.append(Candidate(p, a, b, text, UNREAD_LOGP if logp is None else logp, (p, a, b) in typed, near,
                              sum(w in asked_words for w in content) / len(content), len(said), (p, a, b) in trimmed))
+    return out
+
+
+def _support_before(run: list, i: int, lexical: dict) -> list[float]:
+    """The support the sentences before run[i] lend it (SUPPORT_DECAY, SUPPORT_REACH_WORDS)."""
+    out = []
+    between = 0
+    for k in range(1, i + 1):
+        if k > 2 and between > SUPPORT_REACH_WORDS:
+            break
+        out.append(SUPPORT_DECAY.get(k, SUPPORT_DECAY[2]) * lexical[id(run[i - k])])
+        between += len(grounding.words(run[i - k].text))
     return out
 
 

@@ -59,16 +59,16 @@ STOPWORDS = frozenset(
 )
 
 
-def _stem(word: str) -> str:
+def stem(word: str) -> str:
     """A light suffix stripper: enough to match 'killed'/'kill', 'letters'/'letter'."""
     if word.endswith("'s"):
         word = word[:-2]
     for suffix in ("ingly", "edly", "ing", "ies", "ied", "ed", "es", "s", "ly"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            stem = word[: -len(suffix)]
+            root = word[: -len(suffix)]
             if suffix in ("ies", "ied"):
-                stem += "y"
-            return stem
+                root += "y"
+            return root
     return word
 
 
@@ -78,7 +78,7 @@ def words(text: str) -> list[str]:
 
 
 def tokenize(text: str) -> list[str]:
-    return [_stem(w) for w in words(text)]
+    return [stem(w) for w in words(text)]
 
 
 def chunk_tokens(text: str) -> list[str]:

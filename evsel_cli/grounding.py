@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from itertools import pairwise
 
+from .bm25_index import stem
 from .chunker import split_sentences
 
 WORD = re.compile(r"\w+(?:['\u2019-]\w+)*")
@@ -31,6 +32,12 @@ def words(text: str) -> list[str]:
 
 def content_words(text: str) -> set[str]:
     return {w for w in words(text) if w not in STOPWORDS}
+
+
+def matching_words(text: str) -> set[str]:
+    """Content words as a question is matched against a sentence: by BM25's stems, so "married"
+    matches "marry" and "paid" stays "paid"."""
+    return {stem(w) for w in content_words(text)}
 
 
 @dataclass(frozen=True)
@@ -86,9 +93,9 @@ def rank_sentences(question: str, found: list[Sentence], exclude: set[str] = fro
     """Sentences by idf-weighted share of the question's content words they contain (idf over the
     sentences given), plus `phrase_bonus` per word pair of the question they repeat, a small
     tie-break for earlier-ranked passages. Best first."""
-    asked = content_words(question) - exclude
+    asked = matching_words(question) - {stem(w) for w in exclude}
     df: Counter = Counter()
-    bags = [content_words(s.text) for s in found]
+    bags = [matching_words(s.text) for s in found]
     for bag in bags:
         df.update(bag & asked)
     n = len(found)
@@ -127,8 +134,8 @@ def trim_to_answer(question: str, text: str) -> tuple[int, int]:
 
 def support(question: str, sentence: Sentence) -> float:
     """Share of the question's content words the sentence holds (0..1)."""
-    asked = content_words(question)
-    return len(asked & content_words(sentence.text)) / len(asked) if asked else 0.0
+    asked = matching_words(question)
+    return len(asked & matching_words(sentence.text)) / len(asked) if asked else 0.0
 
 
 # a generated phrase, snapped onto the evidence -------------------------------------------------------

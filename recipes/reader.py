@@ -328,8 +328,8 @@ class ReaderTrainer(AdapterTrainer):
 
     def calibrate(self) -> dict:
         """The abstention threshold on the calibration questions: the highest share of adversarial
-        questions abstained on with at least `min_precision` of the abstentions adversarial (none
-        reaching it: the most precise threshold), 0 when there are none."""
+        questions abstained on with at least `min_precision` of the abstentions adversarial; 0 (never
+        abstain) when no threshold reaches it or there are no calibration questions."""
         if not self.calibration:
             return {"abstain_below": 0.0, "why": "no calibration questions (train with --source locomo)"}
         got = self.best_spans(self.calibration)
