@@ -19,6 +19,15 @@ def shared_data(*parts: str) -> Path:
     return path
 
 
+def book_default() -> str:
+    """The method `ask` runs on books with no --select, as `evsel models info` names it (the
+    shipped hybrid.json's test, or EVSEL_HYBRID_WEIGHTS's)."""
+    from evsel.engine import Engine
+    from evsel.settings import Settings
+
+    return Engine(Settings.resolve()).models_info(load=False)["default_by_kind"]["book"]["method"]
+
+
 def write_tiny_llama(folder: Path, vocab: dict[str, int], **config) -> Path:
     """A random-weight Llama (seeded) with a word-level tokenizer over `vocab`, saved in `folder`;
     `config` sets its shape (hidden_size, num_hidden_layers, heads, ...)."""

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import shared_data
+from helpers import book_default, shared_data
 
 pytestmark = pytest.mark.model
 
@@ -39,7 +39,7 @@ def test_sample_story_who_killed():
     cited = result["evidence"][span["passage"] - 1]
     assert cited["text"][span["start"]:span["end"]] == "Roland Pryce"
     assert span["doc_start"] == cited["char_start"] + span["start"]
-    assert result["method"]["select"] == "bm25"
+    assert result["method"]["select"] == book_default()
     assert "generate_s" in result["timings"]
     # evidence comes in document order, with provenance
     positions = [e["char_start"] for e in result["evidence"]]
@@ -49,7 +49,9 @@ def test_sample_story_who_killed():
 
 def test_free_form_style_generates_from_all_passages():
     evsel("ingest", evsel("sample").stdout.strip())
-    result = ask_json("Who killed Ambrose Tenterden?", "--style", "sentence", "--max-new-tokens", "16")
+    # BM25's passages: the known wrong sentence below is the one written from them
+    result = ask_json("Who killed Ambrose Tenterden?", "--style", "sentence", "--max-new-tokens", "16",
+                      "--select", "bm25")
     assert result["usage"]["prompt_tokens"] > 0 and result["grounding"]["kind"] == "generated"
     if result["answer"] == "Lionel Pryce killed Ambrose Tenterden.":  # this wrong answer only
         pytest.xfail("known wrong: the generated sentence names Lionel Pryce; the story has only Roland Pryce")

@@ -54,7 +54,7 @@ def test_commands_sent_to_a_running_daemon_import_nothing_heavy(daemon_home):  #
     result, modules = imported("docs", "list")
     assert result.returncode == 0 and "The Gull Point Light" in result.stdout, result.stderr[-2000:]
     assert heavy(modules, HEAVY + TYPER_AND_RICH) == []
-    result, modules = imported("ask", "Who keeps the light?", "--evidence-only")
+    result, modules = imported("ask", "Who keeps the light?", "--evidence-only", "--select", "bm25")
     assert result.returncode == 0 and "Evidence (bm25" in result.stdout, result.stderr[-2000:]
     assert heavy(modules, HEAVY + TYPER_AND_RICH) == []
     # the client checks a request before queueing it, still without the engine (or Typer)
