@@ -149,6 +149,28 @@ def test_default_falls_back_to_bm25_once_when_the_trained_parts_are_missing(tmp_
     assert default_method(FakeBackbone(), Settings(hybrid_weights=str(tmp_path / "none")))[0] == "bm25"
 
 
+def test_the_shipped_record_keeps_books_on_bm25_with_the_candidate_tested():
+    """Chats run the fusion the paired test chose; books stay on BM25 though their candidate passed
+    that test on dev, because it missed the target on held-out FairytaleQA val: the record keeps the
+    candidate's test and the held-out runs, and `default` reads BM25 for books (and PDFs)."""
+    from evsel.models.selectors.default import default_methods
+
+    class Shipped(FakeBackbone):
+        fingerprint = "b179c9523d0e6a0f" + "0" * 48
+
+    data = hy.load_weights(hy.shipped_dir(Shipped.fingerprint))
+    book = data["defaults"]["book"]
+    assert book["method"] == "bm25" and book["candidate"] == "hybrid:bm25+dense+unreal+dialogue"
+    assert book["test"]["p"] <= book["test"]["alpha"]  # it passed the rule on dev ...
+    val = next(run for run in book["held_out"] if run["set"] == "fairytaleqa-val")
+    assert val["questions"] >= 200 and not val["met"] and val["missed_by"] > 0  # ... and missed the target
+    assert any(ws.get("kind") == "book" for ws in data["weight_sets"])  # --select hybrid on a book: book weights
+    chosen = default_methods(Shipped(), None)
+    assert chosen["dialogue"][0] == "hybrid:bm25+dense+unreal+dialogue"
+    assert chosen["book"] == ("bm25", book["why"]) and "FairytaleQA val" in book["why"]
+    assert chosen["pdf"][0] == "bm25"
+
+
 @pytest.mark.model
 def test_the_default_is_what_models_info_names():
     from evsel.engine import Engine
