@@ -224,6 +224,7 @@ def candidate_spans(reading, question: str, asked: str, found: list, ranked: lis
     by_passage: dict[int, list] = {}
     for s in found:
         by_passage.setdefault(s.passage, []).append(s)
+    support = _sentence_support(by_passage, lexical)
     asked_words = set(grounding.words(question))
     out = []
     for p, a, b in sorted(spans):
@@ -231,12 +232,8 @@ def candidate_spans(reading, question: str, asked: str, found: list, ranked: lis
         said = grounding.words(text)
         if not said or grounding.echoes(question, text):  # an answer adds something to the question
             continue
-        near = 0.0
-        run = by_passage.get(p, [])
-        for i, s in enumerate(run):
-            if s.start <= a < s.end or (s.start >= a and s.start < b):
-                near = max(lexical[id(s)], *(_support_before(run, i, lexical)), 0.0)
-                break
+        near = next((support[id(s)] for s in by_passage.get(p, [])
+                     if s.start <= a < s.end or (s.start >= a and s.start < b)), 0.0)
         logp = reading.logp_of(p, a, b)
         content = [w for w in said if w not in grounding.STOPWORDS] or said
         out.append(Candidate(p, a, b, text, UNREAD_LOGP if logp is None else logp, (p, a, b) in typed, near,
@@ -244,15 +241,21 @@ def candidate_spans(reading, question: str, asked: str, found: list, ranked: lis
     return out
 
 
-def _support_before(run: list, i: int, lexical: dict) -> list[float]:
-    """The support the sentences before run[i] lend it (SUPPORT_DECAY, SUPPORT_REACH_WORDS)."""
-    out = []
-    between = 0
-    for k in range(1, i + 1):
-        if k > 2 and between > SUPPORT_REACH_WORDS:
-            break
-        out.append(SUPPORT_DECAY.get(k, SUPPORT_DECAY[2]) * lexical[id(run[i - k])])
-        between += len(grounding.words(run[i - k].text))
+def _sentence_support(by_passage: dict, lexical: dict) -> dict[int, float]:
+    """Per sentence (by id), once for all its spans: how well it, or a sentence before it in its
+    passage, matches the question (SUPPORT_DECAY; further back while the sentences between total at
+    most SUPPORT_REACH_WORDS words)."""
+    out = {}
+    for run in by_passage.values():
+        sizes = [len(grounding.words(s.text)) for s in run]
+        for i, s in enumerate(run):
+            best, between = max(lexical[id(s)], 0.0), 0
+            for k in range(1, i + 1):
+                if k > 2 and between > SUPPORT_REACH_WORDS:
+                    break
+                best = max(best, SUPPORT_DECAY.get(k, SUPPORT_DECAY[2]) * lexical[id(run[i - k])])
+                between += sizes[i - k]
+            out[id(s)] = best
     return out
 
 
