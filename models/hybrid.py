@@ -165,17 +165,27 @@ def fit(features: list[np.ndarray], gold: list[np.ndarray], groups: list[str], l
 
     torch.manual_seed(seed)
     cols = columns(groups)
-    data = [(torch.tensor(x[:, cols], dtype=torch.float32), torch.tensor(g, dtype=torch.bool))
-            for x, g in zip(features, gold) if g.any() and not g.all()]
+    kept = [(x[:, cols], g) for x, g in zip(features, gold) if g.any() and not g.all()]
     w = torch.zeros(len(cols))
     w[columns(["bm25"])[0]] = 1.0
     w.requires_grad_(True)
-    if not data:
+    if not kept:
         return w.detach().tolist()
+    # every pool padded to the largest, in one tensor: a step is a few batched ops, not one per pool
+    width = max(len(x) for x, _ in kept)
+    x_all = torch.zeros(len(kept), width, len(cols), dtype=torch.float32)
+    in_pool = torch.zeros(len(kept), width, dtype=torch.bool)
+    is_gold = torch.zeros(len(kept), width, dtype=torch.bool)
+    for i, (x, g) in enumerate(kept):
+        x_all[i, : len(x)] = torch.as_tensor(x, dtype=torch.float32)
+        in_pool[i, : len(x)] = True
+        is_gold[i, : len(x)] = torch.as_tensor(g > 0)
     optimizer = torch.optim.Adam([w], lr=lr)
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = sum(torch.logsumexp(x @ w, 0) - torch.logsumexp((x @ w)[g], 0) for x, g in data) / len(data)
+        scores = x_all @ w
+        loss = (torch.logsumexp(scores.masked_fill(~in_pool, float("-inf")), 1)
+                - torch.logsumexp(scores.masked_fill(~is_gold, float("-inf")), 1)).mean()
         (loss + l2 * (w ** 2).sum()).backward()
         optimizer.step()
     return [float(v) for v in w.detach()]

@@ -37,13 +37,16 @@ FULL = {"questions": 240, "dev_questions": 120, "per_document": 6}
 
 def weight_set_groups(available: list[str]) -> dict[str, list[str]]:
     """The weight sets trained (name -> groups): all available signals, without each LLM group,
-    without both (the fallback a backbone lacking its trained parts uses)."""
+    without both (the fallback a backbone lacking its trained parts uses), BM25 with dense alone
+    (`hybrid:bm25+dense`, the plainest fusion)."""
     full = [g for g in hy.GROUPS if g in available]
     sets = {"all": full}
     for drop in hy.LLM_GROUPS:
         if drop in full:
             sets[f"no-{drop}"] = [g for g in full if g != drop]
     sets["no-llm"] = [g for g in full if g not in hy.LLM_GROUPS]
+    if "dense" in full and sets["no-llm"] != ["bm25", "dense"]:
+        sets["bm25+dense"] = ["bm25", "dense"]  # the no-LLM ablation without the dialogue cues
     sets["bm25"] = ["bm25"]
     return sets
 
@@ -232,6 +235,28 @@ def choose_default(sets: list[dict], ablation: dict, dev_rows: list[dict], dev_n
     return chosen
 
 
+def apply_held_out(defaults: dict, held_out: list[dict]) -> dict:
+    """The last word on each kind: where its candidate missed a target on a run no fit looked at
+    (bench/held_out.py's entries), the kind stays on BM25; the record keeps the candidate, its test
+    and every such run, met or not."""
+    for kind, chosen in defaults.items():
+        runs = [entry for entry in held_out if entry.get("kind") == kind]
+        if not runs:
+            continue
+        chosen["held_out"] = runs
+        missed = [entry for entry in runs if not entry["met"]]
+        if missed and chosen["method"] != paired.FALLBACK:
+            candidate, test = chosen["method"], chosen.get("test", {})
+            chosen.update(method=paired.FALLBACK, why=(
+                f"{candidate} passed the paired test on {test.get('questions')} held-out {chosen.get('dev')} questions "
+                f"(recall@3 {test.get('recall@3', 0):.3f} vs BM25's {test.get('bm25_recall@3', 0):.3f}, "
+                f"p = {test.get('p')}) but missed the target where no fit looked: " + "; ".join(
+                    f"{entry['set']} ({entry['questions']} questions) recall@3 {entry['recall@3']:.3f}, target "
+                    f"{entry['target']}, missed by {100 * entry['missed_by']:.1f} points" for entry in missed)
+                + f": {kind} stays on BM25"))
+    return defaults
+
+
 def fit_by_kind(runs: list[dict], available: list[str], warm_ask_ratio) -> dict:
     """Weight sets and defaults over one or more sources: one pooled model over every source's
     training questions, and where the sources hold several kinds of document, one model per kind,
@@ -295,6 +320,7 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
                      "dev": extract(engine, dev_data, dev_qs, features_dir / f"{other}.jsonl", selector, available,
                                     on_event)})
     fitted = fit_by_kind(runs, available, options.get("warm_ask_ratio"))
+    apply_held_out(fitted["defaults"], options.get("held_out") or [])
     summary = {"source": "+".join(run["name"] for run in runs), "dev": "+".join(run["dev_name"] for run in runs),
                "train_questions": sum(len(run["train"]) for run in runs),
                "dev_questions": sum(len(run["dev"]) for run in runs),

@@ -228,7 +228,13 @@ def test_train_hybrid_trains_on_an_evaluation_set_only_by_fold():
     with pytest.raises(InputError, match="unknown hybrid training source"):
         recipe.questions_of("fairytaleqa-val", 1, None, True)
     assert recipe.weight_set_groups(["bm25", "dense", "dialogue"]) == {
-        "all": ["bm25", "dense", "dialogue"], "no-llm": ["bm25", "dense", "dialogue"], "bm25": ["bm25"]}
+        "all": ["bm25", "dense", "dialogue"], "no-llm": ["bm25", "dense", "dialogue"],
+        "bm25+dense": ["bm25", "dense"], "bm25": ["bm25"]}
+    # with every group: the LLM ablations, and `hybrid:bm25+dense` as the issue's tables name it
+    assert list(recipe.weight_set_groups(["bm25", "dense", "unreal", "qr", "dialogue"])) == [
+        "all", "no-unreal", "no-qr", "no-llm", "bm25+dense", "bm25"]
+    assert recipe.weight_set_groups(["bm25", "dense"]) == {
+        "all": ["bm25", "dense"], "no-llm": ["bm25", "dense"], "bm25": ["bm25"]}
 
 
 def test_training_questions_are_spread_over_each_document():
@@ -469,6 +475,40 @@ def test_the_default_is_the_best_candidate_that_passes_with_its_own_speed():
     assert "not measured" in {c["candidate"]: c for c in only_full["candidates"]}["hybrid:bm25+dense+unreal"]["why"]
     none = recipe.fit_by_kind(runs, available, None)["defaults"]["dialogue"]
     assert none["method"] == "bm25" and none["why"].startswith("hybrid is not the default")
+
+
+def test_a_kind_whose_candidate_missed_a_held_out_target_stays_on_bm25():
+    """The paired test on dev passes the candidate; a run no fit looked at that misses its target
+    keeps the kind on BM25, with the candidate, its test and every run kept; a met run changes nothing."""
+    from evsel.recipes import hybrid as recipe
+
+    runs = [{"name": "chats", "dev_name": "chats-dev", "kind": "dialogue", "train": _unreal_rows(200, 1),
+             "dev": _unreal_rows(240, 2)}]
+    available = ["bm25", "dense", "unreal", "qr"]
+    passed = recipe.fit_by_kind(runs, available, 1.2)["defaults"]
+    assert passed["dialogue"]["method"] == "hybrid"
+    met = {"kind": "dialogue", "set": "chats-a", "questions": 230, "recall@3": 0.70, "target": "recall@3 >= bm25's + 0.04 (0.66)",
+           "met": True, "missed_by": 0.0}
+    missed = dict(met, set="chats-b", **{"recall@3": 0.62}, met=False, missed_by=0.012)
+    book = dict(missed, kind="book", set="stories")  # another kind's run leaves chats alone
+    kept = recipe.apply_held_out(recipe.fit_by_kind(runs, available, 1.2)["defaults"], [met, book])["dialogue"]
+    assert kept["method"] == "hybrid" and kept["held_out"] == [met]
+    stayed = recipe.apply_held_out(recipe.fit_by_kind(runs, available, 1.2)["defaults"], [met, missed])["dialogue"]
+    assert stayed["method"] == "bm25" and stayed["candidate"] == "hybrid" and stayed["held_out"] == [met, missed]
+    assert "chats-b (230 questions)" in stayed["why"] and "missed by 1.2 points" in stayed["why"]
+    assert stayed["test"] == passed["dialogue"]["test"]
+
+
+def test_held_out_entries_are_checked_before_training(tmp_path, capsys, evsel_home):
+    from daemon_helpers import run_cli
+
+    bad = tmp_path / "held.json"
+    for text in ('[{"kind": "book"}]', "not json"):
+        bad.write_text(text)
+        code, _, err = run_cli(capsys, "--no-daemon", "train", "hybrid", "--out", str(tmp_path / "out"),
+                               "--held-out", str(bad))
+        assert code == 1 and "bench/held_out.py" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_ask_needs_the_model_only_for_the_kinds_in_its_scope(tmp_path):

@@ -7,6 +7,7 @@ from typing import Annotated, List, Literal, Optional
 
 import typer
 
+from evsel.errors import InputError
 from evsel.output import ProgressView, print_json, stderr
 
 from .base import FLOAT, INT, App, choice, path
@@ -37,6 +38,25 @@ def _warm_ask_ratio(value: str) -> tuple[str, float]:
     if not ratio > 0 or (method and not method.startswith("hybrid")):
         raise typer.BadParameter(f"{value!r} is not a ratio like 1.8 or hybrid:bm25+dense+unreal+dialogue=1.8")
     return (method or "hybrid", ratio)
+
+
+HELD_OUT_FIELDS = ("kind", "set", "questions", "recall@3", "target", "met", "missed_by")
+
+
+def _held_out_entries(file: str) -> list[dict]:
+    """bench/held_out.py's JSON list: each entry a run no fit looked at, judged against its target."""
+    import json
+
+    try:
+        entries = json.loads(Path(file).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise InputError(f"--held-out {file} is not a JSON list of held-out runs ({error})",
+                         "write it with bench/held_out.py") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and all(f in e for f in HELD_OUT_FIELDS)
+                                                for e in entries):
+        raise InputError(f"--held-out {file} holds no list of held-out runs with {', '.join(HELD_OUT_FIELDS)}",
+                         "write it with bench/held_out.py")
+    return entries
 
 
 app = App(help="Train the adapters of model-internal selectors (the backbone stays frozen).")
@@ -388,6 +408,10 @@ def train_hybrid(
              "hybrid's (every signal), METHOD=RATIO another weight set's, e.g. "
              "hybrid:bm25+dense+unreal+dialogue=1.6. Repeatable. A method becomes the default for the "
              "source's kind of document only when this is at most 2 (unmeasured: it does not).")] = None,
+    held_out: Annotated[Optional[List[str]], typer.Option(
+        "--held-out", metavar="FILE", parser=path(dir_okay=False, exists=True),
+        help="Runs no fit looked at, each against its target (a JSON list written by bench/held_out.py). "
+             "A kind whose candidate missed one stays on BM25; the record keeps every run. Repeatable.")] = None,
     as_json: JsonOption = False,
 ):
     """The learned fusion's weights (--select hybrid): BM25, dense, UNREAL and QR-head scores and
@@ -398,7 +422,8 @@ def train_hybrid(
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
     options = {"sources": list(sources), "fold": fold, "groups": groups, "questions": questions,
                "dev_questions": dev_questions,
-               "warm_ask_ratio": dict(_warm_ask_ratio(v) for v in warm_ask_ratios) if warm_ask_ratios else None}
+               "warm_ask_ratio": dict(_warm_ask_ratio(v) for v in warm_ask_ratios) if warm_ask_ratios else None,
+               "held_out": [entry for file in held_out or () for entry in _held_out_entries(file)]}
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:
         summary = engine.train_hybrid(str(Path(out).absolute()), options, command, on_event=view, recipe_name=recipe)

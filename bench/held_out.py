@@ -1,0 +1,94 @@
+"""A default candidate's run where no fit looked, against the issue's target: what `evsel train
+hybrid --held-out FILE` reads to keep a kind on BM25 where the target is missed.
+
+    evsel eval fairytaleqa --split val --methods default,bm25,dense,hybrid:bm25+dense --limit 300 \
+        --json --per-question > val.json
+    python bench/held_out.py val.json --kind book --target bm25+0.03 --out held-out.json
+
+Reads an `evsel eval --json --per-question` result holding `default`, `bm25` and the target's
+reference method, and appends to --out (a JSON list) one entry: the headline questions (the
+dataset's separately reported groups left out, as eval's own figures do), each method's recall@3
+and MRR, the paired sign-flip test of `default` against BM25 on recall@3 (models/paired.py), how
+many questions moved either way, the target and by how much it was met or missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_LLM = "hybrid:bm25+dense"
+
+
+def headline(record: dict, method: str) -> list[dict]:
+    """A method's per-question rows that make eval's headline: not in a separate group, with gold."""
+    separate = set(record["dataset"].get("separate_groups") or [])
+    return [q for q in record["per_question"][method] if q.get("group") not in separate and q.get("gold")]
+
+
+def summarise(record: dict, kind: str, reference: str, margin: float, results: str = "", name: str = "") -> dict:
+    import numpy as np
+
+    from evsel.models import paired
+
+    for method in ("default", "bm25", reference):
+        if method not in record.get("per_question", {}):
+            raise SystemExit(f"{method} is not in this result: run evsel eval with --methods "
+                             f"default,bm25,{reference} --per-question")
+    rows = {m: headline(record, m) for m in record["per_question"]}
+    ids = [q["qid"] for q in rows["default"]]
+    for method, got in rows.items():
+        if [q["qid"] for q in got] != ids:
+            raise SystemExit(f"{method} was not scored on the same questions as default")
+
+    def column(method: str, metric: str):
+        return np.array([q["ranking"][metric] for q in rows[method]], dtype=np.float64)
+
+    candidate, base = column("default", "recall@3"), column("bm25", "recall@3")
+    target = float(column(reference, "recall@3").mean()) + margin
+    run = record.get("run", {})
+    entry = {"kind": kind, "set": name or record["dataset"]["name"], "questions": len(ids),
+             "command": run.get("command", ""), "commit": run.get("commit", ""), "results": results}
+    for method in rows:
+        key = "" if method == "default" else ("no_llm_" if method == NO_LLM else method.replace(":", "_") + "_")
+        entry[f"{key}recall@3"] = round(float(column(method, "recall@3").mean()), 4)
+        entry[f"{key}mrr"] = round(float(column(method, "mrr").mean()), 4)
+    entry.update({
+        "p": round(paired.sign_flip_p(candidate, base), 4),
+        "test": f"paired sign-flip randomisation, one-sided (models/paired.py, {paired.RESAMPLES} flips, seed 0)",
+        "better": int((candidate > base).sum()), "worse": int((candidate < base).sum()),
+        "target": f"recall@3 >= {reference}'s + {margin:g} ({target:.3f})" if margin else
+                  f"recall@3 >= {reference}'s ({target:.3f})",
+        "met": bool(candidate.mean() >= target - 1e-9),
+        "missed_by": round(max(0.0, target - float(candidate.mean())), 4)})
+    return entry
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("result", type=Path, help="an evsel eval --json --per-question result")
+    parser.add_argument("--kind", required=True, choices=("dialogue", "book", "pdf"),
+                        help="the kind of document whose default this run judges")
+    parser.add_argument("--target", required=True, metavar="METHOD[+MARGIN]",
+                        help="default's recall@3 must reach this method's plus MARGIN, e.g. bm25+0.04, dense")
+    parser.add_argument("--set", default="", help="the set's name in the entry (default: the result's dataset)")
+    parser.add_argument("--out", type=Path, help="a JSON list to append the entry to (default: print it)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    reference, _, margin = args.target.partition("+")
+    record = json.loads(args.result.read_text())
+    shown = str(args.result.resolve().relative_to(ROOT)) if args.result.resolve().is_relative_to(ROOT) else str(args.result)
+    entry = summarise(record, args.kind, reference, float(margin or 0.0), shown, args.set)
+    print(json.dumps(entry, indent=1))
+    if args.out:
+        entries = json.loads(args.out.read_text()) if args.out.exists() else []
+        entries = [e for e in entries if (e["kind"], e["set"]) != (entry["kind"], entry["set"])] + [entry]
+        args.out.write_text(json.dumps(entries, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
