@@ -245,6 +245,10 @@ def apply_held_out(defaults: dict, held_out: list[dict]) -> dict:
             continue
         chosen["held_out"] = runs
         missed = [entry for entry in runs if not entry["met"]]
+        if not missed and chosen["method"] != paired.FALLBACK:
+            chosen["why"] += "; and it met every target where no fit looked (recall@3: " + ", ".join(
+                f"{entry['set']} {entry['recall@3']:.3f}, target {entry['target'].removeprefix('recall@3 >= ')}"
+                for entry in runs) + ")"
         if missed and chosen["method"] != paired.FALLBACK:
             candidate, test = chosen["method"], chosen.get("test", {})
             chosen.update(method=paired.FALLBACK, why=(

@@ -76,13 +76,12 @@ def ask(
     shown too, marked so (--json: "beside": true).
 
     With no --select the method is `default`, chosen per kind of document by a paired test on
-    held-out questions: for chats the fusion of BM25, dense and UNREAL
-    (hybrid:bm25+dense+unreal+dialogue: better recall@3 and MRR than BM25 on LoCoMo, a warm ask
-    under 2x); for books BM25 (the fusion passed the test on FairytaleQA but gained only 1.5
-    points recall@3 on held-out FairytaleQA val, under the +3 target, and did as well without
-    the LLM); for PDFs BM25 (the fusion is not yet tested on enough of them). `evsel models info`
-    names each and why; docs/FUSION.md has the measurements. A model without a trained fusion
-    uses BM25.
+    held-out questions and checked where no fit looked: for chats and for books the learned fusion
+    of BM25, dense, UNREAL and QRRanker's QR heads (hybrid, weights fitted per kind: recall@3 +5.5
+    points over BM25 on LoCoMo, +4.6 on FairytaleQA val, above dense on MuSiQue and HotpotQA; a warm
+    ask 1.5x a BM25 one); for PDFs BM25 (the fusion is not yet tested on enough of them). `evsel
+    models info` names each and why; docs/FUSION.md has the measurements. A model without a trained
+    fusion uses BM25.
     """
     replies.ask(engine_from(ctx), question, as_json, doc_ids=list(doc_ids or ()) or None, collection=collection,
                 top_n=top_n, select=select, rerank=rerank, rerank_top=rerank_top, evidence_only=evidence_only,
