@@ -261,6 +261,9 @@ class Engine:
         question = question.strip()
         if not question:
             raise EvselError("the question is empty", 'ask something, e.g. evsel ask "who killed the count?"')
+        # a byte that is not UTF-8 arrives as a lone surrogate (os.fsdecode): the reply echoes the
+        # question as given, the tokenizers read U+FFFD there, as they cannot encode a surrogate
+        readable = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in question)
         method_spec = MethodSpec.of(select, rerank)
         if memory:
             method_spec = method_spec.with_memory()
@@ -297,7 +300,7 @@ class Engine:
             ran = pipeline.first.plan(chunks) + spec.name[len(select):]
         on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({ran})",
                   "done": 0, "total": 1})
-        ranking = pipeline.ranking(question, chunks, pipeline.depth)
+        ranking = pipeline.ranking(readable, chunks, pipeline.depth)
         ranked = ranking.scored
         timings.update(ranking.timings)
         evidence = pipeline.evidence(ranked)
@@ -311,7 +314,7 @@ class Engine:
         beside = None  # a chunk beside the shown passages that the answer cites
         if not evidence_only:
             on_event({"type": "progress", "task": "generate", "label": "writing the answer", "done": 0, "total": 1})
-            generated = answer(self.backbone, question, evidence, max_new_tokens, style,
+            generated = answer(self.backbone, readable, evidence, max_new_tokens, style,
                                beside=self.scope_data("neighbours", chunks, lambda: neighbours_of(chunks))
                                if chunks else None)
             timings["generate_s"] = generated["generate_s"]

@@ -318,13 +318,13 @@ def test_a_dropped_bm25_table_is_rebuilt_from_the_chunks(table, tmp_path, capsys
 def test_a_bm25_ask_that_matches_nothing_says_so(tmp_path, capsys):
     (tmp_path / "a.txt").write_text("The keeper of Gull Point was Silas Quint.\n")
     assert run_cli(capsys, "ingest", str(tmp_path / "a.txt"))[0] == 0
-    code, out, err = run_cli(capsys, "ask", "zebra xylophone", "--evidence-only")
+    code, out, err = run_cli(capsys, "ask", "zebra xylophone", "--evidence-only", "--select", "bm25")
     assert code == 0 and "no passage shares a word with the question" in err
     assert "Silas Quint" in out  # the passages are still shown
-    code, out, err = run_cli(capsys, "ask", "zebra xylophone", "--evidence-only", "--json")
+    code, out, err = run_cli(capsys, "ask", "zebra xylophone", "--evidence-only", "--select", "bm25", "--json")
     result = json.loads(out)
     assert result["method"]["no_match"] is True and result["evidence"]
-    code, out, err = run_cli(capsys, "ask", "who was the keeper", "--evidence-only", "--json")
+    code, out, err = run_cli(capsys, "ask", "who was the keeper", "--evidence-only", "--select", "bm25", "--json")
     assert "no_match" not in json.loads(out)["method"] and "shares a word" not in err
 
 

@@ -53,7 +53,8 @@ def test_ask_and_eval_give_the_same_top_n(tmp_path, capsys, rerank):
     document = _village(tmp_path)
     assert main(["ingest", str(document)]) == 0
     capsys.readouterr()
-    options = ["--top-n", "3"] + (["--rerank", rerank, "--rerank-top", "4"] if rerank else [])
+    # the same first stage as eval's below (with no --select a book runs the fusion)
+    options = ["--select", "bm25", "--top-n", "3"] + (["--rerank", rerank, "--rerank-top", "4"] if rerank else [])
     asked = _ask(capsys, QUESTION, *options)
     asked_spans = sorted((e["char_start"], e["char_end"]) for e in asked["evidence"])
 
