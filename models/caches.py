@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import threading
 from collections import OrderedDict
@@ -135,7 +136,7 @@ class ArrayCache:
             return None if item is None or not self.fits(item, shape, dtype) else item
         path = self.path(name)
         try:
-            with open(path, "rb") as handle:
+            with self._open_own(path) as handle:
                 array = np.load(handle, allow_pickle=False)
                 whole = handle.read(1) == b""
         except FileNotFoundError:
@@ -151,6 +152,21 @@ class ArrayCache:
             return None
         self.reads += 1
         return array
+
+    @staticmethod
+    def _open_own(path: Path):
+        """`path` opened for reading only when it is a regular file of ours: a link is not followed
+        (ELOOP) and a FIFO does not block the open; anything else raises OSError (damaged)."""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                raise OSError(f"{path} is not a regular file of this user")
+            return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
 
     @staticmethod
     def fits(array: np.ndarray, shape: tuple | None, dtype) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -180,9 +181,17 @@ def _damage(path: Path, how: str, other: Path) -> None:
         path.write_bytes(bytes(flipped))
     elif how == "another chunk's":
         path.write_bytes(other.read_bytes())
+    elif how == "symlink":  # to a file outside the store (another user's, say): never followed
+        planted = path.parents[3] / "planted.npy"
+        planted.write_bytes(whole)
+        path.unlink()
+        path.symlink_to(planted)
+    elif how == "fifo":  # a reader that opened it would block until a writer came
+        path.unlink()
+        os.mkfifo(path)
 
 
-@pytest.mark.parametrize("how", ["torn", "zeroed", "random", "one bit", "another chunk's"])
+@pytest.mark.parametrize("how", ["torn", "zeroed", "random", "one bit", "another chunk's", "symlink", "fifo"])
 def test_a_damaged_file_is_deleted_with_a_warning_and_encoded_again(gqa_model_dir, tmp_path, how):
     backbone = _backbone(gqa_model_dir, "float32")
     writer = _scorer(backbone, tmp_path)
@@ -194,11 +203,18 @@ def test_a_damaged_file_is_deleted_with_a_warning_and_encoded_again(gqa_model_di
     _damage(damaged, how, other)
     warnings: list[str] = []
     reader = _scorer(backbone, tmp_path, warnings=warnings)
-    got = reader.scores(QUESTION, TEXTS)
+    done: list = []  # in a thread: a FIFO opened blocking would hang the test, not fail it
+    worker = threading.Thread(target=lambda: done.append(reader.scores(QUESTION, TEXTS)), daemon=True)
+    worker.start()
+    worker.join(300)
+    assert done, "the rerank did not return (a FIFO in the KV folder blocked it)"
+    got = done[0]
     assert (reader.kv_files.reads, reader.kv_files.writes, reader.kv_files.rejected) == (len(TEXTS) - 1, 1, 1)
     assert len(warnings) == 1 and "damaged" in warnings[0] and "encoded again" in warnings[0]
     _assert_close(got, want, "float32")  # that one block fresh, the others as before
-    assert damaged.stat().st_size == size  # written again, whole
+    assert damaged.stat().st_size == size and stat.S_ISREG(damaged.lstat().st_mode)  # written again, whole
+    if how == "symlink":
+        assert (tmp_path / "planted.npy").stat().st_size == size  # the link's target left alone
     again = _scorer(backbone, tmp_path, warnings=warnings)
     again.scores(QUESTION, TEXTS)
     assert again.kv_files.reads == len(TEXTS) and len(warnings) == 1  # and read back intact
