@@ -203,11 +203,11 @@ class Engine:
     def encode_states(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore,
                       batch: int = 64, states: bool = True, summaries: bool = False,
                       slice_s: float | None = None) -> dict:
-        """The per-chunk states (and with `summaries` the memory summaries) ingest keeps that are
-        missing for these documents (None: every document), computed by each selector's ingest
-        hook (`Ingest.encode_states`)."""
+        """The per-chunk states (and with `summaries` the memory summaries) that are missing for
+        these documents (None: every document), every method's, computed by each selector's ingest
+        hook (`Ingest.encode_states`; after an ingest, only what the default reads is)."""
         return Ingest(self).encode_states(doc_ids, on_event, batch=batch, states=states, summaries=summaries,
-                                          slice_s=slice_s)
+                                          slice_s=slice_s, only_default=False)
 
     def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
         """Data derived from a scope's chunks (a BM25 index, stacked chunk states), built by `build`.
@@ -344,6 +344,8 @@ class Engine:
             method.update(rerank=rerank, rerank_top=rerank_top)
         if no_match:
             method["no_match"] = True
+        if ranking.extras.get("signals"):  # the fusion's signals that ranked, and those still encoding
+            method["signals"] = ranking.extras["signals"]
         result = {
             "question": question,
             "answer": text,

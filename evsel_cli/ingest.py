@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -225,13 +225,15 @@ class Ingest:
 
     def encode_states(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore,
                       batch: int = 64, states: bool = True, summaries: bool = False,
-                      slice_s: float | None = None) -> dict:
+                      slice_s: float | None = None, only_default: bool = True) -> dict:
         """The follow-up work ingest leaves for these documents (None: every document): each
         selector's ingest hook (`Selector.ingest_work`: chunk states, block KV, and with
         `summaries` the memory summaries) computes what is missing. Written per batch (per
         summary), so an interrupted run resumes where it stopped. Returns {"encoded": chunks
-        computed, "missing_before": ..., and what each hook adds}."""
+        computed, "missing_before": ..., and what each hook adds}. `only_default`: only the states
+        the documents' kinds' default methods read (`_default_reads`); else every method's."""
         from evsel.models.selectors import IngestWork, ingest_hooks
+        from evsel.models.selectors.default import kind_of
 
         if doc_ids is not None:  # documents deleted since the work was queued have nothing to do
             known = {d["id"] for d in self.store.documents()}
@@ -239,10 +241,26 @@ class Ingest:
         chunks = self.store.chunks(doc_ids) if doc_ids != [] else []
         work = IngestWork(self.engine.selector_context(on_event), doc_ids, states=states, summaries=summaries,
                           batch=batch, slice_s=slice_s)
+        reads = self._default_reads() if only_default else None
         outcome = {"encoded": 0, "missing_before": 0}
         for hook in ingest_hooks():
-            outcome.update(hook.ingest_work(chunks, work))
+            wanted = chunks if reads is None else [c for c in chunks if hook.name in reads[kind_of(c.kind)]]
+            if summaries and len(wanted) < len(chunks):  # summaries were asked for every chunk
+                outcome.update(hook.ingest_work(chunks, replace(work, states=False)))
+                work_left = replace(work, summaries=False)
+            else:
+                work_left = work
+            if wanted or work_left is work:
+                outcome.update(hook.ingest_work(wanted, work_left))
         return outcome
+
+    def _default_reads(self) -> dict[str, set[str]]:
+        """{kind: the methods whose per-chunk states the kind's default reads}: what an ingest
+        encodes ahead of the first ask (the rest is encoded when a method first needs it)."""
+        from evsel.models.selectors.default import default_methods, states_read
+
+        methods = default_methods(self.engine.backbone, self.engine.settings)
+        return {kind: states_read(method) for kind, (method, _) in methods.items()}
 
     def sync_folder(self, root: str, collection: str, paths: list[str] | None = None,
                     on_event: EventSink = _ignore) -> dict:

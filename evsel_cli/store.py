@@ -471,6 +471,18 @@ class Store:
                 found[content_hash] = np.frombuffer(data, dtype=dtype).reshape(json.loads(shape))
         return found
 
+    def stored_state_hashes(self, model: str, method: str, config: str, hashes: Iterable[str]) -> set[str]:
+        """The hashes among `hashes` whose state for (model, method, config) is stored (no data read:
+        whether a method's states are ready for a scope)."""
+        wanted = list(dict.fromkeys(hashes))
+        found: set[str] = set()
+        for at in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
+            part = wanted[at:at + 500]
+            found.update(row[0] for row in self.db.execute(
+                "select content_hash from chunk_states where model = ? and method = ? and config = ? "
+                f"and content_hash in ({', '.join('?' for _ in part)})", [model, method, config, *part]))
+        return found
+
     def put_states(self, model: str, method: str, config: str, states: dict) -> None:
         """Store {content_hash: ndarray} in one transaction; a state already there is kept."""
         import numpy as np

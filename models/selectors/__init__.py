@@ -224,8 +224,10 @@ def get_selector(name: str, context: SelectorContext, **kwargs) -> Selector:
 
 
 def ingest_hooks() -> list[type[Selector]]:
-    """The selectors with ingest-time work (`Selector.ingest_work`), in the registry's order."""
-    return [factory for factory in selectors() if factory.ingest_work.__func__ is not Selector.ingest_work.__func__]
+    """The selectors with ingest-time work (`Selector.ingest_work`), by `ingest_order`, then the
+    registry's order."""
+    hooks = [factory for factory in selectors() if factory.ingest_work.__func__ is not Selector.ingest_work.__func__]
+    return sorted(hooks, key=lambda factory: factory.ingest_order)
 
 
 # The built-in selectors, one module each (it registers its class with @register), in the order

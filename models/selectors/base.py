@@ -139,6 +139,7 @@ class Selector(ABC):
     light: bool = False  # ranks with no model at all (no backbone, no encoder)
     corpus_first_stage: bool = False  # a corpus's indexes can stand in for it as the first stage (ask --corpus)
     settings_fields: tuple[str, ...] = ()  # the `Settings` fields it reads (EVSEL_* variables)
+    ingest_order: int = 1  # where its ingest work runs among the others' (lower first)
 
     def __init__(self, context: SelectorContext, **_options):
         self.context = context
@@ -151,6 +152,12 @@ class Selector(ABC):
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         """Build what scoring this scope needs (an index, encoded chunk states) ahead of the
         questions; eval reports it as index time. Scoring works without it (it prepares lazily)."""
+
+    def missing_states(self, chunks: list[ChunkRecord]) -> int:
+        """How many distinct chunk texts of the scope still lack what this method computes per
+        chunk ahead of its questions (0: it ranks the scope without encoding anything now). A
+        method with nothing per chunk is always ready."""
+        return 0
 
     @abstractmethod
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:

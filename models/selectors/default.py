@@ -67,6 +67,22 @@ def kind_of(kind: str) -> str:
     return kind if kind in KINDS else "book"
 
 
+def states_read(method: str) -> set[str]:
+    """The selectors whose per-chunk states `method` reads (what an ingest encodes ahead of the
+    first ask for a kind whose default it is): none for BM25."""
+    from .hybrid import PARTS
+
+    name, _, argument = method.partition(":")
+    if name == "hybrid":
+        from evsel.models import hybrid
+
+        groups = hybrid.parse_groups(argument) or list(hybrid.GROUPS)
+        return {PARTS[g] for g in groups if g in PARTS}
+    if name == "rrf":
+        return states_read(argument)
+    return set() if name in ("bm25", FALLBACK) else {name}
+
+
 def resolve_selects(select: str, settings, kinds: set[str] | None = None) -> list[str]:
     """What an ask with --select `select` may run first: `default` resolved for the settings'
     model, the method of each kind in `kinds` (None: of every kind; the daemon's check whether an

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from evsel.errors import ModelError
 
 from . import register
-from .base import Selector, SelectorContext
+from .base import IngestWork, Selector, SelectorContext, timed_slices
 
 if TYPE_CHECKING:  # numpy is imported where vectors are made: the CLI's request checks load this module
     from evsel.store import ChunkRecord
@@ -128,6 +128,45 @@ class DenseSelector(Selector):
 
             self._scope = (key, context.scope_data(METHOD, chunks, build, CONFIG))
         return self._scope[1]
+
+    def missing_states(self, chunks: list[ChunkRecord]) -> int:
+        """Chunk texts without a stored embedding (read from the store's index, not embedded)."""
+        if self._scope is not None and self._scope[0] == tuple(c.content_hash for c in chunks):
+            return 0
+        hashes = {c.content_hash for c in chunks}
+        return len(hashes - self.context.states.store.stored_state_hashes(self.encoder.fingerprint, METHOD, CONFIG, hashes))
+
+    ingest_order = 0  # embedded first after an ingest: the cheapest signal joins the default first
+
+    @classmethod
+    def ingest_work(cls, chunks: list[ChunkRecord], work: IngestWork) -> dict:
+        """The chunk embeddings these chunks lack, in timed slices where the daemon asks for them."""
+        import numpy as np
+
+        if not work.states or not chunks:
+            return {}
+        context = work.context
+        try:
+            encoder = MiniLM.of(context)
+        except ModelError:  # no MiniLM here: the default ranks without it, and says so when asked
+            return {}
+        distinct = list({c.content_hash: c for c in chunks}.values())
+        have = context.states.store.stored_state_hashes(encoder.fingerprint, METHOD, CONFIG,
+                                                        [c.content_hash for c in distinct])
+        missing = [c for c in distinct if c.content_hash not in have]
+
+        def encode(part: list[ChunkRecord]) -> None:
+            vectors = encoder.encode([c.text for c in part]).astype(np.float16)
+            context.states.store.put_states(encoder.fingerprint, METHOD, CONFIG,
+                                            {c.content_hash: v for c, v in zip(part, vectors)})
+
+        def progress(done: int) -> None:
+            context.on_event({"type": "progress", "task": "encode", "label": "dense (MiniLM) embeddings",
+                              "done": len(distinct) - len(missing) + done, "total": len(distinct)})
+
+        if missing:
+            timed_slices(missing, encode, work.slice_s or 5.0, progress, most=max(work.batch, BATCH))
+        return {"dense_encoded": len(missing)}
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         """Embed the chunks ahead of the questions (index time)."""

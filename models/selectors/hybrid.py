@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING
 from evsel.errors import EvselError, ModelError
 
 from . import get_selector, register
-from .base import Selector
+from .base import Ranking, Selector
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
     from evsel.store import ChunkRecord
+
+PARTS = {"dense": "dense", "unreal": "unreal", "qr": "qrranker"}  # group -> the selector that scores it
 
 # numpy and the fusion's arithmetic (evsel.models.hybrid) load with the selector, not with the
 # registry: the client checks method names without them
@@ -55,19 +57,19 @@ class HybridSelector(Selector):
         self.weights_data: dict = {}
         self.weights_from: str | None = None
         self.missing: dict[str, str] = {}  # group -> why it is not available
+        self.signals: dict = {}  # the last scoring's groups: {"ran": [...], "waiting": {group: progress}}
 
     # what scoring uses ---------------------------------------------------------------------
 
     def available_parts(self, groups: list[str]) -> dict[str, Selector]:
         """The selectors of `groups` that load here; a group whose model part is missing (no
         UNREAL adapter, no QR heads, no MiniLM) is left out and its reason kept in `missing`."""
-        names = {"dense": "dense", "unreal": "unreal", "qr": "qrranker"}
         parts = {}
         for group in groups:
-            if group not in names:
+            if group not in PARTS:
                 continue
             try:
-                part = get_selector(names[group], self.context)
+                part = get_selector(PARTS[group], self.context)
                 part.load()
             except EvselError as exc:  # ModelError is one
                 self.missing[group] = exc.message
@@ -151,23 +153,58 @@ class HybridSelector(Selector):
             x[:, fusion.FEATURES.index("position")] = fusion.positions(chunks)[pool] if n else 0.0
         return pool, x, full["bm25"]
 
+    def ready_groups(self, chunks: list[ChunkRecord]) -> dict[str, int]:
+        """{group: chunk texts it still lacks} for the loaded LLM and dense parts whose per-chunk
+        states are not all stored for this scope yet (the background encode is still on them). A
+        group found ready stays ready for the scope (the daemon keeps the note with the scope)."""
+        ready = self.context.scope_data("hybrid.ready", chunks, dict)
+        waiting = {}
+        for group, part in self.parts.items():
+            if ready.get(group):
+                continue
+            missing = part.missing_states(chunks)
+            if missing:
+                waiting[group] = missing
+            else:
+                ready[group] = True
+        return waiting
+
+    def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
+        """With "signals": the groups that ranked, and those waiting for their states."""
+        ranked = self.rank(question, chunks, top_n)
+        return Ranking(ranked, {"signals": self.signals} if self.signals else {})
+
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
+        """The fusion of the signals ready for every chunk of the scope: a group whose states are
+        not all encoded yet sits out (its weights are not fitted on part of a scope), and the
+        weight set fitted without it ranks; with none ready, BM25 alone does. Nothing is encoded
+        for the whole scope now; the QR heads score only the pool, as always."""
         from evsel.models import hybrid as fusion
 
         if not chunks:
             return []
         self.load()
-        weight_set = self.weight_set_for(chunks)
+        waiting = self.ready_groups(chunks)
+        weight_set = self.weight_set_for(chunks, set(waiting))
+        total = len({c.content_hash for c in chunks})
+        self.signals = {"ran": list(weight_set["groups"]),
+                        "waiting": {group: f"{total - missing} of {total} chunks encoded"
+                                    for group, missing in sorted(waiting.items())}}
+        if weight_set["groups"] == ["bm25"]:
+            return self.bm25.scores(question, chunks)
         pool, x, bm25 = self.features(question, chunks, weight_set["groups"])
         return fusion.fused_scores(fusion.score_pool(x, weight_set), pool, bm25).tolist()
 
-    def weight_set_for(self, chunks: list[ChunkRecord]) -> dict:
-        """The set fitted for the chunks' kind of document, where the weights hold one over the same
-        signals; else the one loaded (a scope of several kinds, or weights fitted on one kind)."""
+    def weight_set_for(self, chunks: list[ChunkRecord], waiting: set[str] = frozenset()) -> dict:
+        """The set over the loaded set's signals less those `waiting`, fitted for the chunks' kind
+        of document where the weights hold one (else the one fitted on every kind)."""
         from evsel.models import hybrid as fusion
 
         kinds = {c.kind for c in chunks}
-        if len(kinds) != 1:
-            return self.weight_set
-        own = fusion.choose_set(self.weights_data, set(self.weight_set["groups"]), kinds.pop())
-        return own if own is not None and own["groups"] == self.weight_set["groups"] else self.weight_set
+        kind = kinds.pop() if len(kinds) == 1 else None
+        groups = set(self.weight_set["groups"]) - waiting
+        if not waiting:
+            own = fusion.choose_set(self.weights_data, groups, kind) if kind else None
+            return own if own is not None and own["groups"] == self.weight_set["groups"] else self.weight_set
+        return fusion.choose_set(self.weights_data, groups, kind) or {"name": "bm25", "groups": ["bm25"],
+                                                                      "weights": [1.0, 0.0]}

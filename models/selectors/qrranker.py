@@ -142,6 +142,14 @@ class QRRankerSelector(Selector):
             out["summaries"] = write_summaries(chunks, work.context) if chunks else 0
         return out
 
+    def missing_states(self, chunks: list[ChunkRecord]) -> int:
+        """Chunk texts without a stored block KV file, where the scorer keeps them (none kept, as
+        in eval or with EVSEL_QRRANKER_KV=0: it encodes the candidates it scores, as ever)."""
+        files = self.scorer.kv_files
+        if files is None:
+            return 0
+        return sum(1 for h in {c.content_hash for c in chunks} if not files.has(h))
+
     def encode_missing_kv(self, chunks: list[ChunkRecord], work: IngestWork) -> int:
         """The block KV files the chunks lack, written per slice, so a stopped run resumes.
         Returns the chunks encoded (0, silently, where the backbone has no QR heads: the files are on

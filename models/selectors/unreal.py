@@ -56,6 +56,18 @@ class UnrealSelector(Selector):
     def prepare(self, chunks: list[ChunkRecord]) -> None:
         self.keys(chunks)
 
+    def missing_states(self, chunks: list[ChunkRecord]) -> int:
+        """Chunk texts without stored states at the adapter's layer (read from the store's index)."""
+        from evsel.models import unreal
+
+        if self._scope is not None and self._scope[0] == tuple(c.content_hash for c in chunks):
+            return 0
+        cfg = self.adapter.config
+        hashes = {c.content_hash for c in chunks}
+        return len(hashes - self.context.states.store.stored_state_hashes(
+            self.context.backbone.fingerprint, unreal.METHOD, unreal.state_key(cfg.layer, cfg.pool), hashes))
+
+
     @classmethod
     def ingest_work(cls, chunks: list[ChunkRecord], work: IngestWork) -> dict:
         """The chunk states of the adapter in use that these chunks lack (none without an adapter
