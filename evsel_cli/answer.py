@@ -139,7 +139,76 @@ def reader_answers(question: str, asked: str, dialogue: bool) -> bool:
     return not ((asked == "yesno" and not dialogue) or (dialogue and grounding.is_temporal(question)))
 
 
+LORA_TOP = 20  # the LoRA reader's best spans the type and option checks choose among
+# a span of the asked type is preferred to a likelier untyped one while it is at most this much
+# less likely (nats): the reader ranks well, the type only breaks near ties
+TYPE_MARGIN = 2.3
+CHECKED_TYPES = ("person", "place", "number", "date", "organisation")
+
+
+def _lora_answer(backbone, reader, question: str, evidence: list, asked: str) -> Grounded:
+    """The LoRA reader's answer: its likeliest span that adds to the question, of the asked type
+    when one nearly as likely is (TYPE_MARGIN), one of the question's options when it offers
+    some; none when the reader's no-answer beats that span by more than its calibrated margin."""
+    chunks = [s.chunk for s in evidence]
+    found = grounding.sentences(chunks)
+    ranked = grounding.rank_sentences(question, found)
+    if not ranked or grounding.support(question, ranked[0][1]) == 0.0:
+        return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
+    texts = [c.text for c in chunks]
+    reading = reader.reading(backbone, question, texts)
+    spans = [f for f in reading.top(LORA_TOP) if not grounding.echoes(question, f.text)]
+    best = _option_span(question, reading, texts) or (_typed_span(asked, spans, texts) if spans else None)
+    if best is None:
+        return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
+    logp = reading.logp_of(best.passage, best.start, best.end)
+    logp = math.log(best.probability) if logp is None else logp
+    said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
+    speaker = said.speaker if said else None
+    if reading.null_logp - logp > reader.margin:
+        return Grounded(None, "abstained", f"the reader found no answer it trusts in the passages (its best, "
+                        f"\"{_flat(best.text)}\", is less likely than no answer)", best.passage, best.start, best.end,
+                        speaker=speaker, answer_type=asked, confidence=math.exp(logp))
+    return Grounded(best.text, "span", None, best.passage, best.start, best.end, speaker=speaker,
+                    answer_type=asked, confidence=math.exp(logp))
+
+
+def _typed_span(asked: str, spans: list, texts: list[str]):
+    """The best span, or the best one of the asked type within TYPE_MARGIN of it."""
+    best = spans[0]
+    if asked not in CHECKED_TYPES:
+        return best
+    typed = {p: grounding.typed_spans(text, asked) for p, text in enumerate(texts)}
+    floor = math.log(best.probability) - TYPE_MARGIN
+    for f in spans:
+        if math.log(f.probability) < floor:
+            break
+        # of the type: a typed phrase makes up most of it ("Norton", "£ 4 a week", not a clause)
+        if any(f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start for a, b in typed[f.passage]):
+            return f
+    return best
+
+
+def _option_span(question: str, reading, texts: list[str]):
+    """For a choice question, the option the reader finds likeliest where the passages name it."""
+    from evsel.models.reader import Found
+
+    hits = []
+    for option in grounding.options(question):
+        pattern = re.compile(r"(?<!\w)" + re.escape(option) + r"(?!\w)", re.I)
+        for p, text in enumerate(texts):
+            for m in pattern.finditer(text):
+                logp = reading.logp_of(p, m.start(), m.end())
+                if logp is not None:
+                    hits.append((logp, Found(p, m.start(), m.end(), text[m.start():m.end()], math.exp(logp))))
+    return max(hits, key=lambda h: h[0])[1] if hits else None
+
+
 def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
+    from evsel.models.reader import Reader
+
+    if not isinstance(reader, Reader):
+        return _lora_answer(backbone, reader, question, evidence, asked)
     chunks = [s.chunk for s in evidence]
     found = grounding.sentences(chunks)
     ranked = grounding.rank_sentences(question, found)

@@ -298,7 +298,11 @@ def reader_for(backbone, folder: str | Path | None = None) -> "Reader | None":
         return None
     key = (str(path.resolve()), backbone.fingerprint)
     if key not in _LOADED:
-        _LOADED[key] = Reader.load(path, backbone.model.config.hidden_size)
+        from evsel.models.lora_reader import LORA_READER_FORMAT, LoraReader
+
+        fmt = read_json(path / CONFIG_FILE, "the reader's config", "evsel train reader").get("format")
+        _LOADED[key] = LoraReader.load(path, backbone.model) if fmt == LORA_READER_FORMAT \
+            else Reader.load(path, backbone.model.config.hidden_size)
     return _LOADED[key]
 
 
@@ -306,6 +310,13 @@ def describe(reader: "Reader | None") -> dict | None:
     """What `evsel models info` says of a reader: what it was trained on and its held-out numbers."""
     if reader is None:
         return None
+    if not isinstance(reader, Reader):  # the LoRA reader
+        trained = reader.meta.get("trained_on", {})
+        sources = {k: len(v.get("question_ids", [])) for k, v in trained.items() if isinstance(v, dict)}
+        return {"kind": "lora", "layers": f"{reader.config.cut + 1}-{reader.config.deepest}",
+                "rank": reader.config.rank, "trained_on": {"fold": trained.get("fold"), "questions": sources,
+                                                           "no_answer": trained.get("no_answer_examples")},
+                "dev": reader.meta.get("dev"), "abstention_dev": reader.meta.get("abstention")}
     trained = reader.meta.get("trained_on", {})
     sources = {k: len(v.get("question_ids", [])) for k, v in trained.items() if isinstance(v, dict)}
     rescore = reader.meta.get("rescore", {})

@@ -32,6 +32,7 @@ from pathlib import Path
 from .common import AdapterTrainer, check_sources, config_of, folded_dataset, ignore_event, pick_recipe
 
 LOCATE_F1 = 0.75
+LORA_ONLY = ("lora", "resume", "precache_only", "cut", "deepest", "rank", "no_answer_share", "dev_every")  # options of --lora
 
 
 @dataclass
@@ -114,12 +115,14 @@ def _examples(config: TrainConfig, backbone, data_dir: Path | None, on_event) ->
     described: dict = {"fold": config.fold}
 
     def example(source: str, q, chunks: list, corpus, keep_unanswerable: bool = False) -> dict | None:
-        ranked = bm25.rank(q.question, chunks, config.top_n)
+        ranked = bm25.rank(q.question, chunks, config.top_n * 3)
         shown = [s.chunk for s in ranked[: config.top_n]]
+        spare = [s.chunk.text for s in ranked[config.top_n:]]  # near misses: the LoRA reader's no-answer examples
         dialogue = any(c.speakers for c in shown)
         if keep_unanswerable:
             return {"id": f"{source}/{q.qid}", "question": q.question, "passages": [c.text for c in shown],
-                    "spans": [], "answers": list(q.answers), "dialogue": dialogue, "unanswerable": True}
+                    "spans": [], "answers": list(q.answers), "dialogue": dialogue, "unanswerable": True,
+                    "spare": spare}
         spans = locate_answer([c.text for c in shown], q.answers)
         if not spans:  # the retriever missed it: a gold passage that holds it takes the last place
             by_id = {c.id: c for c in chunks}
@@ -138,7 +141,8 @@ def _examples(config: TrainConfig, backbone, data_dir: Path | None, on_event) ->
         if not spans:
             return None
         return {"id": f"{source}/{q.qid}", "question": q.question, "passages": [c.text for c in shown],
-                "spans": spans, "answers": list(q.answers), "dialogue": dialogue, "unanswerable": False}
+                "spans": spans, "answers": list(q.answers), "dialogue": dialogue, "unanswerable": False,
+                "spare": spare}
 
     for source in config.sources:
         dataset = folded_dataset(source, Path(data_dir) if data_dir else None,
@@ -530,6 +534,11 @@ def fit_rescoring(config: TrainConfig, backbone, data_dir: Path | None, on_event
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
                  data_dir: str | None = None, on_event: Callable[[dict], None] = ignore_event) -> dict:
     """`evsel train reader`: the recipe's settings with the given options over them."""
+    if options.get("lora") or options.get("resume"):
+        from .lora_reader import run_training as run_lora
+
+        return run_lora(engine, out, recipe_name, dict(options), command, data_dir, on_event)
+    options = {k: v for k, v in options.items() if k not in LORA_ONLY}
     config = config_of(TrainConfig, out, pick_recipe(recipe_name, SMOKE, FULL), options)
     if config.threads:
         import torch

@@ -101,10 +101,17 @@ def eval_command(
         raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
     k_list = _int_list(ks, "--k")
     styles = [x.strip() for x in answer_style.split(",") if x.strip()]
-    unknown = [x for x in styles if x not in STYLES]
+    unknown = [x for x in styles if x.split("@", 1)[0] not in STYLES]
     if unknown or not styles:
         raise InputError(f"unknown answer style {', '.join(unknown) or answer_style!r}",
                          f"choose among: {', '.join(STYLES)}")
+    for i, style in enumerate(styles):  # short@DIR: style short with the reader in DIR (readers compared in one run)
+        if "@" in style:
+            name, folder = style.split("@", 1)
+            if name != "short" or not Path(folder).is_dir():
+                raise InputError(f"--answer-style {style}: give short@DIR with DIR a reader's folder",
+                                 "e.g. --answer-style short,short@runs/reader")
+            styles[i] = f"short@{Path(folder).absolute()}"
     if not (dataset.endswith(".jsonl") or Path(dataset).is_file() or dataset in DATASET_NAMES):
         raise InputError(f"unknown dataset {dataset!r}",
                          f"choose one of: {', '.join(DATASET_NAMES)}, or give a path to a .jsonl file")

@@ -474,6 +474,21 @@ def train_reader(
     rescore_only: Annotated[bool, typer.Option(
         "--rescore-only", help="Keep the reader in OUT; choose only the answer step's weights (reader.json: rescore).")
     ] = False,
+    lora: Annotated[bool, typer.Option(
+        "--lora", help="Train the LoRA reader (models/lora_reader.py): deltas on the upper layers, the question "
+                       "and all passages in one sequence, a no-answer span.")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the LoRA reader run in OUT (its examples, cached states, checkpoint).")] = False,
+    precache_only: Annotated[bool, typer.Option(
+        "--precache-only", help="--lora: build the examples and the frozen layers' states, then stop.")] = False,
+    cut: Annotated[Optional[int], typer.Option(
+        "--cut", parser=INT, help="--lora: layers 1..CUT stay as they are (cached); full: 14.")] = None,
+    deepest: Annotated[Optional[int], typer.Option(
+        "--deepest", parser=INT, help="--lora: the deepest adapted layer, read by the head; full: 22.")] = None,
+    rank: Annotated[Optional[int], typer.Option("--rank", parser=INT, help="--lora: the deltas' rank (full: 8).")
+                    ] = None,
+    dev_every: Annotated[Optional[int], typer.Option(
+        "--dev-every", parser=INT, help="--lora: steps between dev checks (full: 100).")] = None,
     as_json: JsonOption = False,
 ):
     """The reader (the answer step of --style short): a span head on the frozen backbone's states
@@ -490,7 +505,9 @@ def train_reader(
     options = {"sources": list(sources) if sources else None, "fold": fold, "stories": stories,
                "questions_per_story": questions_per_story, "folded_questions": folded_questions, "steps": steps,
                "batch": batch, "lr": lr, "minutes": minutes, "threads": threads, "seed": seed,
-               "rescore_questions": rescore_questions, "rescore_only": rescore_only or None}
+               "rescore_questions": rescore_questions, "rescore_only": rescore_only or None,
+               "lora": lora or None, "resume": resume or None, "precache_only": precache_only or None,
+               "cut": cut, "deepest": deepest, "rank": rank, "dev_every": dev_every}
     engine = engine_from(ctx)
     with ProgressView(enabled=not as_json) as view:
         def on_event(event: dict) -> None:
@@ -501,6 +518,13 @@ def train_reader(
                                       recipe_name=recipe)
     if as_json:
         print_json(summary)
+        return
+    if lora or resume:
+        best = summary.get("best_dev") or {}
+        stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev F1 "
+                     f"{best.get('f1', float('nan')):.3f}; reader in {out}"
+                     + ("" if summary["steps"] >= summary["total_steps"]
+                        else f"; continue with: evsel train reader --lora --resume --out {out}"))
         return
     for group, row in summary["rescore"]["dev"].items():
         stderr.print(f"answer step weights ({group}, {row['questions']} held-out questions): F1 {row['f1']:.3f}, "

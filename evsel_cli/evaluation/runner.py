@@ -170,8 +170,9 @@ def _generate(engine, question: EvalQuestion, evidence: list, config: "EvalConfi
         return answer(engine.backbone, CLAIM_PROMPT.format(claim=question.question), in_document_order(evidence),
                       config.max_new_tokens, "sentence")
     style = "sentence" if full else style  # full is the whole-context generation baseline
+    style, _, reader = style.partition("@")  # short@DIR: another reader, compared in the same run
     return answer(engine.backbone, question.question, in_document_order(evidence), config.max_new_tokens, style,
-                  config.reader, None if full else beside)
+                  reader or config.reader, None if full else beside)
 
 
 def _oracle_evidence(question: EvalQuestion, units: list[set[int]], chunks: list[ChunkRecord], top_n: int) -> list:
