@@ -165,3 +165,49 @@ def test_ingest_stores_table_chunks_that_docs_show_marks_with_their_page(tmp_pat
     assert main(["docs", "show", "1", "--chunks", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["metadata"]["reader"] == "plain" and not any(c.get("table") for c in doc["chunks"])
+
+
+def _value_rows_pdf(path: Path, rows: int, pages: int = 1) -> None:
+    """Pages of rows that hold only values (no label): they never form a table."""
+    doc = pymupdf.open()
+    font = pymupdf.Font("helv")
+    for p in range(pages):
+        page = doc.new_page(width=612, height=max(792, 40 + rows * 6))
+        writer = pymupdf.TextWriter(page.rect)
+        for r in range(rows):
+            for c in range(4):
+                writer.append((72 + c * 100, 20 + r * 6), f"{(r * 7 + c * 13 + p) % 9973}", font=font, fontsize=5)
+        writer.write_text(page)
+    doc.save(path)
+
+
+def test_rows_of_values_are_each_grown_once(tmp_path, monkeypatch):
+    """Every value row seeds a table search; rows that formed no table are not grown again for
+    each later seed (that made a page of value rows quadratic: minutes for one crafted page)."""
+    from evsel.parsers import pdf_tables
+
+    grown = []
+    real = pdf_tables._grow
+    monkeypatch.setattr(pdf_tables, "_grow", lambda *args: grown.append(args[3]) or real(*args))
+    path = tmp_path / "values.pdf"
+    _value_rows_pdf(path, 300)
+    parsed = parse_pdf(path)
+    assert parsed.metadata["tables"] == [] and len(grown) <= 3
+    assert parsed.text.split() == parse_pdf(path, reader="plain").text.split()  # every value kept
+
+
+def test_a_page_past_the_time_bound_is_read_as_text_and_docs_show_says_so(tmp_path, capsys, monkeypatch):
+    from evsel.cli import main
+    from evsel.parsers import pdf
+
+    path = tmp_path / "cash.pdf"
+    _table_pdf(path)
+    monkeypatch.setattr(pdf, "PAGE_SECONDS", -1.0)  # every page's tables already past their bound
+    parsed = parse_pdf(path)
+    assert parsed.metadata["tables"] == [] and parsed.metadata["pages_read_as_text"]["pages"] == [1]
+    assert all(label in parsed.text for label, _, _ in ROWS) and "After the table" in parsed.text
+    assert main(["--no-daemon", "ingest", "--no-encode", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["--no-daemon", "docs", "show", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert "page(s) 1 read as plain text: their tables took over -1.0 s to read" in shown

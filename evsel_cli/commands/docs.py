@@ -48,6 +48,9 @@ def docs_show(
         elif key == "dropped_lines" and isinstance(value, dict):
             value = (f"{value.get('count')} running header/footer/page-number line(s) left out: "
                      + "; ".join(map(str, value.get("lines", []))))
+        elif key == "pages_read_as_text" and isinstance(value, dict):
+            value = (f"page(s) {', '.join(map(str, value.get('pages', [])))} read as plain text: their tables "
+                     f"took over {value.get('seconds')} s to read")
         elif isinstance(value, list):
             value = ", ".join(map(str, value))
         stdout.print(f"[bold]{key}:[/] {escape(str(value))}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 from pathlib import Path
 
 import pymupdf
@@ -48,6 +49,9 @@ def read_with_pymupdf(parse, path: Path, filetype: str, warnings: list[str] | No
                             f"may be missing ({len(doc.text)} characters read), re-download or re-export the file")
     return doc
 
+# A page's tables are read within this many seconds; a page past it is read as lines of text (a
+# crafted page of value rows must not hold the daemon's queue)
+PAGE_SECONDS = 5.0
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _TRAILING_SPACE = re.compile(r"[ \t]+\n")
 
@@ -144,13 +148,20 @@ def _read_layout(path: Path, pages: list, builder: TextBuilder, reader: str) -> 
     """The layout reader's pages into `builder`; what it found (tables, dropped running lines)."""
     dropped, texts = running_lines([words for _, words in pages])
     blocks = []
+    plain = []  # pages whose tables were not read within PAGE_SECONDS
     for index, ((page, words), drop) in enumerate(zip(pages, dropped)):
         try:
-            blocks.append(read_page(page, words, drop, finder=reader == "finder")[0])
+            read, tables = read_page(page, words, drop, finder=reader == "finder",
+                                     deadline=time.monotonic() + PAGE_SECONDS)
         except _PYMUPDF_ERRORS as exc:
             raise _page_error(path, index, len(pages), exc) from exc
+        blocks.append(read)
+        if tables is None:
+            plain.append(index + 1)
     tables = build_text(blocks, builder)
     extra: dict = {"tables": tables}
+    if plain:
+        extra["pages_read_as_text"] = {"pages": plain, "seconds": PAGE_SECONDS}
     if texts:
         extra["dropped_lines"] = {"count": sum(texts.values()), "lines": [t for t, _ in texts.most_common(10)]}
     return extra

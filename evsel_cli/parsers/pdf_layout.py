@@ -17,7 +17,7 @@ from typing import Callable
 import pymupdf
 
 from .base import TextBuilder
-from .pdf_tables import Table, Word, caption_above, find_tables
+from .pdf_tables import PageTimeout, Table, Word, caption_above, find_tables
 
 # A running line is one of a page's first or last lines (a page number may sit mid-page when
 # the page is short), not a long one...
@@ -140,17 +140,21 @@ def clean_block(text: str) -> str:
 
 
 def read_page(page: pymupdf.Page, words: list[Word], dropped: set[int],
-              finder: bool = False) -> tuple[list[object], list[Table]]:
+              finder: bool = False, deadline: float | None = None) -> tuple[list[object], list[Table] | None]:
     """The page's blocks in reading order: text (str) and tables (Table, with their caption);
-    `finder`: tables start from pymupdf's table finder's boxes."""
+    `finder`: tables start from pymupdf's table finder's boxes. Tables not read by `deadline`
+    (time.monotonic()): the page's lines as text, and None for its tables."""
     taken = set(dropped)
-    tables = find_tables(page, words, taken, finder)
+    try:
+        tables = find_tables(page, words, taken, finder, deadline)
+    except PageTimeout:  # a crafted page must not hold the queue: its lines are read as text
+        taken, tables = set(dropped), None
     blocks = _lines(words, lambda i: i not in taken)
     outside = [line for block in blocks.values() for line, _ in block]
     # lines, not blocks, are ordered: mupdf puts the two columns' lines in one block when they
     # alternate in the file
     items: list[tuple[pymupdf.Rect, object]] = [(pymupdf.Rect(line[:4]), line[4] + "\n") for line in outside]
-    for table in tables:
+    for table in tables or []:
         table.caption = " ".join(part for part in (caption_above(outside, table), table.units) if part)
         at = next((k for k, (rect, _) in enumerate(items) if rect.y0 >= table.bbox[3]), len(items))
         items.insert(at, (pymupdf.Rect(table.bbox), table))

@@ -12,7 +12,9 @@ same FinanceBench recall (docs/RESULTS.md compares the readers).
 
 from __future__ import annotations
 
+import bisect
 import re
+import time
 from dataclasses import dataclass, field
 
 import pymupdf
@@ -153,10 +155,15 @@ def _inside(word: Word, box: pymupdf.Rect) -> bool:
     return box.x0 - 1 <= x <= box.x1 + 1 and box.y0 - 1 <= y <= box.y1 + 1
 
 
-def find_tables(page: pymupdf.Page, words: list[Word], taken: set[int], finder: bool = False) -> list[Table]:
+class PageTimeout(Exception):
+    """A page's tables took longer than its bound to read (the caller reads it as plain text)."""
+
+
+def find_tables(page: pymupdf.Page, words: list[Word], taken: set[int], finder: bool = False,
+                deadline: float | None = None) -> list[Table]:
     """The page's tables, top to bottom; `taken`: words already used (running lines, tables).
     A table starts from a printed row of a label and values, or with `finder` from a box of
-    pymupdf's line-based table finder."""
+    pymupdf's line-based table finder. Past `deadline` (time.monotonic()) raises PageTimeout."""
     clip = tabular_box([w for i, w in enumerate(words) if i not in taken])
     if clip is None:
         return []
@@ -172,10 +179,14 @@ def find_tables(page: pymupdf.Page, words: list[Word], taken: set[int], finder: 
         seeds = [(k, k) for k, kind in enumerate(kinds) if kind == "data"]
     tables = []
     used = -1  # rows up to this one are in a table already
+    tried = -1  # rows up to this one were grown from a seed already: each row is considered once
     for first, last in seeds:
-        if last <= used:
+        if last <= max(used, tried if not finder else -1):
             continue
+        if deadline is not None and time.monotonic() > deadline:
+            raise PageTimeout
         first, last = _grow(words, rows, kinds, first, last)
+        tried = last  # a seed inside rows that formed no table grows to the same rows again
         first = max(first, used + 1)
         if not finder and sum(kind == "data" for kind in kinds[first:last + 1]) < _MIN_TABULAR_LINES:
             continue
@@ -263,12 +274,14 @@ def _table(words: list[Word], held: list[int], box: pymupdf.Rect) -> Table | Non
     headers = [[] for _ in columns]
     units = []
     header_rows = {k for k in range(first) if labelled[k][1]}
+    starts, ends = [x0 for x0, _ in columns], [x1 for _, x1 in columns]
     for label, cells in (labelled[k] for k in sorted(header_rows)):
         if label is not None:
             units.append(label.text)
         for cell in cells:
-            over = [k for k, (x0, x1) in enumerate(columns) if min(cell.x1, x1) - max(cell.x0, x0) > 0]
-            for k in over or [_column_of(cell, columns)]:
+            lo, hi = bisect.bisect_right(ends, cell.x0), bisect.bisect_left(starts, cell.x1)
+            over = [k for k in range(lo, hi) if min(cell.x1, columns[k][1]) - max(cell.x0, columns[k][0]) > 0]
+            for k in over or [_column_of(cell, columns, (starts, ends))]:
                 headers[k].append(cell.text)
     names = [" ".join(h) for h in headers]
     table = Table(bbox=(box.x0, min(words[i].y0 for i in held), box.x1, box.y1), units=" ".join(units),
@@ -282,7 +295,7 @@ def _table(words: list[Word], held: list[int], box: pymupdf.Rect) -> Table | Non
         raw = " ".join(c.text for c in ([label] if label else []) + cells)
         parts = [label.text if label else ""]
         for cell in cells:
-            name = names[_column_of(cell, columns)]
+            name = names[_column_of(cell, columns, (starts, ends))]
             parts.append(f"{name}: {cell.text}" if name and name != cell.text else cell.text)
         table.rows.append(TableRow(raw + "\n", " | ".join(parts) + "\n"))
     return table
@@ -300,9 +313,13 @@ def _columns(cells: list[Cell]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-def _column_of(cell: Cell, columns: list[tuple[float, float]]) -> int:
-    """The column the cell overlaps most, else the nearest (a centred "2018" over right-aligned figures)."""
-    return max(range(len(columns)), key=lambda k: min(cell.x1, columns[k][1]) - max(cell.x0, columns[k][0]))
+def _column_of(cell: Cell, columns: list[tuple[float, float]], edges: tuple | None = None) -> int:
+    """The column the cell overlaps most, else the nearest (a centred "2018" over right-aligned figures).
+    Columns are disjoint and sorted: only those it overlaps and the nearest on each side can win."""
+    starts, ends = edges or ([x0 for x0, _ in columns], [x1 for _, x1 in columns])
+    lo = max(0, bisect.bisect_right(ends, cell.x0) - 1)
+    hi = min(len(columns), bisect.bisect_left(starts, cell.x1) + 1)
+    return max(range(lo, hi), key=lambda k: min(cell.x1, columns[k][1]) - max(cell.x0, columns[k][0]))
 
 
 def caption_above(lines: list[tuple[float, float, float, float, str]], table: Table) -> str:
