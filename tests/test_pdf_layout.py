@@ -211,3 +211,38 @@ def test_a_page_past_the_time_bound_is_read_as_text_and_docs_show_says_so(tmp_pa
     assert main(["--no-daemon", "docs", "show", "1"]) == 0
     shown = capsys.readouterr().out
     assert "page(s) 1 read as plain text: their tables took over -1.0 s to read" in shown
+
+
+def test_a_statements_total_lines_are_kept_while_its_header_and_page_numbers_go(tmp_path):
+    """Lines that differ in their figures are body, not running lines: only a line repeating with
+    the same words (page numbers aside) is dropped."""
+    path = tmp_path / "statement.pdf"
+    doc = pymupdf.open()
+    totals = [f"Total due for month {n}: ${(n * 7919) % 5000 + 100:,}.{n * 3 % 100:02d}" for n in range(1, 13)]
+    for n in range(1, 13):
+        page = doc.new_page(width=612, height=792)
+        page.insert_text((72, 40), "First Harbour Bank - Account statement 2024", fontsize=9)
+        page.insert_textbox(pymupdf.Rect(72, 80, 540, 300), f"Purchases and payments of month {n}. " * 5,
+                            fontsize=10)
+        page.insert_text((72, 700), totals[n - 1], fontsize=10)
+        page.insert_text((300, 760), f"Page {n} of 12", fontsize=9)
+    doc.save(path)
+    parsed = parse_pdf(path)
+    assert all(total in parsed.text for total in totals)
+    assert "First Harbour Bank" not in parsed.text and "Page 3 of 12" not in parsed.text
+    assert parsed.metadata["dropped_lines"]["count"] == 24
+
+
+def test_a_page_whose_one_body_line_repeats_keeps_it_and_is_not_called_scanned(tmp_path):
+    """A header, one line of prose, a page number a page: the prose is the body, never a running line."""
+    path = tmp_path / "story.pdf"
+    doc = pymupdf.open()
+    for n in range(1, 31):
+        page = doc.new_page(width=612, height=792)
+        page.insert_text((72, 40), "The Long Story", fontsize=9)
+        page.insert_text((72, 300), f"This is line {n} of the story.", fontsize=10)
+        page.insert_text((300, 760), str(n), fontsize=9)
+    doc.save(path)
+    parsed = parse_pdf(path)
+    assert all(f"This is line {n} of the story." in parsed.text for n in range(1, 31))
+    assert "The Long Story" not in parsed.text and parsed.metadata["dropped_lines"]["count"] == 60

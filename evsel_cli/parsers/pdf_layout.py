@@ -56,10 +56,15 @@ def _running_key(text: str, top: bool) -> tuple[bool, str]:
     return top, " ".join(_DIGITS.sub("#", text.lower()).split())
 
 
-def _margin_lines(words: list[Word]) -> list[tuple[tuple[bool, str], list[int]]]:
+def _margin_lines(words: list[Word]) -> list[tuple[tuple[bool, str], tuple[str, ...], list[int]]]:
+    """The page's candidate running lines: (key with digits folded, its digit runs, its words). Of
+    a page's lines at least one, the body, is never a candidate (a page whose only body line
+    repeats, a page number with it, is not emptied)."""
     lines = sorted((line for block in _lines(words, lambda i: True).values() for line in block),
                    key=lambda item: item[0][1])
     found = []
+    tops = min(_EDGE_LINES, (len(lines) - 1) // 2)
+    bottoms = min(_EDGE_LINES, len(lines) - 1 - tops)
 
     def apart(a: int, b: int) -> bool:  # lines a above b further apart than lines of a paragraph
         upper, lower = lines[a][0], lines[b][0]
@@ -68,27 +73,55 @@ def _margin_lines(words: list[Word]) -> list[tuple[tuple[bool, str], list[int]]]
     for rank, (line, idx) in enumerate(lines):
         if len(line[4]) > _RUNNING_MAX_CHARS:
             continue
-        if rank < _EDGE_LINES and rank + 1 < len(lines) and apart(rank, rank + 1):
-            found.append((_running_key(line[4], True), idx))
-        elif rank >= len(lines) - _EDGE_LINES and rank > 0 and apart(rank - 1, rank):
-            found.append((_running_key(line[4], False), idx))
+        if rank < tops and apart(rank, rank + 1):
+            found.append((_running_key(line[4], True), tuple(_DIGITS.findall(line[4])), idx))
+        elif rank >= len(lines) - bottoms and apart(rank - 1, rank):
+            found.append((_running_key(line[4], False), tuple(_DIGITS.findall(line[4])), idx))
     return found
 
 
+def _same_words(pages: list[tuple[int, tuple[str, ...]]]) -> set[int]:
+    """Of the pages printing one folded line (page index, its digit runs), those where it repeats
+    with the same words: each digit run is the same on every such page, or is the page's number
+    (the page index plus one offset for them all); the most common reading of each run wins."""
+    width = min(len(runs) for _, runs in pages)
+    pages = [(page, runs) for page, runs in pages if len(runs) == width]
+    modes = []
+    for j in range(width):
+        seen = Counter(("=", runs[j]) for _, runs in pages)
+        seen.update(("+", int(runs[j]) - page) for page, runs in pages)
+        modes.append(seen.most_common(1)[0][0])
+
+    def fits(page: int, run: str, mode: tuple) -> bool:
+        return run == mode[1] if mode[0] == "=" else int(run) - page == mode[1]
+
+    return {page for page, runs in pages if all(fits(page, run, mode) for run, mode in zip(runs, modes))}
+
+
 def running_lines(pages: list[list[Word]]) -> tuple[list[set[int]], Counter]:
-    """For each page the words of its running lines, and how many times each line was dropped."""
+    """For each page the words of its running lines, and how many times each line was dropped.
+    A running line repeats with the same words (page numbers aside) on enough of the pages: a
+    statement's "Total due for month 3: $1,204.50" lines differ in their figures and stay."""
     margins = [_margin_lines(words) for words in pages]
     with_text = sum(1 for words in pages if words)
-    seen = Counter(key for page in margins for key in {k for k, _ in page})
+    printed: dict[tuple[bool, str], dict[int, tuple[str, ...]]] = {}
+    for page, found in enumerate(margins):
+        for key, runs, _ in found:
+            printed.setdefault(key, {}).setdefault(page, runs)
     need = max(_RUNNING_MIN_PAGES, math.ceil(_RUNNING_SHARE * with_text))
-    running = {key for key, n in seen.items() if n >= need}
+    running = {}
+    for key, where in printed.items():
+        if len(where) >= need:
+            same = _same_words(list(where.items()))
+            if len(same) >= need:
+                running[key] = same
     dropped: list[set[int]] = []
     texts: Counter = Counter()  # by the line as first printed ("Page 3" stands for every page number)
     first: dict[tuple[bool, str], str] = {}
-    for words, page in zip(pages, margins):
+    for page, (words, found) in enumerate(zip(pages, margins)):
         out: set[int] = set()
-        for key, idx in page:
-            if key in running:
+        for key, runs, idx in found:
+            if page in running.get(key, ()) and runs == printed[key][page]:
                 out.update(idx)
                 texts[first.setdefault(key, " ".join(words[i].text for i in idx))] += 1
         dropped.append(out)
