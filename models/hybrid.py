@@ -4,6 +4,7 @@ per question, the weight file, the linear model over a pool, and its listwise fi
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -94,6 +95,9 @@ def load_weights(path: str | Path) -> dict:
             weights = [float(w) for w in ws["weights"]]
             if len(weights) != len(columns(list(ws["groups"]))):
                 raise ValueError(f"a weight set of {ws['groups']} has {len(weights)} weights")
+            bad = [w for w in weights if not math.isfinite(w)]
+            if bad:  # NaN scores order the evidence by position and show score nan
+                raise ValueError(f"a weight set of {ws['groups']} has a weight that is not a finite number ({bad[0]})")
     return data
 
 

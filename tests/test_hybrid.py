@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from evsel.models.selectors import SelectorContext, get_selector
+from evsel.errors import ModelError
 from evsel.models import hybrid as hy
 from evsel.store import ChunkRecord
 
@@ -73,6 +74,17 @@ def test_weights_round_trip_and_the_fallback_set(tmp_path):
         {"groups": ["bm25"], "weights": [1.0]}]}))
     with pytest.raises(Exception, match="has 1 weights"):
         hy.load_weights(tmp_path)
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", '"nan"'])
+def test_weights_that_are_not_finite_are_refused_in_one_line(tmp_path, bad):
+    weights = ", ".join(["1.0"] * (len(hy.FEATURES) - 1) + [bad])
+    (tmp_path / hy.WEIGHTS_FILE).write_text(
+        f'{{"format": "{hy.FORMAT}", "weight_sets": [{{"groups": {json.dumps(list(hy.GROUPS))}, "weights": [{weights}]}}]}}')
+    with pytest.raises(ModelError) as caught:
+        hy.load_weights(tmp_path)
+    line = str(caught.value)
+    assert "not a finite number" in line and str(tmp_path / hy.WEIGHTS_FILE) in line and "\n" not in line
 
 
 def turns() -> list[ChunkRecord]:
