@@ -6,6 +6,7 @@ beside a store (BlockSearch's keys, QRRanker's block KV):
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import numpy as np
 from evsel import paths
 from evsel.errors import ModelError
 
+SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
 NAME = re.compile(r"[0-9A-Za-z_-]{1,128}")  # what may name a file of an ArrayCache (a content hash)
 
 
@@ -196,7 +198,14 @@ class ArrayCache:
         try:
             os.fchmod(fd, 0o600)
             with os.fdopen(fd, "wb") as handle:
-                np.lib.format.write_array(handle, array, allow_pickle=False)
+                try:
+                    np.lib.format.write_array(handle, array, allow_pickle=False)
+                except OSError as exc:
+                    if exc.errno is None and SHORT_WRITE.search(str(exc)):
+                        # numpy's short write ("716354 requested and 413568 written") has no errno:
+                        # to a regular file it means the disk (or the quota) is full
+                        raise OSError(errno.ENOSPC, f"No space left on device ({exc})", str(tmp)) from exc
+                    raise
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)

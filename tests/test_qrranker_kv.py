@@ -361,6 +361,26 @@ def test_a_full_disk_stops_the_background_work_until_space_is_freed(gqa_model_di
     assert qrranker_kv.disk_full_notes() == [] and _kv_files(evsel_home)
 
 
+def test_numpys_short_write_on_a_full_disk_is_a_full_disk(gqa_model_dir, tmp_path, evsel_home, monkeypatch):
+    """numpy reports a short write ("716354 requested and 413568 written") with no errno: it is
+    the full disk, noted in one line (daemon status shows it), not an unexpected OSError."""
+    engine = _engine(gqa_model_dir, encode=False)
+    engine.ingest([str(_story(tmp_path, "a.md", 10))])
+
+    def short(handle, array, allow_pickle=False):
+        handle.write(b"\x93NUMPY")
+        raise OSError(f"{array.nbytes} requested and 6 written")
+
+    monkeypatch.setattr(np.lib.format, "write_array", short)
+    outcome = engine.encode_states()
+    assert outcome["qrranker_kv"] == 0
+    [note] = qrranker_kv.disk_full_notes()
+    assert "is full" in note and "unexpected" not in note
+    assert _kv_files(evsel_home) == set() and not list(evsel_home.rglob("*.tmp"))  # no torn file left
+    monkeypatch.undo()
+    qrranker_kv._full.clear()
+
+
 def test_off_keeps_no_files(gqa_model_dir, tmp_path, evsel_home):
     engine = _engine(gqa_model_dir, qrranker_kv=False)
     engine.ingest([str(_story(tmp_path, "a.md", 10))])
