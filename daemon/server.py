@@ -128,6 +128,7 @@ class Daemon:
         os.chdir("/")
         self.scheduler.open_stores()
         self.fast_store = Store()  # docs requests and the watch list, under fast_lock
+        self._remove_leftover_temps()
         self.status_store = Store()  # status only, so it never waits behind a slow docs request
         self.fast_engine = Engine(self.settings, store=self.fast_store)
         self.sock = runtime.bind_unix(self.files.socket)
@@ -156,6 +157,18 @@ class Daemon:
         finally:
             self._shutdown()
         return 0
+
+    def _remove_leftover_temps(self) -> None:
+        """Temp files of stored KV and keys that a killed writer left (a kill -9 mid-write)."""
+        from evsel.models import caches
+
+        try:
+            gone = caches.remove_leftover_temps(caches.store_dir_of(self.fast_store), ("qrranker", "blocksearch"))
+        except (OSError, EvselError) as exc:
+            log.warning("leftover temp files not removed: %s", exc)
+            return
+        if gone:
+            log.info("removed %d temp file(s) a stopped writer left", gone)
 
     def _setup_logging(self) -> None:
         log.setLevel(logging.INFO)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from evsel import paths
-from evsel.errors import ModelError
+from evsel.errors import EvselError, ModelError
 
 SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
 NAME = re.compile(r"[0-9A-Za-z_-]{1,128}")  # what may name a file of an ArrayCache (a content hash)
@@ -284,3 +284,33 @@ def delete_chunk_files(store_dir: str | Path, method: str, hashes) -> int:
     (the store's delete path calls it with the hashes no chunk holds any more). Returns files deleted."""
     hashes = [h for h in hashes if NAME.fullmatch(h or "")]
     return sum(ArrayCache(folder).delete(hashes) for folder in method_folders(store_dir, method))
+
+
+def remove_leftover_temps(store_dir: str | Path, methods, older_than: float = 60.0) -> int:
+    """Delete the temp files a killed writer left in the methods' folders beside a store (called
+    as the daemon starts); only those older than `older_than` seconds, as another process may be
+    writing one now. Returns the files deleted."""
+    import time
+
+    gone = 0
+    now = time.time()
+    for method in methods if store_dir is not None else ():
+        try:
+            folders = method_folders(store_dir, method)
+        except EvselError:  # a planted level: refused where it is used, never walked here
+            continue
+        for folder in folders:
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+                    continue
+                try:
+                    if now - entry.stat(follow_symlinks=False).st_mtime > older_than:
+                        os.unlink(entry.path)
+                        gone += 1
+                except OSError:
+                    pass
+    return gone
