@@ -105,10 +105,14 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
     dialogue = any(s.chunk.speakers for s in evidence)
     asked = grounding.answer_type(question)
     if style == "short":
+        from evsel.models.lora_reader import LoraReader
         from evsel.models.reader import reader_for
 
         reader = reader_for(backbone, reader_dir) if Scorer(backbone).ready else None
-        if reader is not None and reader_answers(question, asked, dialogue):
+        # an either/or question ("... a beach or the mountains?") reads as yes/no: the LoRA reader
+        # answers it with one of its options
+        chooses = isinstance(reader, LoraReader) and bool(grounding.options(question))
+        if reader is not None and (reader_answers(question, asked, dialogue) or chooses):
             return _reader_answer(backbone, reader, question, evidence, asked, dialogue)
     style = "short" if style == "rules" else style
     chunks = [s.chunk for s in evidence[: DIALOGUE_PASSAGES if dialogue else PROSE_PASSAGES]]

@@ -256,26 +256,31 @@ class LoraReaderTrainer:
                 "null_wins": sum(abstains)}
 
     def calibrate(self) -> dict:
-        """The margin: abstain when null_logp - best_logp > margin. The smallest margin whose printed
-        answers on the calibration questions (LoCoMo's held-out conversation, adversarial included)
-        are right (token F1 >= 0.5) at least min_precision of the time, answering most; none: never
-        abstain."""
-        from .reader import span_f1
+        """The margin: abstain when null_logp - best_logp > margin, on the calibration questions
+        (LoCoMo's held-out conversation, adversarial included; right: the answer holds the
+        reference's words, as eval's `contained`). The largest margin (answering most) whose printed
+        answers are right at least min_precision of the time with at least half answered; when none
+        reaches that, 0: the reader abstains when it finds no answer likelier than its best span."""
+        from evsel.evaluation import metrics
 
         if not self.calibration:
             return {"margin": None, "why": "no calibration questions (train with --source locomo)"}
         got = self.predictions(self.calibration)
-        rows = [(p["null_logp"] - p["logp"], (not item["unanswerable"]) and span_f1(p["text"], item["answers"]) >= 0.5)
+        rows = [(p["null_logp"] - p["logp"],
+                 (not item["unanswerable"]) and metrics.contained(p["text"], item["answers"]) >= 1.0)
                 for p, item in zip(got, self.calibration)]
-        best = {"margin": None, "precision": sum(r for _, r in rows) / len(rows), "answered": 1.0}
-        for margin in sorted({g for g, _ in rows}):
+
+        def at(margin: float) -> dict:
             printed = [right for gap, right in rows if gap <= margin]
-            if not printed:
-                continue
-            precision = sum(printed) / len(printed)
-            if precision >= self.config.min_precision and len(printed) / len(rows) >= 0.5:
-                best = {"margin": margin, "precision": precision, "answered": len(printed) / len(rows)}
-        best.update(questions=len(rows), unanswerable=sum(1 for i in self.calibration if i["unanswerable"]))
+            return {"margin": margin, "precision": round(sum(printed) / max(1, len(printed)), 4),
+                    "answered": round(len(printed) / len(rows), 4)}
+
+        reached = [at(g) for g in sorted({g for g, _ in rows})]
+        reached = [r for r in reached if r["precision"] >= self.config.min_precision and r["answered"] >= 0.5]
+        best = reached[-1] if reached else {**at(0.0), "why": f"no margin reaches precision "
+                                            f"{self.config.min_precision} with half answered: the null's own verdict"}
+        best.update(questions=len(rows), unanswerable=sum(1 for i in self.calibration if i["unanswerable"]),
+                    never_abstaining={**at(float("inf")), "margin": None})
         return best
 
     def save_best(self, dev: dict) -> None:

@@ -1,0 +1,48 @@
+"""docs/ANSWERS.md's LoRA reader tables from bench/lora_reader.sh's files: per set and answer step,
+F1, right when held (the answer contains the reference, of the questions whose shown evidence
+holds it), and the printed answers' precision (right: contains the reference; an adversarial
+LoCoMo question's printed answer is wrong) with the share of questions answered."""
+
+import json
+import sys
+from pathlib import Path
+
+
+def rows(path: Path):
+    result = json.loads(path.read_text())
+    for name, records in result["per_question"].items():
+        step = "today's reader" if name.endswith("[short]") else "rules step" if name.endswith("[rules]") \
+            else "LoRA reader"
+        n = len(records)
+        f1 = sum(r["scores"]["f1"] for r in records) / max(1, n)
+        held = [r for r in records if r.get("answer_shown")]
+        right_held = sum(r["scores"]["contained"] >= 1.0 for r in held)
+        printed = [r for r in records if r.get("answer_kind") != "abstained"]
+        right = [r for r in printed if r.get("group") != "adversarial" and r["scores"]["contained"] >= 1.0]
+        answerable = [r for r in records if r.get("group") != "adversarial"]
+        f1_answerable = sum(r["scores"]["f1"] for r in answerable) / max(1, len(answerable))
+        yield {"set": path.stem.replace("lora-reader-", ""), "step": step, "questions": n, "f1": f1,
+               "f1_answerable": f1_answerable, "answerable": len(answerable), "held": len(held),
+               "right_held": right_held, "printed": len(printed), "precision": len(right) / max(1, len(printed)),
+               "commit": result.get("run", {}).get("commit")}
+
+
+def main(paths: list[str]) -> None:
+    print("| set | answer step | questions | F1 | F1 answerable | right when held | printed | precision of printed |")
+    print("|---|---|---|---|---|---|---|---|")
+    total: dict = {}
+    for path in paths:
+        for r in rows(Path(path)):
+            print(f"| {r['set']} | {r['step']} | {r['questions']} | {r['f1']:.3f} | {r['f1_answerable']:.3f} "
+                  f"({r['answerable']}) | {r['right_held']}/{r['held']} | {r['printed']}/{r['questions']} | "
+                  f"{r['precision']:.2f} |")
+            if r["set"] in ("sherlock", "gatsby", "anne", "little_women"):
+                t = total.setdefault(r["step"], [0, 0])
+                t[0] += r["right_held"]
+                t[1] += r["held"]
+    for step, (right, held) in total.items():
+        print(f"novels, all books, {step}: right when held {right}/{held} = {right / max(1, held):.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
