@@ -355,7 +355,10 @@ class Backbone:
         quiet_transformers()
         threads = self.threads
         if threads:
-            torch.set_num_threads(threads)
+            from evsel.models import cpu_threads
+
+            # EVSEL_THREADS=100000 would start that many threads: at most the CPUs this process may use
+            torch.set_num_threads(min(threads, cpu_threads.usable_cpus()))
         dtype = getattr(torch, self.plan.dtype)
         source = self.path
         if self.path.is_file():

@@ -70,14 +70,23 @@ def load_1m() -> float | None:
         return None
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def read(path: Path, key: str) -> ThreadChoice | None:
-    """The recorded choice for this machine, or None (absent, damaged, or another machine's)."""
+    """The recorded choice for this machine, or None (absent, damaged, or another machine's): every
+    field of its own type, else the record is measured again rather than failing each model load."""
     try:
         data = json.loads(path.read_text())
         choice = ThreadChoice(**data)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, RecursionError):
         return None
-    if choice.machine != key or not isinstance(choice.threads, int) or choice.threads < 1:
+    speeds = choice.tokens_per_s
+    if choice.machine != key or not isinstance(choice.threads, int) or isinstance(choice.threads, bool) \
+            or choice.threads < 1 or not isinstance(speeds, dict) \
+            or not all(isinstance(n, str) and _number(v) for n, v in speeds.items()) \
+            or not isinstance(choice.measured_at, str) or not (choice.load_1m is None or _number(choice.load_1m)):
         return None
     return choice
 
@@ -108,6 +117,7 @@ def choose(path: Path, run_pass: Callable[[], int], cpus: int | None = None) -> 
     key = machine_key(cpus)
     recorded = read(path, key)
     if recorded is not None:
+        recorded.threads = min(recorded.threads, cpus)  # never more threads than CPUs this process may use
         return recorded
     speeds = measure(run_pass, candidates(cpus))
     best = max(speeds, key=speeds.get)

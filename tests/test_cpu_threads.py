@@ -133,3 +133,33 @@ def test_real_model_states_and_unreal_top3_match_one_thread(torch_threads):
         return query_side.score_keys(q, query_side.chunk_keys(keys))
 
     _assert_same_states(states, query, scores)
+
+
+@pytest.mark.parametrize("speeds", [[1, 2], None, {"1": "fast"}, "1 thread", {"1": [3.0]}])
+def test_a_damaged_record_is_measured_again(tmp_path, torch_threads, speeds):
+    """A record whose fields are of the wrong type broke every model load ("unexpected
+    AttributeError") until deleted: it is damaged, so measured again and rewritten."""
+    key = cpu_threads.machine_key(2)
+    record = tmp_path / cpu_threads.RECORD
+    record.write_text(json.dumps({"threads": 2, "tokens_per_s": speeds, "machine": key,
+                                  "measured_at": "2026-01-01T00:00:00", "load_1m": 0.5}))
+    passes = []
+    choice = cpu_threads.choose(record, lambda: passes.append(1) or 10, cpus=2)
+    assert passes and choice.threads in (1, 2) and "tokens/s" in choice.describe(record)
+    assert json.loads(record.read_text())["tokens_per_s"] == choice.tokens_per_s
+
+
+def test_a_recorded_count_above_the_usable_cpus_is_clamped(tmp_path):
+    key = cpu_threads.machine_key(2)
+    record = tmp_path / cpu_threads.RECORD
+    record.write_text(json.dumps({"threads": 100000, "tokens_per_s": {"1": 10.0, "2": 12.0}, "machine": key,
+                                  "measured_at": "2026-01-01T00:00:00", "load_1m": None}))
+    choice = cpu_threads.choose(record, lambda: pytest.fail("a valid record is not measured again"), cpus=2)
+    assert choice.threads == 2
+
+
+def test_evsel_threads_above_the_usable_cpus_is_clamped(gqa_model_dir, torch_threads):
+    from evsel.models.backbone import Backbone
+
+    _ = Backbone(str(gqa_model_dir), "cpu", threads=100000).model  # EVSEL_THREADS=100000
+    assert torch.get_num_threads() == cpu_threads.usable_cpus()
