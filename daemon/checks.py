@@ -83,6 +83,10 @@ def check_params(method: str, params: dict) -> dict | None:
                               f"not {json_type(value)} ({shown})", hint).to_dict()
     try:
         check_methods(method, params)
+        if isinstance(params.get("collection"), str):  # before the journal or a store binds it
+            from evsel.store import check_collection_name
+
+            check_collection_name(params["collection"])
     except EvselError as exc:
         return exc.to_dict()
     names = request.paths  # the client made them absolute where the user typed them; the daemon runs in /

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from . import paths
 from .defaults import DEFAULT_COLLECTION  # defined there for the CLI's options
-from .errors import NotFoundError, StoreError, known_error
+from .errors import InputError, NotFoundError, StoreError, known_error
 from .migrations import migrate, rollback
 
 if TYPE_CHECKING:  # imported where a store is opened: the CLI's client path never opens one
@@ -93,6 +93,17 @@ def _chunk_records(cursor) -> list["ChunkRecord"]:
     finally:
         if enabled:
             gc.enable()
+
+
+def check_collection_name(name: str) -> None:
+    """A name with bytes that are not UTF-8 (from the command line, as lone surrogates) cannot be
+    stored or looked up: said in one line instead of SQLite's UnicodeEncodeError."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise InputError(f"the collection name '{shown}' is not UTF-8 text",
+                         "name the collection in UTF-8 (for example --collection reports)") from None
 
 
 @dataclass
@@ -196,6 +207,7 @@ class Store:
 
     # collections
     def collection_id(self, name: str, create: bool = False) -> int | None:
+        check_collection_name(name)
         row = self.db.execute("select id from collections where name = ?", [name]).fetchone()
         if row:
             return row[0]
@@ -422,6 +434,7 @@ class Store:
         )
         args: list = []
         if collection is not None:
+            check_collection_name(collection)
             sql += " where c.name = ?"
             args.append(collection)
         rows = list(self.db.query(sql + " order by d.id", args))
@@ -574,6 +587,7 @@ class Store:
             where.append(f"ch.doc_id in ({', '.join('?' for _ in doc_ids)})")
             args.extend(doc_ids)
         if collection is not None:
+            check_collection_name(collection)
             where.append("c.name = ?")
             args.append(collection)
         if where:

@@ -7,7 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from daemon_helpers import daemon_home, evsel, wait_for  # noqa: F401  (a fixture)
+import pytest
+from daemon_helpers import daemon_home, evsel, evsel_json, wait_for  # noqa: F401  (a fixture)
 
 
 def _private(folder: Path) -> Path:
@@ -35,3 +36,21 @@ def test_the_daemon_removes_temp_kv_files_a_killed_writer_left(daemon_home):
     evsel("daemon", "start", "--no-preload")
     wait_for(lambda: not torn.exists() and not torn_keys.exists(), what="the torn temp files removed")
     assert writing.exists() and kept.exists()
+
+
+BAD_NAME = "r\udcffx"  # the byte 0xff on the command line, as Python reads it (surrogateescape)
+
+
+@pytest.mark.parametrize("daemon", [False, True], ids=["no-daemon", "daemon"])
+def test_a_collection_name_that_is_not_utf8_is_one_clear_line(daemon_home, tmp_path, daemon):
+    story = tmp_path / "story.md"
+    story.write_text("The keeper lit the lamp at dusk.\n")
+    first = () if daemon else ("--no-daemon",)
+    evsel(*first, "ingest", str(story))
+    for args in (("docs", "list"), ("ingest", str(story)), ("ask", "who lit the lamp?", "--select", "bm25",
+                                                             "--evidence-only")):
+        done = evsel(*first, *args, "--collection", BAD_NAME, check=False, env={**os.environ})
+        assert done.returncode == 1, (args, done.stderr)
+        [line] = done.stderr.strip().splitlines()
+        assert "the collection name 'r\\xffx' is not UTF-8 text" in line and "unexpected" not in line, args
+    assert len(evsel_json(*first, "docs", "list")) == 1  # nothing stored lost
