@@ -14,7 +14,7 @@ import sys
 
 from . import __version__
 
-__all__ = ["CONTEXT_SETTINGS", "app", "cli", "interrupted", "main"]
+__all__ = ["CONTEXT_SETTINGS", "app", "cli", "closed_stdout", "interrupted", "main"]
 
 _TYPER_NAMES = ("app", "cli", "CONTEXT_SETTINGS")
 
@@ -35,6 +35,42 @@ def interrupted(interrupt: BaseException) -> int:
     error("interrupted" + ("" if stored is None else
                            f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored"))
     return 130
+
+
+def closed_stdout() -> int:
+    """stdout's reader went away (`evsel ask ... | head -c 20`): exit 0 with nothing on stderr,
+    through the daemon's fast path and the Typer app alike; stdout now goes to /dev/null so the
+    interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a file descriptor (a test's capture)
+        pass
+    return 0
+
+
+def stdout_full(exc: OSError) -> bool:
+    """Whether a failed write with no file named was stdout's: a full device or disk behind it
+    (`> /dev/full`), not the store's (whose errors name their file or come from SQLite)."""
+    import errno
+    import stat
+
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or exc.filename:
+        return False
+    try:
+        fd = sys.stdout.fileno()
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISCHR(mode):
+            return True
+        if stat.S_ISREG(mode):
+            disk = os.fstatvfs(fd)
+            return disk.f_bavail * disk.f_frsize < (1 << 20)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,10 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         error(exc.line())
         return exc.exit_code
     except BrokenPipeError:
-        return 0
+        return closed_stdout()
     except Exception as exc:
         if settings.debug():
             raise
+        if isinstance(exc, OSError) and stdout_full(exc):
+            error(f"standard output is full ({exc.strerror}): the output was not written; free space where it "
+                  "goes, or send it elsewhere")
+            return 1
         error(user_message(exc))
         return 1
 

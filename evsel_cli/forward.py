@@ -11,6 +11,7 @@ as always, with its help and its error messages.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from evsel import settings
@@ -20,6 +21,8 @@ from evsel.defaults import STYLES
 # options the Typer app reads from the environment (--model, --device, --no-daemon): with any of
 # them set, the app resolves and checks them
 _GLOBAL_VARIABLES = ("EVSEL_MODEL", "EVSEL_DEVICE", "EVSEL_NO_DAEMON")
+# set by the shell's completion script: the Typer app completes the words, nothing is run
+_COMPLETION_VARIABLE = "_EVSEL_COMPLETE"
 _FLAG = "flag"
 
 # per command: {option: (parameter, how its value is read)}, as commands/ask.py and docs.py declare them
@@ -93,7 +96,7 @@ def forwarded(args: list[str]) -> int | None:
         parsed, command = parse(args[1:], ASK_OPTIONS, 1), "ask"
     else:
         return None
-    if parsed is None or settings.variables_named(_GLOBAL_VARIABLES):
+    if parsed is None or settings.variables_named(_GLOBAL_VARIABLES) or _COMPLETION_VARIABLE in os.environ:
         return None
     found, values = parsed
     from evsel.daemon.client import DaemonClient

@@ -126,8 +126,15 @@ def to_json(data) -> str:
 
 
 def print_json(data) -> None:
-    """Exactly one JSON document on stdout."""
-    sys.stdout.write(to_json(data) + "\n")
+    """Exactly one JSON document on stdout; as ASCII escapes where stdout's encoding cannot hold
+    the text (PYTHONIOENCODING=ascii): the same JSON value either way."""
+    text = to_json(data)
+    try:
+        text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        text = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}",
+                             json.dumps(data, indent=2, ensure_ascii=True, default=str))
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 

@@ -15,7 +15,7 @@ from .commands.base import BOOL, CONTEXT_SETTINGS, App, ClickException, UsageErr
 from .commands.eval import eval_command
 from .commands.ingest import ingest
 from .commands.man import man
-from .cli import interrupted
+from .cli import closed_stdout, interrupted
 
 __all__ = ["CONTEXT_SETTINGS", "app", "cli", "run"]
 
@@ -72,6 +72,20 @@ app.command("man")(man)
 cli = typer.main.get_command(app)
 
 
+class _ClosedPipe(Exception):
+    """stdout's reader went away: not an OSError, so that Click's own EPIPE exit (1) is not taken."""
+
+
+def _invoke(ctx, _invoke=cli.invoke):
+    try:
+        return _invoke(ctx)
+    except BrokenPipeError as exc:
+        raise _ClosedPipe from exc
+
+
+cli.invoke = _invoke
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the command tree on `argv` (None: the process's arguments); Typer's and Click's errors
     and exits are handled here, evsel's own by evsel.cli.main."""
@@ -90,4 +104,6 @@ def run(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Abort as exc:  # Click turns Ctrl-C into an Abort raised from it
         return interrupted(exc.__cause__ or exc)
+    except _ClosedPipe:
+        return closed_stdout()  # as the daemon's fast path does
     return 0

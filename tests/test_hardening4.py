@@ -3,7 +3,10 @@ records, collection names, stdout faults and the counts a user compares."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -54,3 +57,65 @@ def test_a_collection_name_that_is_not_utf8_is_one_clear_line(daemon_home, tmp_p
         [line] = done.stderr.strip().splitlines()
         assert "the collection name 'r\\xffx' is not UTF-8 text" in line and "unexpected" not in line, args
     assert len(evsel_json(*first, "docs", "list")) == 1  # nothing stored lost
+
+
+def _run(args: list[str], stdout, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evsel", *args], stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.fixture
+def story_in_daemon(daemon_home, tmp_path):
+    story = tmp_path / "story.md"
+    story.write_text("Caf\u00e9 notes. The keeper lit the lamp at dusk.\n\n" + "The sea was grey all day. " * 400)
+    evsel("ingest", str(story))
+    return story
+
+
+ASK = ["ask", "who lit the lamp?", "--select", "bm25", "--evidence-only"]
+PATHS = {"fast path": [], "Typer": ["--no-daemon"]}  # the daemon's fast path reads `ask` without Typer
+
+
+def test_a_closed_pipe_is_the_same_on_both_paths(story_in_daemon):
+    """`evsel ask ... | head -c 20`: exit 0, nothing on stderr, through the fast path and Typer."""
+    got = {}
+    for name, first in PATHS.items():
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before evsel writes a byte
+        with os.fdopen(write, "w") as pipe:
+            done = _run([*first, *ASK], pipe)
+        got[name] = (done.returncode, done.stderr)
+    assert got["fast path"] == got["Typer"] == (0, "")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device whose writes fail: disk full)")
+def test_a_full_stdout_is_reported_as_stdout_not_the_store(story_in_daemon):
+    for name, first in PATHS.items():
+        for args in (["docs", "list"], [*ASK, "--json"]):
+            with open("/dev/full", "w") as full:
+                done = _run([*first, *args], full)
+            assert done.returncode == 1, (name, args)
+            [line] = done.stderr.strip().splitlines()
+            assert line.startswith("evsel: error: standard output is full"), (name, args, line)
+            assert "EVSEL_HOME" not in line, (name, args)
+
+
+def test_json_on_an_ascii_stdout_is_written_as_escapes(story_in_daemon):
+    for name, first in PATHS.items():
+        for args in (["docs", "list", "--json"], [*ASK, "--json"]):
+            done = _run([*first, *args], subprocess.PIPE, env={"PYTHONIOENCODING": "ascii"})
+            assert done.returncode == 0 and done.stderr == "", (name, args, done.stderr)
+            assert done.stdout.isascii()
+            data = json.loads(done.stdout)
+            text = json.dumps(data, ensure_ascii=False)
+            assert "Caf\u00e9" in text or "story.md" in text, (name, args)
+    evidence = json.loads(_run([*ASK, "--json"], subprocess.PIPE, env={"PYTHONIOENCODING": "ascii"}).stdout)
+    assert any("Caf\u00e9" in e["text"] for e in evidence["evidence"])
+
+
+def test_shell_completion_is_left_to_typer_on_the_fast_path(story_in_daemon):
+    """With _EVSEL_COMPLETE set the command completes words: the fast path does not run the ask."""
+    env = {"_EVSEL_COMPLETE": "complete_bash", "COMP_WORDS": "evsel ask --sel", "COMP_CWORD": "2"}
+    got = {name: _run([*first, "ask", "who lit the lamp?"], subprocess.PIPE, env=env) for name, first in PATHS.items()}
+    assert got["fast path"].stdout == got["Typer"].stdout and got["fast path"].stdout.split() == ["--select"]
+    assert got["fast path"].returncode == got["Typer"].returncode == 0
