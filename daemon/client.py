@@ -55,6 +55,7 @@ class Connection:
                    "params": params or {}, "client": {"pid": os.getpid(), "version": __version__}}
         if settings is not None:
             message["settings"] = settings
+        done = None  # the result's reply, once read: a Ctrl-C after it has nothing left to cancel
         try:
             try:
                 self.send(message)
@@ -76,6 +77,7 @@ class Connection:
                         on_event({"type": "progress", "task": "queue", "done": 0, "total": 1,
                                   "label": f"waiting for the daemon ({ahead} request{'s' if ahead > 1 else ''} ahead)"})
                 elif kind == "result":
+                    done = reply
                     if meta is not None:
                         meta.update(reply.get("meta") or {})
                     return reply.get("result")
@@ -87,6 +89,8 @@ class Connection:
                     raise DaemonError(f"the daemon sent an unknown message type {kind!r}",
                                       "restart it: evsel daemon stop")
         except KeyboardInterrupt as exc:
+            if done is not None:  # the daemon finished (an ingest committed): its result is printed
+                return done.get("result")
             try:  # the daemon drops or stops the job; the daemon itself carries on
                 self.send({"v": PROTOCOL_VERSION, "id": request_id, "type": "cancel"})
                 exc.stored_files = self._stored_after_cancel()

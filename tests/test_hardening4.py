@@ -119,3 +119,29 @@ def test_shell_completion_is_left_to_typer_on_the_fast_path(story_in_daemon):
     got = {name: _run([*first, "ask", "who lit the lamp?"], subprocess.PIPE, env=env) for name, first in PATHS.items()}
     assert got["fast path"].stdout == got["Typer"].stdout and got["fast path"].stdout.split() == ["--select"]
     assert got["fast path"].returncode == got["Typer"].returncode == 0
+
+
+def test_a_ctrl_c_after_the_result_was_read_gives_the_result(daemon_home, tmp_path):
+    """The daemon committed the ingest and its result was read when Ctrl-C came: the result is
+    returned (and printed), not a bare "interrupted" after waiting for a reply that never comes."""
+    from evsel.daemon import runtime
+    from evsel.daemon.client import try_connect
+    from evsel.settings import Settings
+
+    class InterruptedAfterTheResult(dict):
+        def update(self, *args, **kwargs):  # the first thing done with the result's reply
+            raise KeyboardInterrupt
+
+    story = tmp_path / "story.md"
+    story.write_text("The keeper lit the lamp at dusk.\n")
+    evsel("daemon", "start", "--no-preload")
+    connection = try_connect(runtime.DaemonFiles(daemon_home))
+    try:
+        result = connection.request("ingest", {"targets": [str(story)]}, settings=Settings.resolve().to_dict(),
+                                    meta=InterruptedAfterTheResult())
+    except KeyboardInterrupt:  # raised on, it is the bare "interrupted" (and would stop pytest)
+        pytest.fail("the result already read was dropped for a bare interrupt")
+    finally:
+        connection.close()
+    assert [f["status"] for f in result] == ["ingested"]
+    assert len(evsel_json("docs", "list")) == 1
