@@ -134,6 +134,14 @@ MALFORMED_LINES = {  # a line's damage -> what the error says
     "span with a fractional end": ({"evidence_spans": [{"start": 0, "end": 1.5}]},
                                    "evidence span's 'end' must be an integer"),
     "span names a number": ({"evidence_spans": [{"document": 3, "start": 0, "end": 9}]}, "'document' must be a path"),
+    "span past the document's end": ({"evidence_spans": [{"start": 10, "end": 10 ** 7}]},
+                                     "evidence span 10-10000000 is outside document 'village.md'"),
+    "span ending before it starts": ({"evidence_spans": [{"start": 30, "end": 5}]}, "0 <= start < end"),
+    "answer is an object": ({"answer": {"text": "the gardener"}}, "'answer' must be a string or a list of strings"),
+    "answer lists an object": ({"answer": ["x", {"y": 1}]}, "'answer' must be a string or a list of strings"),
+    "question is a lone surrogate": ({"question": "who \ud800?"}, "'question' holds a lone surrogate (\\ud800)"),
+    "question is an object": ({"question": {"text": "who?"}}, "'question' must be a string"),
+    "evidence is a lone surrogate": ({"evidence": ["\udcff"]}, "'evidence' holds a lone surrogate"),
 }
 
 

@@ -406,13 +406,39 @@ def _span(span, names: list[str]) -> tuple[str, int, int]:
     for key in ("start", "end"):
         if not isinstance(span.get(key), int) or isinstance(span.get(key), bool):
             raise ValueError(f"an evidence span's '{key}' must be an integer, not {json.dumps(span.get(key))[:60]}")
+    if not 0 <= span["start"] < span["end"]:
+        raise ValueError(f"an evidence span must have 0 <= start < end, not {span['start']}-{span['end']}")
     return _names(span.get("document", names[0]), "document")[0], span["start"], span["end"]
+
+
+def _text(value: str, field_name: str) -> str:
+    """`value` when it is text a model can read: a lone surrogate ("\\ud800" in the JSON) is not."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"'{field_name}' holds a lone surrogate (\\u{ord(value[exc.start]):04x}), which is not "
+                         "text; write the character itself") from None
+    return value
+
+
+def _answers(value) -> list[str]:
+    """An answer field: a string (or number), a list of them, or absent."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in items):
+        raise ValueError(f"'answer' must be a string or a list of strings, not {json.dumps(value)[:60]}")
+    return [_text(str(a), "answer") for a in items]
 
 
 def _jsonl_item(item) -> tuple[list[str], list[str], list[tuple[str, int, int]]]:
     """(document names, evidence texts, evidence spans) of one line's object, checked field by field."""
-    if not isinstance(item, dict) or not str(item.get("question", "")).strip():
+    if not isinstance(item, dict) or item.get("question") is None or not str(item.get("question")).strip():
         raise ValueError("it has no 'question'")
+    if not isinstance(item["question"], str):
+        raise ValueError(f"'question' must be a string, not {json.dumps(item['question'])[:60]}")
+    _text(item["question"], "question")
+    _answers(item.get("answer", item.get("answers")))
     names = item.get("documents") or item.get("document")
     if not names:
         raise ValueError("it names no 'document'")
@@ -421,6 +447,7 @@ def _jsonl_item(item) -> tuple[list[str], list[str], list[tuple[str, int, int]]]
     evidence = [evidence] if isinstance(evidence, str) else evidence
     if not isinstance(evidence, list) or not all(isinstance(t, str) for t in evidence):
         raise ValueError(f"'evidence' must be a list of strings, not {json.dumps(item.get('evidence'))[:60]}")
+    evidence = [_text(t, "evidence") for t in evidence]
     spans = item.get("evidence_spans") or []
     if not isinstance(spans, list):
         raise ValueError(f"'evidence_spans' must be a list of objects, not {json.dumps(spans)[:60]}")
@@ -436,6 +463,7 @@ def load_jsonl(path: Path, **_) -> EvalDataset:
     base = path.parent
     loaders: dict[str, Callable[[], ParsedDocument]] = {}
     questions = []
+    spans_of: dict[str, list[tuple[int, str, int, int]]] = {}  # document -> (line, name, start, end)
     for line_no, line in _jsonl_lines(path):
         try:
             item = json.loads(line)
@@ -463,14 +491,23 @@ def load_jsonl(path: Path, **_) -> EvalDataset:
                 raise InputError(f"line {line_no}: evidence span names a document the line does not list",
                                  JSONL_HELP, path=str(path))
             gold.append(Gold(doc=key, label=f"{start}-{end}", span=(start, end)))
-        answer = item.get("answer", item.get("answers"))
-        answers = [str(a) for a in answer] if isinstance(answer, list) else ([] if answer is None else [str(answer)])
+            spans_of.setdefault(key, []).append((line_no, doc_name, start, end))
+        answers = _answers(item.get("answer", item.get("answers")))
         questions.append(EvalQuestion(
             qid=str(item.get("id", line_no)), question=str(item["question"]).strip(), docs=keys,
             answers=answers, gold=gold, group=str(item.get("group", "all")),
         ))
     if not questions:
         raise InputError("the JSONL file has no questions", JSONL_HELP, path=str(path))
+    for key, spans in spans_of.items():  # offsets past a document's end would count as gold never found
+        doc = loaders[key]()
+        loaders[key] = lambda doc=doc: doc
+        for line_no, name, start, end in spans:
+            if end > len(doc.text):
+                raise InputError(f"line {line_no}: evidence span {start}-{end} is outside document {name!r} "
+                                 f"({len(doc.text)} characters)",
+                                 "offsets count the characters of the text evsel extracts from the document",
+                                 path=str(path))
     notes = ["evidence strings found in a listed document by text overlap (whichever documents hold them)"]
     return EvalDataset(path.stem, loaders, questions, notes, source=str(path))
 
