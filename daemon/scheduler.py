@@ -4,8 +4,8 @@ background work an ingest leaves (chunk states, summaries), run in short slices 
 waiting requests; and at start, the ingests and encodes a crash left unfinished.
 
 A job's progress callback carries its cancellation: a cancelled job stops at its next progress
-event (the model finishes the step it is in); a background job also stops there when a request
-is waiting, and goes back to the end of the queue.
+event (the model finishes the step it is in). A background job lets the requests waiting behind
+it run there, between two of its slices, then goes on where it was.
 """
 
 from __future__ import annotations
@@ -35,13 +35,8 @@ log = logging.getLogger("evsel.daemon")
 
 SHUTDOWN_WAIT_S = 30.0  # how long a stopping daemon waits for the running job to stop
 MAX_ENGINES = 2  # backbones kept loaded at once (--model / --device combinations)
-BACKGROUND_SLICE_S = 0.5  # seconds of background encoding between checks for waiting requests (it yields)
+BACKGROUND_SLICE_S = 0.5  # seconds of background encoding between checks for waiting requests (served there)
 BACKGROUND_BATCH = 16  # the most chunks in one such slice
-
-
-class YieldToRequests(BaseException):
-    """Raised from a background job's progress callback when a request is waiting: the job stops
-    after the batch it just stored and goes back to the end of the queue."""
 
 
 class RequestCancelled(BaseException):
@@ -75,6 +70,8 @@ class Job:
         self.watch_root: str | None = None  # a watch folder's sync: cancelled when the watch is removed
         self.work: PendingEncode | None = None  # a background job's deferred work (its documents)
         self.journaled: dict[str, int] = {}  # an ingest's open pending_ingests rows (path -> id)
+        self.served = False  # run between a background job's slices (the queue still holds it)
+        self.served_between = 0  # a background job: the requests it let run between its slices
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancel_reason = reason
@@ -104,7 +101,7 @@ class Scheduler:
         self.preload_engine: Engine | None = None
         self.preload_s: float | None = None
         self.recent: deque = deque(maxlen=50)
-        self.counts = {"requests": 0, "errors": 0, "cancelled": 0}
+        self.counts = {"requests": 0, "errors": 0, "cancelled": 0, "served_between_slices": 0}
         self.resumed: list[str] = []
         self.watcher = None  # the daemon's Watcher, once it runs: watch syncs report to it
         self.worker_store: Store | None = None
@@ -249,43 +246,63 @@ class Scheduler:
             job = self.queue.get()
             if job is None:
                 return
+            if job.served:  # run already, between a background job's slices
+                continue
             with self.waiting_lock:
                 if job in self.waiting:
                     self.waiting.remove(job)
-                if job.cancelled.is_set():
-                    self.record(job, "cancelled")
-                    continue
-                self.running = job
-            job.started = time.perf_counter()
+            self.process(job)
+
+    def process(self, job: Job) -> None:
+        """Run one job on the model thread and send its client the outcome."""
+        with self.waiting_lock:
+            if job.cancelled.is_set():
+                self.record(job, "cancelled")
+                return
+            self.running = job
+        job.started = time.perf_counter()
+        self.activity()
+        status = "ok"
+        try:
+            result = self.run(job)
+            job.outbox.put({"type": "result", "result": result, "meta": self.meta(job)})
+        except RequestCancelled as exc:
+            status = "cancelled"
+            self.counts["cancelled"] += 1
+            stored = getattr(exc, "stored_files", None)  # an ingest's files finished before the cancel
+            if job.cancel_reason == "shutdown":
+                job.outbox.put({"type": "error", "error": stopped_error()})
+            else:  # for a client that cancelled and waits to hear what was stored
+                job.outbox.put({"type": "cancelled", "stored": stored})
+            log.info("%s %s: cancelled%s", job.label, job.id, "" if stored is None else
+                     f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored")
+        except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down
+            status = self.reply_failure(job, exc)
+        finally:
+            with self.waiting_lock:
+                self.running = None
             self.activity()
-            status = "ok"
-            try:
-                result = self.run(job)
-                job.outbox.put({"type": "result", "result": result, "meta": self.meta(job)})
-            except YieldToRequests:
-                status = "yielded"
-                with self.waiting_lock:
-                    self.running = None
-                self.enqueue(job)  # after the requests that were waiting
-                self.record(job, status)
-                continue
-            except RequestCancelled as exc:
-                status = "cancelled"
-                self.counts["cancelled"] += 1
-                stored = getattr(exc, "stored_files", None)  # an ingest's files finished before the cancel
-                if job.cancel_reason == "shutdown":
-                    job.outbox.put({"type": "error", "error": stopped_error()})
-                else:  # for a client that cancelled and waits to hear what was stored
-                    job.outbox.put({"type": "cancelled", "stored": stored})
-                log.info("%s %s: cancelled%s", job.label, job.id, "" if stored is None else
-                         f"; stored before it: {', '.join(stored)}" if stored else "; nothing stored")
-            except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down
-                status = self.reply_failure(job, exc)
-            finally:
-                with self.waiting_lock:
-                    self.running = None
-                self.activity()
-            self.record(job, status)
+        self.record(job, status)
+
+    def serve_waiting(self, background: Job) -> None:
+        """Run the requests waiting behind a background job now, between two of its slices, then
+        hand the model back to it: it goes on where it was, without setting up again (unwinding
+        and requeueing it cost seconds of setup at every ask, and the encode crawled)."""
+        served = 0
+        while True:
+            with self.waiting_lock:
+                job = next((j for j in self.waiting if not j.background), None)
+                if job is None:
+                    break
+                self.waiting.remove(job)
+            job.served = True  # the queue still holds it: the worker skips it there
+            self.process(job)
+            served += 1
+        self.engine_for(background.settings)  # the engine back on the background job's settings
+        with self.waiting_lock:
+            self.running = background
+        background.served_between += served
+        self.counts["served_between_slices"] += served
 
     def meta(self, job: Job) -> dict:
         now = time.perf_counter()
@@ -296,7 +313,7 @@ class Scheduler:
         entry = {"id": job.id, "method": job.label, "client_pid": job.client_pid, "received_at": job.received_at,
                  **{k: v for k, v in self.meta(job).items() if k != "received_at"}, "status": status}
         self.recent.append(entry)
-        level = logging.INFO if status in ("ok", "cancelled", "yielded") else logging.WARNING
+        level = logging.INFO if status in ("ok", "cancelled") else logging.WARNING
         log.log(level, "%s %s (client %s): %s, queued %.2fs, ran %.2fs", job.label, job.id, job.client_pid, status,
                 entry["queue_s"], entry["run_s"])
 
@@ -318,7 +335,9 @@ class Scheduler:
             job.last_event = event
             if job.background:
                 if self.requests_waiting():
-                    raise YieldToRequests()
+                    self.serve_waiting(job)
+                    if job.cancelled.is_set():  # a request removed its documents, or the daemon stops
+                        raise RequestCancelled(job.cancel_reason)
                 return
             job.outbox.put({"type": "event", "event": event})
 

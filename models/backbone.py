@@ -17,6 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# from_pretrained sets torch's process-wide default dtype while it builds a model: two loads at
+# once (the daemon's preload and a background MiniLM load) built the backbone's layers in float32
+LOADING = threading.Lock()
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub, whatever the caller forgot
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -367,7 +371,8 @@ class Backbone:
                 self._dequantize_gguf(dense)
             source = dense
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, local_files_only=True)
+            with LOADING:
+                model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, local_files_only=True)
         except Exception as exc:
             raise ModelError(f"cannot load the model from {source}: {exc}", "check the model files") from exc
         model.to(self.plan.device)
@@ -407,13 +412,14 @@ class Backbone:
         if bar is not None:
             gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(self.path.parent),
-                gguf_file=self.path.name,
-                dtype=torch.float32,
-                quantization_config=GgufConfig(gguf_file=self.path.name, dequantize=True),
-                local_files_only=True,
-            )
+            with LOADING:
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(self.path.parent),
+                    gguf_file=self.path.name,
+                    dtype=torch.float32,
+                    quantization_config=GgufConfig(gguf_file=self.path.name, dequantize=True),
+                    local_files_only=True,
+                )
         except Exception as exc:
             raise ModelError(f"cannot read the GGUF file {self.path}: {exc}", "check the file") from exc
         finally:

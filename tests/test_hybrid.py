@@ -551,3 +551,35 @@ def test_an_ask_needs_the_model_only_for_the_kinds_in_its_scope(tmp_path):
     chat = get_selector("default", context)
     chat.limit_to_kinds({c.kind for c in [replace(c, kind="dialogue") for c in turns()]})
     assert chat.needs_model
+
+
+def test_the_fusion_ranks_with_what_is_ready_and_encodes_nothing_for_the_scope(tmp_path):
+    """Dense embeddings not yet stored for the scope: the fusion ranks by BM25 alone, says dense
+    is waiting, and stores nothing; once the ingest hook has embedded the chunks, dense joins."""
+    from dataclasses import replace
+
+    from evsel.models.selectors import IngestWork
+    from evsel.models.selectors.dense import DenseSelector
+    from evsel.models.statecache import StateCache
+    from evsel.store import Store, connect
+
+    store = Store(connect(tmp_path / "evsel.db"))
+    context = SelectorContext(load_backbone=lambda: None, states=StateCache(store), store=store)
+    weights = {"weight_sets": [{"name": "bm25", "groups": ["bm25"], "weights": [1.0, 0.0]},
+                               {"name": "bm25+dense", "groups": ["bm25", "dense"], "weights": [0.0, 0.0, 5.0, 0.0]}]}
+    chunks = [replace(c, kind="dialogue") for c in turns()]
+    question = "Which hobby does Ann have?"
+    bm25 = get_selector("bm25", context)
+
+    cold = get_selector("hybrid:bm25+dense", context, weights=weights)
+    ranked = cold.ranking(question, chunks)
+    assert ranked.extras["signals"] == {"ran": ["bm25"], "waiting": {"dense": "0 of 5 chunks encoded"}}
+    assert [s.chunk.id for s in ranked.scored] == [s.chunk.id for s in bm25.rank(question, chunks)]
+    assert store.db.execute("select count(*) from chunk_states").fetchone()[0] == 0  # nothing encoded now
+
+    assert DenseSelector.ingest_work(chunks, IngestWork(context, None))["dense_encoded"] == 5
+    warm = get_selector("hybrid:bm25+dense", context, weights=weights)
+    ranked = warm.ranking(question, chunks)
+    assert ranked.extras["signals"] == {"ran": ["bm25", "dense"], "waiting": {}}
+    dense = get_selector("dense", context)
+    assert [s.chunk.id for s in ranked.scored][:1] == [s.chunk.id for s in dense.rank(question, chunks)][:1]

@@ -28,7 +28,22 @@ def test_timed_slices_grow_to_the_budget_and_stop_between_slices():
     seen: list[int] = []
     timed_slices(list(range(23)), work, 0.5, seen.append, most=16, clock=clock)
     assert done == list(range(23))
-    assert seen == [0, 1, 5, 9, 13, 17, 21, 23]  # one item first, then as many as 0.5 s holds
+    assert seen == [0, 1, 3, 7, 11, 15, 19, 23]  # one item first, doubling up to what 0.5 s holds
+
+    # the machine gets busy: one slow slice, then a quick one; the next is sized by half the slow
+    # item time, not by the quick one alone (a request waits for the whole slice)
+    costs = iter([0.1, 0.1, 0.4, 0.05] + [0.05] * 50)
+
+    def uneven(part: list) -> None:
+        for _ in part:
+            now[0] += next(costs)
+
+    seen.clear()
+    timed_slices(list(range(30)), uneven, 0.5, seen.append, most=16, clock=clock)
+    # after the slow slice (0.25 s an item) the next holds 2; once items are quick again, the
+    # estimate halves slice by slice and the size doubles, never jumping to the full 10 at once
+    sizes = [b - a for a, b in zip(seen, seen[1:])]
+    assert sizes[:4] == [1, 2, 2, 4] and max(sizes) <= 10
 
     class Stop(BaseException):
         pass
@@ -139,15 +154,16 @@ def _ask_beside_a_background_encode(daemon_home, tmp_path, asked):  # noqa: F811
     assert after["total"] == before["total"] and before["done"] <= after["done"] < after["total"]
     recent = status(daemon_home)["recent"]
     assert [r["status"] for r in recent if r["method"] == "ask"] == ["ok"]
-    assert not any(r["status"] == "yielded" for r in recent), recent
+    assert status(daemon_home)["requests"]["served_between_slices"] == 0
 
-    # an ask that generates waits for the encode's current slice, which then yields to it
+    # an ask that generates waits for the encode's current slice, and runs between it and the next
     answered = evsel_json("ask", "Who keeps the light?", "--select", "bm25", "--max-new-tokens", "8")
     assert answered["answer"] is not None or answered["grounding"]["kind"] == "abstained"
     recent = status(daemon_home)["recent"]
     assert [r["status"] for r in recent if r["method"] == "ask"] == ["ok", "ok"]
-    assert any(r["status"] == "yielded" and "encoding" in r["method"] for r in recent), recent
-    # and resumes after it, its count going on from where it was, never reset
+    assert status(daemon_home)["requests"]["served_between_slices"] == 1
+    assert not any("encoding" in r["method"] for r in recent), recent  # the encode never stopped
+    # and goes on after it, its count going on from where it was, never reset
     resumed = wait_for(lambda: (p := encoding()) and p["done"] > after["done"] and p, timeout=600,
                        what="the encode to resume")
     assert resumed["total"] == before["total"]

@@ -103,7 +103,7 @@ def corpus_add(
     from evsel.output import ProgressView
 
     engine = engine_from(ctx)
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress on stderr, --json or not
         result = engine.corpus_add(corpus, list(targets), on_event=view)
     if as_json:
         print_json(result)

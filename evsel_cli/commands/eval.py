@@ -123,7 +123,7 @@ def eval_command(
 
         check_fold(dataset, fold)
     engine = engine_from(ctx)  # eval runs where the model is resident: in the daemon when one runs
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress on stderr, --json or not
         result = engine.eval(dataset, method_list, ks=k_list, generate=generate, limit=limit, split=split,
                              concat=concat, fold=fold, data_dir=str(data_dir) if data_dir else None, top_n=top_n,
                              chunk_tokens=chunk_tokens, max_new_tokens=max_new_tokens, per_question=per_question,

@@ -29,7 +29,7 @@ def docs_list(engine, collection: str | None, as_json: bool) -> None:
 
 def ask(engine, question: str, as_json: bool, **request) -> None:
     """Ask `question` with the request's options (`Engine.ask`'s), print the answer and evidence."""
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress goes to stderr whatever stdout carries (--json too)
         result = engine.ask(question, on_event=view, **request)
     for number, item in enumerate(result["evidence"], 1):
         item["passage"] = number  # the number the human display shows and grounding.span.passage cites
@@ -51,6 +51,11 @@ def ask(engine, question: str, as_json: bool, **request) -> None:
     read_beside = " and the passage beside them that holds the answer" if selected < len(result["evidence"]) else ""
     show([("Evidence", "bold"), (f" ({method}, {selected} of {result['method']['candidates']} "
                                  f"passages{read_beside}, in document order):", None)])
+    waiting = (result["method"].get("signals") or {}).get("waiting")
+    if waiting:
+        show([(f"Ranked by {'+'.join(result['method']['signals']['ran'])} while the background encode runs "
+               f"({'; '.join(f'{group}: {done}' for group, done in waiting.items())}); the rest join when it "
+               "finishes (evsel daemon status).", "dim")])
     if result.get("memory"):
         read = "; ".join(m["label"] + (" of " + m["title"] if m.get("title") else "") for m in result["memory"])
         show([("Memory", "bold"), (f" (summaries the reranker read): {read}", None)])

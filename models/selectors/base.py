@@ -77,19 +77,21 @@ class IngestWork:
 def timed_slices(items: list, work: Callable[[list], None], slice_s: float, progress: Callable[[int], None],
                  most: int = 64, clock: Callable[[], float] = time.perf_counter) -> None:
     """Run `work` over `items` in consecutive slices of about `slice_s` seconds each: the first
-    slice holds one item, each next one as many as the last slice's time per item fits (at least
-    one, at most `most`). `progress(done)` is called before the first slice and after each one
-    (where a caller may stop the work by raising)."""
-    done, size = 0, 1
+    slice holds one item, each next one as many as the time per item fits (at least one, at most
+    `most`, at most twice the last slice). The time per item is the last slice's, or half the
+    estimate before when that is more: on a loaded machine one quick slice must not size the
+    next for a quiet one (a request waits for the slice that runs). `progress(done)` is called
+    before the first slice and after each one (where a caller may stop the work by raising)."""
+    done, size, per_item = 0, 1, 0.0
     progress(0)
     while done < len(items):
         part = items[done:done + size]
         started = clock()
         work(part)
-        per_item = (clock() - started) / len(part)
+        per_item = max((clock() - started) / len(part), per_item / 2)
         done += len(part)
         progress(done)
-        size = most if per_item <= 0 else max(1, min(most, int(slice_s / per_item)))
+        size = most if per_item <= 0 else max(1, min(most, 2 * len(part), int(slice_s / per_item)))
 
 
 @dataclass

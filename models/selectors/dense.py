@@ -55,9 +55,12 @@ class MiniLM:
 
         quiet_transformers()  # no weight-loading bars on stderr
 
+        from evsel.models.backbone import LOADING
+
         path = model_dir()
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        self.model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
+        with LOADING:  # never beside another model's load (torch's default dtype is process-wide)
+            self.model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
         # sha256 of model.safetensors, remembered by (path, size, mtime) as the backbone's is
         self.fingerprint = fingerprint(path / "model.safetensors")
 
@@ -165,7 +168,7 @@ class DenseSelector(Selector):
                               "done": len(distinct) - len(missing) + done, "total": len(distinct)})
 
         if missing:
-            timed_slices(missing, encode, work.slice_s or 5.0, progress, most=max(work.batch, BATCH))
+            timed_slices(missing, encode, work.slice_s or 5.0, progress, most=work.batch)
         return {"dense_encoded": len(missing)}
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
