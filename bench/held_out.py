@@ -1,5 +1,6 @@
 """A default candidate's run where no fit looked, against the issue's target: what `evsel train
-hybrid --held-out FILE` reads to keep a kind on BM25 where the target is missed.
+defaults --held-out FILE` (and `evsel train hybrid --held-out FILE`) reads to keep a kind on BM25
+where the target is missed.
 
     evsel eval fairytaleqa --split val --methods default,bm25,dense,hybrid:bm25+dense --limit 300 \
         --json --per-question > val.json
@@ -9,7 +10,11 @@ Reads an `evsel eval --json --per-question` result holding `default`, `bm25` and
 reference method, and appends to --out (a JSON list) one entry: the headline questions (the
 dataset's separately reported groups left out, as eval's own figures do), each method's recall@3
 and MRR, the paired sign-flip test of `default` against BM25 on recall@3 (models/paired.py), how
-many questions moved either way, the target and by how much it was met or missed.
+many questions moved either way, the target and by how much it was met or missed. Several
+results (one per novel, with the candidate named, e.g. --candidate hybrid) count as one set:
+
+    python bench/held_out.py anne-hybrid.json anne-bm25.json gatsby-hybrid.json gatsby-bm25.json \
+        --candidate hybrid --kind book --target bm25+0.03 --set novels --out held-out.json
 """
 
 from __future__ import annotations
@@ -27,6 +32,20 @@ def headline(record: dict, method: str) -> list[dict]:
     """A method's per-question rows that make eval's headline: not in a separate group, with gold."""
     separate = set(record["dataset"].get("separate_groups") or [])
     return [q for q in record["per_question"][method] if q.get("group") not in separate and q.get("gold")]
+
+
+def merged(records: list[dict], candidate: str) -> dict:
+    """Several `evsel eval --per-question` results (one per book, say) as one: each method's rows
+    in order, question ids prefixed by their dataset, `candidate`'s rows named `default`."""
+    out = {"dataset": {"name": "+".join(r["dataset"]["name"] for r in records), "separate_groups": []},
+           "per_question": {}, "run": records[0].get("run", {})}
+    for record in records:
+        separate = set(record["dataset"].get("separate_groups") or [])
+        for method, rows in record.get("per_question", {}).items():
+            name = "default" if method == candidate else method
+            out["per_question"].setdefault(name, []).extend(
+                dict(q, qid=f"{record['dataset']['name']}:{q['qid']}") for q in rows if q.get("group") not in separate)
+    return out
 
 
 def summarise(record: dict, kind: str, reference: str, margin: float, results: str = "", name: str = "") -> dict:
@@ -69,7 +88,11 @@ def summarise(record: dict, kind: str, reference: str, margin: float, results: s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("result", type=Path, help="an evsel eval --json --per-question result")
+    parser.add_argument("result", type=Path, nargs="+",
+                        help="an evsel eval --json --per-question result; several (one per book) count as one set")
+    parser.add_argument("--candidate", default="default",
+                        help="the method judged (default: default, as the result names it; e.g. hybrid when the "
+                             "runs named the candidate, as results from several runs may)")
     parser.add_argument("--kind", required=True, choices=("dialogue", "book", "pdf"),
                         help="the kind of document whose default this run judges")
     parser.add_argument("--target", required=True, metavar="METHOD[+MARGIN]",
@@ -79,8 +102,10 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     reference, _, margin = args.target.partition("+")
-    record = json.loads(args.result.read_text())
-    shown = str(args.result.resolve().relative_to(ROOT)) if args.result.resolve().is_relative_to(ROOT) else str(args.result)
+    records = [json.loads(path.read_text()) for path in args.result]
+    record = records[0] if len(records) == 1 and args.candidate == "default" else merged(records, args.candidate)
+    shown = ", ".join(str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p)
+                      for p in args.result)
     entry = summarise(record, args.kind, reference, float(margin or 0.0), shown, args.set)
     print(json.dumps(entry, indent=1))
     if args.out:

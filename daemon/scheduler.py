@@ -72,6 +72,21 @@ class Job:
         self.journaled: dict[str, int] = {}  # an ingest's open pending_ingests rows (path -> id)
         self.served = False  # run between a background job's slices (the queue still holds it)
         self.served_between = 0  # a background job: the requests it let run between its slices
+        self._stage: tuple | None = None  # a background job: ((label, total), since, done then)
+
+    def note_rate(self, event: dict) -> None:
+        """A background job's progress: the seconds its current stage has left at the rate so far
+        (`eta_s` in the event that status shows), from the first count the stage reported."""
+        if event.get("type") != "progress" or not event.get("total"):
+            return
+        now, key = time.perf_counter(), (event.get("label"), event["total"])
+        if self._stage is None or self._stage[0] != key or event["done"] < self._stage[2]:
+            self._stage = (key, now, event["done"])
+            return
+        _, since, first = self._stage
+        if event["done"] > first and now > since:
+            rate = (event["done"] - first) / (now - since)
+            event["eta_s"] = round((event["total"] - event["done"]) / rate, 1)
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancel_reason = reason
@@ -334,6 +349,7 @@ class Scheduler:
                 raise RequestCancelled(job.cancel_reason)
             job.last_event = event
             if job.background:
+                job.note_rate(event)
                 if self.requests_waiting():
                     self.serve_waiting(job)
                     if job.cancelled.is_set():  # a request removed its documents, or the daemon stops

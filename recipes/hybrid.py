@@ -261,6 +261,39 @@ def apply_held_out(defaults: dict, held_out: list[dict]) -> dict:
     return defaults
 
 
+def write_defaults(weights: Path, held_out: list[dict], out: Path, command: str) -> dict:
+    """`evsel train defaults`: each kind's default method, kept apart from the weights, in
+    OUT/defaults.json. The fit's choice (hybrid.json's "defaults": the candidate that passed the
+    paired test on its dev questions, before any held-out run) is judged again by every run no fit
+    looked at: the runs the fit's record already holds, and `held_out` (bench/held_out.py's
+    entries; one of the same kind and set replaces the older). A kind whose candidate missed any
+    stays on BM25, and the record says why."""
+    import copy
+
+    from evsel.models.selectors.default import DEFAULTS_FILE, DEFAULTS_FORMAT
+
+    data = hy.load_weights(weights)
+    defaults = {}
+    for kind, fitted in (data.get("defaults") or {}).items():
+        fitted = copy.deepcopy(fitted)
+        first = next((c for c in fitted.get("candidates", []) if c["candidate"] == fitted.get("candidate")), None)
+        chosen = {k: v for k, v in fitted.items() if k not in ("held_out",)}
+        if first is not None:  # the fit's own choice, before the held-out runs judged it
+            chosen.update(method=first["method"], why=first["why"], test=first["test"])
+        new = [e for e in held_out if e["kind"] == kind]
+        named = {e["set"] for e in new}
+        chosen["_runs"] = [e for e in fitted.get("held_out", []) if e["set"] not in named] + new
+        defaults[kind] = chosen
+    apply_held_out(defaults, [e for chosen in defaults.values() for e in chosen.pop("_runs")])
+    record = {"format": DEFAULTS_FORMAT, "command": command, "weights": str(weights), "defaults": defaults}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / DEFAULTS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)
+    return record
+
+
 def fit_by_kind(runs: list[dict], available: list[str], warm_ask_ratio) -> dict:
     """Weight sets and defaults over one or more sources: one pooled model over every source's
     training questions, and where the sources hold several kinds of document, one model per kind,

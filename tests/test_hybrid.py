@@ -583,3 +583,40 @@ def test_the_fusion_ranks_with_what_is_ready_and_encodes_nothing_for_the_scope(t
     assert ranked.extras["signals"] == {"ran": ["bm25", "dense"], "waiting": {}}
     dense = get_selector("dense", context)
     assert [s.chunk.id for s in ranked.scored][:1] == [s.chunk.id for s in dense.rank(question, chunks)][:1]
+
+
+def test_train_defaults_judges_the_fits_candidate_again_and_the_default_reads_its_record(tmp_path, capsys, evsel_home):
+    """`evsel train defaults`: the fit chose the fusion for chats and books; a novel run no fit
+    looked at misses its target, so books go to BM25 and say why; chats keep the fusion with the
+    fit's own held-out run; the default reads the record, kept apart from the weights."""
+    from daemon_helpers import run_cli
+    from evsel.models.selectors.default import default_methods
+    from evsel.recipes import hybrid as recipe
+    from evsel.settings import Settings
+
+    runs = [{"name": "chats", "dev_name": "chats-dev", "kind": "dialogue", "train": _unreal_rows(200, 1),
+             "dev": _unreal_rows(240, 2)}]
+    fitted = recipe.fit_by_kind(runs, ["bm25", "dense", "unreal", "qr"], 1.2)
+    old = {"kind": "dialogue", "set": "chats-a", "questions": 230, "recall@3": 0.70, "met": True, "missed_by": 0.0,
+           "target": "recall@3 >= bm25's + 0.04 (0.66)"}
+    defaults = recipe.apply_held_out(fitted["defaults"], [old])
+    defaults["book"] = json.loads(json.dumps(defaults["dialogue"]))
+    defaults["book"]["held_out"] = []
+    weights = tmp_path / "weights"
+    hy.save_weights(weights, {"weight_sets": fitted["weight_sets"], "defaults": defaults})
+    novels = dict(old, kind="book", set="novels", questions=52, **{"recall@3": 0.31}, met=False, missed_by=0.03,
+                  target="recall@3 >= bm25's + 0.03 (0.34)")
+    held = tmp_path / "held.json"
+    held.write_text(json.dumps([novels]))
+    assert default_methods(FakeBackbone(), Settings(hybrid_weights=str(weights)))["book"][0] == "hybrid"
+
+    code, out, err = run_cli(capsys, "train", "defaults", "--weights", str(weights), "--held-out", str(held),
+                             "--out", str(weights), "--json")
+    assert code == 0, err
+    record = json.loads(out)["defaults"]
+    assert record["book"]["method"] == "bm25" and "novels (52 questions)" in record["book"]["why"]
+    assert record["dialogue"]["method"] == "hybrid" and record["dialogue"]["held_out"] == [old]
+    assert record["dialogue"]["why"].count("met every target") == 1  # judged once, not once per run of the step
+    chosen = default_methods(FakeBackbone(), Settings(hybrid_weights=str(weights)))
+    assert chosen["book"][0] == "bm25" and "novels" in chosen["book"][1] and chosen["dialogue"][0] == "hybrid"
+    assert json.loads((weights / "hybrid.json").read_text())["defaults"]["book"]["method"] == "hybrid"  # weights untouched

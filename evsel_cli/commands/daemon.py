@@ -122,7 +122,13 @@ def _print_status(info: dict) -> None:
     rows.append(("queue", f"{now}, {len(queue['waiting'])} waiting"))
     for job in queue.get("background", []):
         progress = job.get("progress") or {}
-        done = f", {progress['done']}/{progress['total']} chunks" if progress.get("total") else ""
+        # encoders count each text once: a document's repeated chunks (a filing's repeated rows)
+        # make this fewer than the chunks ingest reported
+        done = f", {progress['done']}/{progress['total']} distinct chunk texts" if progress.get("total") else ""
+        if progress.get("label") and progress.get("total"):
+            left = f", about {_duration(progress['eta_s'])} left" if progress.get("eta_s") is not None else ""
+            done = f", {progress['label']} {progress['done']}/{progress['total']}{left}; the default ranks with " \
+                   "what is encoded meanwhile"
         rows.append(("background", f"{job['method']} ({'running' if job['running'] else 'queued'}{done})"))
     rows.append(("clients", str(info["clients"])))
     idle = info["idle_timeout_s"]

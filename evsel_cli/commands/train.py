@@ -94,7 +94,7 @@ def convert_cmd(
     options = {"sources": list(sources), "stories": stories, "dev_stories": dev_stories, "negatives": negatives,
                "skip": skip, "seed": seed, "fold": fold}
     engine = engine_from(ctx)  # runs where the model is resident: in the daemon when one runs
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress on stderr, --json or not
         meta = engine.train_convert(str(Path(out).absolute()), options,
                                     str(Path(data_dir).absolute()) if data_dir else None, on_event=view)
     if as_json:
@@ -176,7 +176,7 @@ def train_unreal(
     # --device here is where to train: the engine (the daemon's, when one runs) for that device
     engine = engine_from(ctx, **({"device": train_device} if train_device else {}))
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress on stderr, --json or not
         def on_event(event: dict) -> None:
             if not (as_json and event.get("type") == "log"):  # log lines go to stderr, not into --json
                 view(event)
@@ -277,7 +277,7 @@ def train_qrranker(
                    "minutes": minutes, "threads": threads, "seed": seed, "fold": fold}
     # training's --device is where to train: the engine (the daemon's, when one runs) for that device
     engine = engine_from(ctx, **({"device": train_device} if train_device and not detect_heads else {}))
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress on stderr, --json or not
         def on_event(event: dict) -> None:
             if not (as_json and event.get("type") == "log"):  # log lines go to stderr, not into --json
                 view(event)
@@ -361,7 +361,7 @@ def train_blocksearch(
                "rank": rank, "batch": batch, "steps": steps, "lr": lr, "aux_weight": aux_weight,
                "dev_every": dev_every, "minutes": minutes, "threads": threads, "seed": seed, "router": router, "fold": fold}
     engine = engine_from(ctx, **({"device": train_device} if train_device else {}))
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress on stderr, --json or not
         def on_event(event: dict) -> None:
             if not (as_json and event.get("type") == "log"):
                 view(event)
@@ -425,7 +425,7 @@ def train_hybrid(
                "warm_ask_ratio": dict(_warm_ask_ratio(v) for v in warm_ask_ratios) if warm_ask_ratios else None,
                "held_out": [entry for file in held_out or () for entry in _held_out_entries(file)]}
     engine = engine_from(ctx)
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress on stderr, --json or not
         summary = engine.train_hybrid(str(Path(out).absolute()), options, command, on_event=view, recipe_name=recipe)
     if as_json:
         print_json(summary)
@@ -439,6 +439,45 @@ def train_hybrid(
     for kind, chosen in summary["defaults"].items():
         stderr.print(f"default for {kind}: {chosen['method']} ({chosen['why']})")
     stderr.print(f"weights in {out}")
+
+
+@app.command("defaults")
+def train_defaults(
+    out: Annotated[str, typer.Option(
+        "--out", parser=path(file_okay=False),
+        help="Folder to write defaults.json to (the shipped record: models/adapters/<fingerprint>).")],
+    held_out: Annotated[List[str], typer.Option(
+        "--held-out", metavar="FILE", parser=path(dir_okay=False, exists=True),
+        help="Runs no fit looked at, each against its target (a JSON list written by bench/held_out.py). "
+             "Repeatable.")],
+    weights: Annotated[Optional[str], typer.Option(
+        "--weights", parser=path(exists=True),
+        help="The fusion's weights whose fit proposes each kind's candidate (default: EVSEL_HYBRID_WEIGHTS, "
+             "else the shipped ones).")] = None,
+    as_json: JsonOption = False,
+):
+    """Each kind's default method (what ask runs with no --select), kept apart from the fusion's
+    weights: the candidate the fusion's fit chose on its dev questions, judged by every run no fit
+    looked at (the fit's own and --held-out's); a kind whose candidate missed one stays on BM25.
+    Writes OUT/defaults.json (format in docs/FUSION.md); evsel models info shows each kind's and why."""
+    import os
+
+    from evsel.models import hybrid
+    from evsel.models.backbone import Backbone
+    from evsel.recipes.hybrid import write_defaults
+    from evsel.settings import Settings
+
+    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    settings = Settings.resolve()
+    source = Path(weights or settings.hybrid_weights or hybrid.shipped_dir(Backbone(settings.model).fingerprint))
+    record = write_defaults(source, [entry for file in held_out for entry in _held_out_entries(file)],
+                            Path(out).absolute(), command)
+    if as_json:
+        print_json(record)
+        return
+    for kind, chosen in record["defaults"].items():
+        stderr.print(f"{kind}: {chosen['method']} ({chosen['why']})", emoji=False)
+    stderr.print(f"wrote {os.path.join(out, 'defaults.json')}", emoji=False)
 
 
 @app.command("reader")
@@ -509,7 +548,7 @@ def train_reader(
                "lora": lora or None, "resume": resume or None, "precache_only": precache_only or None,
                "cut": cut, "deepest": deepest, "rank": rank, "dev_every": dev_every}
     engine = engine_from(ctx)
-    with ProgressView(enabled=not as_json) as view:
+    with ProgressView() as view:  # progress on stderr, --json or not
         def on_event(event: dict) -> None:
             if not (as_json and event.get("type") == "log"):
                 view(event)

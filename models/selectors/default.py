@@ -1,7 +1,8 @@
 """`default`: the method `evsel ask` uses with no --select, and `evsel eval --methods default`
 evaluates. For each kind of document (chats, books, PDFs) it is the method measured best on that
-kind's dev questions for this backbone, as recorded in the hybrid weights shipped for it
-(hybrid.json's "defaults", each chosen by the paired test of models/paired.py; docs/FUSION.md);
+kind's questions for this backbone, as its defaults record says (defaults.json, written by
+`evsel train defaults` from the fusion's fit and the runs no fit looked at; an older record lives
+in hybrid.json's "defaults"; each chosen by the paired test of models/paired.py; docs/FUSION.md);
 with no such record, or when the named method's trained parts are missing here, it is BM25, and
 the request says so once. A scope of several kinds has each kind ranked by its own method."""
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:  # annotations only: the registry stays light to import (the C
     from evsel.store import ChunkRecord
 
 FALLBACK = "bm25"
+DEFAULTS_FILE = "defaults.json"  # each kind's method and why, apart from the fusion's weights
+DEFAULTS_FORMAT = "evsel-defaults/1"
 NO_RECORD = "no measured default ships for this backbone: BM25 (words), the best method without trained parts"
 MIXED_K = 60  # reciprocal-rank constant that merges the kinds' rankings in a scope of several kinds
 
@@ -34,8 +37,9 @@ def default_methods(backbone, settings=None) -> dict[str, tuple[str, str]]:
 
     setting = getattr(settings, "hybrid_weights", None)
     where = Path(setting) if setting else hybrid.shipped_dir(backbone.fingerprint)
+    record = defaults_file(where, shipped=not setting)
     try:
-        data = hybrid.load_weights(where)
+        data = read_defaults(record) if record.is_file() else hybrid.load_weights(where)
     except EvselError:
         return {kind: (FALLBACK, NO_RECORD) for kind in KINDS}
     per_kind, shared = data.get("defaults") or {}, data.get("default") or {}
@@ -49,6 +53,26 @@ def default_methods(backbone, settings=None) -> dict[str, tuple[str, str]]:
             out[kind] = (FALLBACK, f"not measured on {kind} documents (the shipped fusion's dev questions are "
                                    f"{tested} ones): BM25 (words), the best method without that test")
     return out
+
+
+def defaults_file(weights: Path, shipped: bool) -> Path:
+    """The defaults record that goes with a weights folder: EVSEL_HYBRID_WEIGHTS's DEFAULTS_FILE,
+    or for the shipped weights (models/adapters/<fingerprint>/hybrid) the one beside the
+    backbone's other adapters. `evsel train defaults` writes it."""
+    weights = weights.parent if weights.suffix == ".json" else weights
+    return (weights.parent if shipped else weights) / DEFAULTS_FILE
+
+
+def read_defaults(path: Path) -> dict:
+    from evsel.models.trained_files import read_json
+
+    data = read_json(path, "the defaults record", "evsel train defaults")
+    if data.get("format") != DEFAULTS_FORMAT or not isinstance(data.get("defaults"), dict):
+        from evsel.errors import ModelError
+
+        raise ModelError(f"{path} is not a defaults record ({DEFAULTS_FORMAT})",
+                         "write it with: evsel train defaults --held-out FILE --out DIR")
+    return data
 
 
 def default_method(backbone, settings=None, kind: str | None = None) -> tuple[str, str]:
