@@ -121,6 +121,14 @@ def in_document_order(scored: list) -> list:
     return sorted(scored, key=lambda s: (s.chunk.doc_id, s.chunk.seq))
 
 
+def _tokens_read(backbone, question: str, read: list) -> int:
+    try:
+        count = backbone.tokenizer([question, *(s.chunk.text for s in read)], add_special_tokens=False)
+    except Exception:  # noqa: BLE001  (a count for the usage line, never a failed answer)
+        return 0
+    return sum(len(ids) for ids in count["input_ids"])
+
+
 def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: str = "short",
            reader_dir: str | None = None, beside: dict | None = None) -> dict:
     """The answer step on the evidence (Scored, in the order shown): text (None when it abstains),
@@ -147,6 +155,10 @@ def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: 
     else:
         read = best_first
     found = grounded_answer(backbone, question, read, style, min(max_new_tokens, 16), reader_dir)
+    if not found.prompt_tokens and not (found.reason or "").startswith("no passage shares"):
+        # the reader and the LLM's scoring passes read the question and passages without generating:
+        # their tokens count (usage said 0 for answers that took seconds of model time)
+        found.prompt_tokens = _tokens_read(backbone, question, read)
     span = None
     if found.passage is not None:
         if windows is not None:

@@ -145,3 +145,32 @@ def test_a_ctrl_c_after_the_result_was_read_gives_the_result(daemon_home, tmp_pa
         connection.close()
     assert [f["status"] for f in result] == ["ingested"]
     assert len(evsel_json("docs", "list")) == 1
+
+
+def test_daemon_status_counts_what_the_encoders_count(daemon_home, capsys):
+    """Encoders count a text once, so a 10-K's 1,222 chunks were 0/1,216 in daemon status: the row
+    says distinct chunk texts, not chunks."""
+    from evsel.commands.daemon import _print_status
+    from daemon_helpers import status
+
+    evsel("daemon", "start", "--no-preload")
+    info = status(daemon_home)
+    info["queue"]["background"] = [{"method": "encode", "running": True, "progress": {"done": 0, "total": 1216}}]
+    capsys.readouterr()
+    _print_status(info)
+    assert "background: encode (running, 0/1216 distinct chunk texts)" in capsys.readouterr().out
+
+
+@pytest.mark.model
+def test_ask_json_counts_the_tokens_the_answer_step_read(tmp_path, capsys):
+    """The reader reads the question and passages without generating: its tokens are the usage,
+    not 0 for an answer that took seconds of model time."""
+    from evsel.cli import main
+
+    story = tmp_path / "story.md"
+    story.write_text("The keeper of the light was Tom Pell. He lit the lamp at dusk every night.\n")
+    assert main(["--no-daemon", "ingest", "--no-encode", str(story)]) == 0
+    capsys.readouterr()
+    assert main(["--no-daemon", "ask", "Who was the keeper of the light?", "--select", "bm25", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["grounding"]["kind"] != "abstained" and result["usage"]["prompt_tokens"] > 10
