@@ -155,10 +155,14 @@ def test_daemon_status_counts_what_the_encoders_count(daemon_home, capsys):
 
     evsel("daemon", "start", "--no-preload")
     info = status(daemon_home)
-    info["queue"]["background"] = [{"method": "encode", "running": True, "progress": {"done": 0, "total": 1216}}]
+    info["queue"]["background"] = [{"method": "encode", "running": True, "progress": {"done": 0, "total": 1216}},
+                                   {"method": "encode", "running": True,
+                                    "progress": {"done": 5, "total": 1216, "label": "QRRanker block KV"}}]
     capsys.readouterr()
     _print_status(info)
-    assert "background: encode (running, 0/1216 distinct chunk texts)" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "background: encode (running, 0/1216 distinct chunk texts)" in shown
+    assert "QRRanker block KV 5/1216 distinct chunk texts" in shown
 
 
 @pytest.mark.model

@@ -127,7 +127,8 @@ def _print_status(info: dict) -> None:
         done = f", {progress['done']}/{progress['total']} distinct chunk texts" if progress.get("total") else ""
         if progress.get("label") and progress.get("total"):
             left = f", about {_duration(progress['eta_s'])} left" if progress.get("eta_s") is not None else ""
-            done = f", {progress['label']} {progress['done']}/{progress['total']}{left}; the default ranks with " \
+            done = f", {progress['label']} {progress['done']}/{progress['total']} distinct chunk texts{left}; " \
+                   "the default ranks with " \
                    "what is encoded meanwhile"
         rows.append(("background", f"{job['method']} ({'running' if job['running'] else 'queued'}{done})"))
     rows.append(("clients", str(info["clients"])))
