@@ -1,0 +1,45 @@
+"""The default never waits for an encode (issue 45): a chat's default, the fusion, ranks a scope
+whose states are not encoded with what is ready, encoding nothing for the scope, and says what
+ran; once the states are encoded, the LLM's signals join. End to end with the real model."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+TRANSCRIPT = """Session 1
+Maria: Hi John! My aunt gave our family some money last year, so we bought a small house.
+John: That is lovely news, Maria. I still live near the beach, the waves are loud at night.
+Maria: Do you still go climbing in the mountains every summer?
+John: Not this year. I took up painting instead, mostly seascapes.
+Session 2
+Maria: My dog Biscuit learned to open the garden gate by himself.
+John: Ha! My neighbour's cat does the same with the kitchen door.
+Maria: We are thinking of adopting a second dog in the spring.
+John: I started volunteering at the animal shelter on Saturdays.
+"""
+
+
+def test_a_chat_default_ranks_with_what_is_ready_then_with_the_llm_signals(evsel_home, tmp_path):
+    from evsel.engine import Engine
+    from evsel.settings import Settings
+
+    chat = tmp_path / "chat.txt"
+    chat.write_text(TRANSCRIPT)
+    engine = Engine(Settings.resolve())  # EVSEL_ENCODE=0 (conftest): the ingest encodes nothing
+    engine.ingest([str(chat)])
+    assert engine.models_info(load=False)["default_by_kind"]["dialogue"]["method"] == "hybrid"
+    states = "select count(*) from chunk_states"
+
+    cold = engine.ask("Who gave Maria's family money?")
+    signals = cold["method"]["signals"]
+    assert cold["method"]["select"] == "hybrid" and signals["ran"] == ["bm25"]
+    assert set(signals["waiting"]) == {"dense", "unreal"} and all("0 of" in w for w in signals["waiting"].values())
+    assert engine.store.db.execute(states).fetchone()[0] == 0  # nothing encoded for the scope
+    assert "aunt" in " ".join(e["text"] for e in cold["evidence"][:2])
+
+    engine.encode_states()  # what the background encode does after an ingest through the daemon
+    warm = engine.ask("Who gave Maria's family money?")
+    assert warm["method"]["signals"] == {"ran": ["bm25", "dense", "unreal", "qr", "dialogue"], "waiting": {}}
+    assert "aunt" in " ".join(e["text"] for e in warm["evidence"][:2])
