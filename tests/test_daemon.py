@@ -43,12 +43,12 @@ def test_protocol_lines_round_trip():
 
 def test_lifecycle_start_status_stop(daemon_home):
     started = evsel("daemon", "start", "--no-preload")
-    assert "started the evsel daemon" in started.stderr
+    assert "started the evsel daemon" in started.stdout
     info = evsel_json("daemon", "status")
     assert info["running"] and info["pid"] == pid_of(daemon_home)
     assert info["home"] == str(daemon_home) and info["documents"] == 0
     assert info["queue"] == {"running": None, "waiting": [], "background": []}
-    assert "already running" in evsel("daemon", "start", "--no-preload").stderr
+    assert "already running" in evsel("daemon", "start", "--no-preload").stdout
     assert evsel_json("daemon", "status")["pid"] == info["pid"]  # not restarted
 
     sock = daemon_home / "daemon.sock"
@@ -58,7 +58,7 @@ def test_lifecycle_start_status_stop(daemon_home):
     human = evsel("daemon", "status").stdout
     assert f"running (pid {info['pid']}" in human and "documents: 0" in human
 
-    assert f"stopped the evsel daemon (pid {info['pid']})" in evsel("daemon", "stop").stderr
+    assert f"stopped the evsel daemon (pid {info['pid']})" in evsel("daemon", "stop").stdout
     assert not alive(daemon_home)
     assert not sock.exists() and not (daemon_home / "daemon.pid").exists()
     stopped = evsel("daemon", "status", check=False)

@@ -178,3 +178,16 @@ def test_ask_json_counts_the_tokens_the_answer_step_read(tmp_path, capsys):
     assert main(["--no-daemon", "ask", "Who was the keeper of the light?", "--select", "bm25", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["grounding"]["kind"] != "abstained" and result["usage"]["prompt_tokens"] > 10
+
+
+def test_the_ingest_summary_and_daemon_start_and_stop_go_to_stdout(daemon_home, tmp_path):
+    """Results go to stdout (README): a script reading stdout gets the summary."""
+    story = tmp_path / "story.md"
+    story.write_text("The keeper lit the lamp at dusk.\n")
+    started = evsel("daemon", "start", "--no-preload")
+    assert started.stdout.startswith("started the evsel daemon") and "started" not in started.stderr
+    done = evsel("ingest", str(story))
+    assert done.stdout.startswith(f"ingested {story}: 1 document(s), 1 chunks") and "ingested" not in done.stderr
+    assert evsel("ingest", str(story)).stdout.startswith(f"unchanged {story}")
+    stopped = evsel("daemon", "stop")
+    assert stopped.stdout.startswith("stopped the evsel daemon") and "stopped" not in stopped.stderr

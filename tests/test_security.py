@@ -508,7 +508,7 @@ def test_control_characters_are_shown_escaped_on_the_terminal(evsel_home, tmp_pa
     assert "log\\x1b[2Jbook\\x1b]0;title\\x07.txt" in runs["docs list"].out  # the path column
     assert "The Keeper\\x1b[5m Log" in runs["docs list"].out  # the title column
     ingest_err = runs["ingest " + str(doc)].err
-    assert f"ingested {tmp_path}/log\\x1b[2Jbook\\x1b]0;title\\x07.txt" in ingest_err
+    assert f"ingested {tmp_path}/log\\x1b[2Jbook\\x1b]0;title\\x07.txt" in runs["ingest " + str(doc)].out
     [error] = [line for line in ingest_err.splitlines() if line.startswith("evsel: error:")]
     assert "empty\\x1b[2J.txt: the file is empty" in error
 

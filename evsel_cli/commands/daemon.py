@@ -41,9 +41,9 @@ def daemon_start(ctx: typer.Context, idle_timeout: IdleOption = 1800, no_preload
                                             preload=not no_preload, on_event=_warn_only)
     connection.close()
     if running is not None and running.get("pid") == info["pid"]:
-        stderr.print(f"the evsel daemon is already running (pid {info['pid']})")
+        stdout.print(f"the evsel daemon is already running (pid {info['pid']})")
     else:
-        stderr.print(f"started the evsel daemon (pid {info['pid']}, socket {escape(str(runtime.files().socket))})")
+        stdout.print(f"started the evsel daemon (pid {info['pid']}, socket {escape(str(runtime.files().socket))})")
 
 
 @app.command("stop")
@@ -55,7 +55,7 @@ def daemon_stop():
     if reply is None:
         stderr.print("the evsel daemon is not running")
     else:
-        stderr.print(f"stopped the evsel daemon (pid {reply.get('pid')})")
+        stdout.print(f"stopped the evsel daemon (pid {reply.get('pid')})")
 
 
 @app.command("status")

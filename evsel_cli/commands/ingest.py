@@ -5,7 +5,7 @@ from typing import Annotated, List, Literal, Optional
 import typer
 
 from evsel.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, KINDS
-from evsel.output import ProgressView, escape, print_json, stderr
+from evsel.output import ProgressView, escape, print_json, stdout
 
 from .base import INT, choice, path
 from .common import JsonOption, engine_from
@@ -53,9 +53,10 @@ def ingest(
                          if r.get(key) == "background"]
                 later = f"; {' and '.join(later)} are computed in the background (evsel daemon status)" \
                     if later else ""
-                stderr.print(f"ingested {escape(r['path'])}: {len(r['doc_ids'])} document(s), {r['chunks']} chunks "
+                # the summary is the command's result: stdout, as the README says results go
+                stdout.print(f"ingested {escape(r['path'])}: {len(r['doc_ids'])} document(s), {r['chunks']} chunks "
                              f"in {r['seconds']:.1f}s (id {', '.join(map(str, r['doc_ids']))}){later}", emoji=False)
             elif r["status"] == "unchanged":
-                stderr.print(f"unchanged {escape(r['path'])} (id {', '.join(map(str, r['doc_ids']))})", emoji=False)
+                stdout.print(f"unchanged {escape(r['path'])} (id {', '.join(map(str, r['doc_ids']))})", emoji=False)
     if failed:
         ctx.exit(1)
