@@ -37,6 +37,8 @@ __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_ME
 
 Event = dict
 EventSink = Callable[[Event], None]
+# the models (selectors' LLM passes, the reader) read at most this much of a question
+MAX_QUESTION_CHARS = 2000
 
 
 class ScopeCache(Protocol):
@@ -264,6 +266,10 @@ class Engine:
         # a byte that is not UTF-8 arrives as a lone surrogate (os.fsdecode): the reply echoes the
         # question as given, the tokenizers read U+FFFD there, as they cannot encode a surrogate
         readable = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in question)
+        if len(readable) > MAX_QUESTION_CHARS:  # 100,000 characters held the daemon 104 s in the LLM's passes
+            on_event({"type": "warning", "message": f"the question is {len(readable):,} characters long; the "
+                      f"models read its first {MAX_QUESTION_CHARS:,} (ask a shorter question)"})
+            readable = readable[:MAX_QUESTION_CHARS]
         method_spec = MethodSpec.of(select, rerank)
         if memory:
             method_spec = method_spec.with_memory()

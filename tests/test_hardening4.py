@@ -191,3 +191,18 @@ def test_the_ingest_summary_and_daemon_start_and_stop_go_to_stdout(daemon_home, 
     assert evsel("ingest", str(story)).stdout.startswith(f"unchanged {story}")
     stopped = evsel("daemon", "stop")
     assert stopped.stdout.startswith("stopped the evsel daemon") and "stopped" not in stopped.stderr
+
+
+def test_a_very_long_question_is_capped_for_the_models_with_a_warning(tmp_path, capsys):
+    from evsel.cli import main
+    from evsel.engine import MAX_QUESTION_CHARS
+
+    story = tmp_path / "story.md"
+    story.write_text("The keeper lit the lamp at dusk.\n")
+    assert main(["--no-daemon", "ingest", "--no-encode", str(story)]) == 0
+    capsys.readouterr()
+    question = "who lit the lamp " * 10000
+    assert main(["--no-daemon", "ask", question, "--select", "bm25", "--evidence-only", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert f"the models read its first {MAX_QUESTION_CHARS:,}" in err
+    assert json.loads(out)["evidence"][0]["text"].startswith("The keeper lit the lamp")
