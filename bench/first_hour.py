@@ -4,6 +4,7 @@ ask beside a BM25 ask of the same question in the same run; then, with --warm, o
 finished. Prints a table (ratios to BM25's whole-process time) and writes JSON.
 
     python bench/first_hour.py --questions bench/questions/anne.jsonl --out bench/results/first-hour.json
+    python bench/first_hour.py --locomo conv-26 --warm 5 --out bench/results/first-hour-chat.json
 
 Each ask is a whole `evsel ask --json` process through the daemon, as a user's shell runs it.
 "Shown" is whether the five passages shown hold the question's evidence passage (the file's
@@ -71,10 +72,29 @@ def pair(env: dict, question: dict, label: str) -> dict:
     return row
 
 
+def locomo_conversation(name: str, folder: Path) -> tuple[Path, list[dict]]:
+    """One conversation of LoCoMo as its own file, and its answerable questions with their
+    evidence turns' text (what a shown passage must hold)."""
+    from common import data_dir
+
+    conversations = json.loads((data_dir() / "locomo" / "locomo10.json").read_text())
+    conversation = next(c for c in conversations if c["sample_id"] == name)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(conversation))
+    turns = {t["dia_id"]: t["text"] for key, session in conversation["conversation"].items()
+             if key.startswith("session_") and isinstance(session, list) for t in session}
+    questions = [{"question": qa["question"], "evidence": [turns[e] for e in qa["evidence"] if e in turns]}
+                 for qa in conversation["qa"] if qa.get("category") != 5 and qa.get("evidence")]
+    return path, [q for q in questions if q["evidence"]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=Path, default=ROOT / "bench" / "questions" / "anne.jsonl",
                         help="an evsel eval question file on one book (question, document, evidence)")
+    parser.add_argument("--locomo", metavar="CONV",
+                        help="instead: one LoCoMo conversation (e.g. conv-26) cut out of ../shared/data, as the "
+                             "README does, asked its own questions (a chat's default)")
     parser.add_argument("--asks", type=int, default=5, help="asks while the background encode runs")
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between those asks")
     parser.add_argument("--warm", type=int, default=0,
@@ -88,11 +108,14 @@ def main() -> int:
 
     from evsel.evaluation.report import run_info
 
-    questions = [json.loads(line) for line in args.questions.read_text().splitlines() if line.strip()]
-    book = (args.questions.parent / questions[0]["document"]).resolve()
     home = args.home or Path(tempfile.mkdtemp(prefix="evsel-first-hour-"))
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
+    if args.locomo:
+        book, questions = locomo_conversation(args.locomo, home)
+    else:
+        questions = [json.loads(line) for line in args.questions.read_text().splitlines() if line.strip()]
+        book = (args.questions.parent / questions[0]["document"]).resolve()
     env = dict(os.environ, EVSEL_HOME=str(home))
     evsel(["daemon", "start"], env)
     record = {"run": run_info(), "book": book.name, "questions_file": str(args.questions), "load_1m_start": load_1m(),

@@ -538,6 +538,26 @@ def background_section(result: dict) -> list[str]:
     return out + [""]
 
 
+def first_hour_section(path: Path, result: dict) -> list[str]:
+    """bench/first_hour.py: a document ingested through a fresh daemon, the default's asks beside
+    BM25's from the first one on, while the background encode runs, and once it is done."""
+    out = [f"## The first asks after ingest: {result['book']} (bench/first_hour.py, {path.name})", ""]
+    out += provenance(result["run"])
+    out += [f"- ingest returned in {result['ingest_s']} s; load average {result['load_1m_start']:.1f} at the start, "
+            f"{result['load_1m_end']:.1f} at the end; each ask a whole `evsel ask --json` process through the "
+            "daemon, the default's then BM25's of the same question; \"shown\": the five passages hold the "
+            "question's evidence", "",
+            "| ask | default (s) | BM25 (s) | ratio | shown default / BM25 | the default ranked by | encode after |",
+            "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        ran = "+".join((row["default"].get("signals") or {}).get("ran") or [row["default"]["method"]])
+        encode = row["encode_after"]
+        where = f"{encode[2]} {encode[0]}/{encode[1]}" if encode else "done"
+        out.append(f"| {row['when']} | {row['default']['wall_s']:.2f} | {row['bm25']['wall_s']:.2f} | {row['ratio']:.2f} "
+                   f"| {int(row['default']['shown'])} / {int(row['bm25']['shown'])} | {ran} | {where} |")
+    return out + [""]
+
+
 def ingest_memory_section(result: dict) -> list[str]:
     """Peak RSS and cancel latency of a 51.5 MiB text ingest (bench/ingest.py --memory), per labelled run."""
     out = ["## Ingest memory and cancel latency (bench/ingest.py --memory)", ""]
@@ -939,6 +959,8 @@ def main() -> int:
         lines += startup_section(json.loads((RESULTS / "startup.json").read_text()))
     if (RESULTS / "daemon-background.json").exists():
         lines += background_section(json.loads((RESULTS / "daemon-background.json").read_text()))
+    for path in sorted(RESULTS.glob("first-hour*.json")):
+        lines += first_hour_section(path, json.loads(path.read_text()))
     if ingest:
         lines += ingest_section(ingest)
     pdf_ingest = RESULTS / "pdf-reader-ingest.json"
