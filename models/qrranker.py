@@ -276,10 +276,20 @@ class QRScorer:
                                        [(layer, h) for layer, heads in (read or {}).items() for h in heads],
                                        qrranker_kv.projection_digest(projections) if projections else "")
         root = qrranker_kv.kv_root(store_dir)
+        first = len(prompt.prefix(None))  # a block's tokens sit at positions first.. ("same" labels)
+
+        def rope(n: int):
+            import torch
+
+            from evsel.models.blocksparse import _rope_tables
+
+            return _rope_tables(self.model, torch.arange(first, first + n, device=param.device))
+
         self.kv_files = qrranker_kv.BlockKVFiles(
             root / self.backbone.fingerprint / digest, root, self.depth, kv_heads,
             getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads, cfg.hidden_size,
-            self.captured, param.dtype, param.device, read, projections, max_bytes=max_bytes, on_warning=on_warning)
+            self.captured, param.dtype, param.device, read, projections, max_bytes=max_bytes, on_warning=on_warning,
+            rope=rope)
         # blocks read from files are quantized: the shared in-memory cache keeps them apart from
         # exact ones (another scorer over the same backbone and depth reads exact states only)
         self.model_key = f"{self.model_key.split(':kv-')[0]}:kv-{digest}"

@@ -3,16 +3,26 @@ computed instead of encoding 50 candidates (models/qrranker.py, block encoding w
 a block's KV depends on the prefix and its own text only, never on the question).
 
 What is kept per chunk is what the query pass reads of it, quantized (`BITS`):
-- the keys of the KV heads the QR heads read, at their layers, in 8 bits (their logits are the scores);
-- the other keys and all values of every layer below the deepest read one in 4 bits (the
+- the keys of the KV heads the QR heads read, at their layers, in 6 bits (their logits are the scores);
+- the other keys and all values of every layer below the deepest read one in 3 bits (the
   suffix's hidden states at a read layer depend on every head of every layer below it); of the
   deepest read layer only its read keys (nothing above it runs, so its values and other heads
   are never read: they load as zeros);
-- keys with a float16 (minimum, step) per head and channel over the block's tokens (keys have
-  outlier channels), values with one per token and layer (values have outlier tokens);
+- keys before RoPE (the rotation is undone at the block's positions, the prefix length on, and
+  applied again on load): a channel's pre-RoPE values have a steady range, where RoPE swings each
+  pair through its angles; a float16 (minimum, step) per head and channel over the block's tokens
+  (keys have outlier channels);
+- values turned by a fixed orthonormal matrix (a Hadamard with fixed signs, per head vector), which
+  spreads their outlier dimensions over all of them, then levels spread evenly over [-max, max]
+  with one float16 max per token and layer;
 - with a trained adapter, the rank-r projections A x of the adapted layers' k_proj inputs (the
-  adapter reads them only through A): a file loads the least-norm inputs with the same
-  projections, so the adapter's key deltas are those of the true inputs up to float16 rounding.
+  adapter reads them only through A) in 8 bits, a float16 max per layer and rank channel: a file
+  loads the least-norm inputs with the same projections, so the adapter's key deltas are those of
+  the true inputs up to that rounding.
+
+Format 3 (these two turns, 6/3/3 bits) keeps scores within 1e-2 of a fresh encode under 4 KiB a token;
+format 2 (post-RoPE keys, 8/4/4 bits) took 5.3 KiB, and 3 bits without the turns moved scores by more
+(docs/QRRANKER.md, bench/qrranker_kv_bits.py).
 
 Files: <store dir>/qrranker/<backbone fingerprint>/<config digest>/<chunk content hash>.npy, one
 uint8 array a chunk (ArrayCache: 0600 files in 0700 folders, written to a temp sibling, fsynced and
@@ -40,13 +50,12 @@ from pathlib import Path
 import numpy as np
 from evsel.models.caches import ArrayCache, config_digest, delete_chunk_files, method_root
 
-FORMAT = "evsel-qrranker-kv/2"
+FORMAT = "evsel-qrranker-kv/3"  # 2: post-RoPE keys, 8/4/4 bits (its files are never read: another digest)
 FOLDER = "qrranker"
 MAGIC = b"EVKV"
 # bits per stored value: the keys the QR heads read, the other keys, the values (docs/QRRANKER.md:
-# within 1e-2 of fresh scores with the same top 10 on the Sherlock Holmes book; 3 bits for the
-# last two is not)
-BITS = (8, 4, 4)
+# within 1e-2 of fresh scores with the same top 10 on the Sherlock Holmes book)
+BITS = (6, 3, 3)
 
 
 # a full disk: the KV root -> the bytes free when a write failed; until more is free than that
@@ -106,11 +115,11 @@ def kv_root(store_dir: str | Path) -> Path:
 
 
 def kv_digest(model_dtype: str, depth: int, prefix: list[int], separator: list[int], max_chunk_tokens: int,
-              labels: str, capture, read_heads=(), projections: str = "", bits=BITS) -> str:
+              labels: str, capture, read_heads=(), projections: str = "", bits=None) -> str:
     data = {"format": FORMAT, "model_dtype": model_dtype, "depth": depth, "prefix": list(prefix),
             "separator": list(separator), "max_chunk_tokens": max_chunk_tokens, "labels": labels,
             "capture": list(capture), "read_heads": [list(h) for h in read_heads], "projections": projections,
-            "bits": list(bits)}
+            "bits": list(bits if bits is not None else BITS)}
     return config_digest(data)
 
 
@@ -128,34 +137,48 @@ def projection_digest(matrices: dict) -> str:
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 codes < 2**bits -> their low `bits` bits, packed (first code in the high bits)."""
+    """uint8 codes < 2**bits -> their low `bits` bits as one bit stream, first code in the high bits
+    (8 codes make `bits` bytes: arithmetic on whole groups, no per-bit arrays)."""
     codes = codes.astype(np.uint8).reshape(-1)
     if bits == 8:
         return codes
-    per = 8 // bits
-    if 8 % bits == 0:  # 1, 2, 4 bits: shifts
-        padded = np.zeros(-(-codes.size // per) * per, np.uint8)
-        padded[: codes.size] = codes
-        lanes = padded.reshape(-1, per)
-        out = np.zeros(lanes.shape[0], np.uint8)
-        for j in range(per):
-            out |= lanes[:, j] << (8 - bits * (j + 1))
-        return out
-    planes = np.unpackbits(codes.reshape(-1, 1), axis=1)[:, 8 - bits:]
-    return np.packbits(planes.reshape(-1))
+    n = codes.size
+    groups = np.zeros(-(-n // 8) * 8, np.uint64)
+    groups[:n] = codes
+    groups = groups.reshape(-1, 8)
+    word = np.zeros(groups.shape[0], np.uint64)
+    for j in range(8):
+        word |= groups[:, j] << np.uint64(bits * (7 - j))
+    out = word.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - bits:].reshape(-1)
+    return out[: -(-n * bits // 8)]
 
 
 def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     if bits == 8:
         return packed[:count]
-    if 8 % bits == 0:
-        per, mask = 8 // bits, (1 << bits) - 1
-        lanes = np.empty((packed.size, per), np.uint8)
-        for j in range(per):
-            lanes[:, j] = (packed >> (8 - bits * (j + 1))) & mask
-        return lanes.reshape(-1)[:count]
-    planes = np.unpackbits(packed)[: count * bits].reshape(count, bits)
-    return np.packbits(np.concatenate([np.zeros((count, 8 - bits), np.uint8), planes], axis=1), axis=1).reshape(-1)
+    groups = -(-count // 8)
+    raw = np.zeros(groups * bits, np.uint8)
+    raw[: packed.size] = packed[: groups * bits]
+    wide = np.zeros((groups, 8), np.uint8)
+    wide[:, 8 - bits:] = raw.reshape(groups, bits)
+    word = wide.reshape(-1).view(">u8").astype(np.uint64)
+    mask = np.uint64((1 << bits) - 1)
+    out = np.empty((groups, 8), np.uint8)
+    for j in range(8):
+        out[:, j] = (word >> np.uint64(bits * (7 - j))) & mask
+    return out.reshape(-1)[:count]
+
+
+def value_rotation(head_dim: int) -> np.ndarray:
+    """The fixed orthonormal (head_dim, head_dim) turn of stored values: a Sylvester Hadamard
+    matrix with fixed row signs (the identity where head_dim is not a power of two)."""
+    if head_dim & (head_dim - 1):
+        return np.eye(head_dim, dtype=np.float32)
+    h = np.ones((1, 1))
+    while h.shape[0] < head_dim:
+        h = np.block([[h, h], [h, -h]])
+    signs = np.unpackbits(np.frombuffer(hashlib.blake2b(b"evsel-qrranker-kv/3 value signs").digest(), np.uint8))
+    return (h * np.where(signs[:head_dim], -1.0, 1.0)[:, None] / np.sqrt(head_dim)).astype(np.float32)
 
 
 def quantize(x: np.ndarray, axis: int, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -172,6 +195,28 @@ def dequantize(codes: np.ndarray, low: np.ndarray, step: np.ndarray) -> np.ndarr
     return codes.astype(np.float32) * step.astype(np.float32) + low.astype(np.float32)
 
 
+def quantize_symmetric(x: np.ndarray, axis: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and the float16 largest magnitude of `x` (float32) along `axis`: 2**bits levels
+    spread evenly over [-max, max] (turned values and projections centre on zero: no minimum kept)."""
+    top = np.abs(x).max(axis=axis, keepdims=True).astype(np.float16)
+    half = (2 ** bits - 1) / 2
+    step = top.astype(np.float32) / half
+    safe = np.where(step > 0, step, 1.0)
+    codes = np.clip(np.rint(x / safe + half), 0, 2 ** bits - 1).astype(np.uint8)
+    return codes, top
+
+
+def dequantize_symmetric(codes: np.ndarray, top: np.ndarray, bits: int) -> np.ndarray:
+    half = (2 ** bits - 1) / 2
+    return (codes.astype(np.float32) - half) * (top.astype(np.float32) / half)
+
+
+def torch_turn(head_dim: int):
+    import torch
+
+    return torch.from_numpy(value_rotation(head_dim))
+
+
 class DamagedKV(ValueError):
     """A stored file that is not what its name and folder promise."""
 
@@ -181,11 +226,13 @@ class BlockKVFiles:
 
     def __init__(self, folder: str | Path, top: str | Path, depth: int, kv_heads: int, head_dim: int, hidden: int,
                  capture, dtype, device, read_heads: dict | None = None, projections: dict | None = None,
-                 bits: tuple[int, int, int] = BITS, max_bytes: int | None = None, on_warning=None):
+                 bits: tuple[int, int, int] | None = None, max_bytes: int | None = None, on_warning=None, rope=None):
         """`read_heads`: {layer: the KV heads its QR heads read} (None: every head of every layer
         read); `projections`: {captured layer: the adapter's A of its k_proj (rank, hidden)};
-        `bits`: (read keys, other keys, values); `max_bytes`: the cap of all files under `top`
-        (None: none); `on_warning(message)`: told of a damaged file."""
+        `bits`: (read keys, other keys, values; None: `BITS`); `max_bytes`: the cap of all files under `top`
+        (None: none); `on_warning(message)`: told of a damaged file; `rope(n)`: the float32 (cos,
+        sin), each (n, head_dim), of a block's first n positions (keys are stored before RoPE;
+        None: as they are)."""
         self.folder = Path(folder)
         self.top = Path(top)
         self.config = self.folder.name
@@ -194,7 +241,7 @@ class BlockKVFiles:
         self.capture = tuple(capture)
         self.dtype = dtype  # the model's torch dtype
         self.device = device
-        self.bits = tuple(bits)
+        self.bits = tuple(bits if bits is not None else BITS)
         every = list(range(kv_heads))
         self.read = {layer: sorted(set(heads)) for layer, heads in read_heads.items()} if read_heads is not None \
             else {layer: every for layer in range(depth)}
@@ -204,6 +251,9 @@ class BlockKVFiles:
         self.lift = {layer: np.linalg.solve((a @ a.T).numpy(), a.numpy()).astype(np.float32)
                      for layer, a in self.projections.items()}
         self.max_bytes = max_bytes
+        self.rope = rope
+        self._rope_tables = None  # (cos, sin) of the longest block seen, on the CPU
+        self.turn = torch_turn(head_dim)
         self.on_warning = on_warning or (lambda _message: None)
         self.reads = self.writes = self.rejected = self.evicted = 0
         # layout: (layer, head) of the read keys, of the other keys stored, the layers whose V is stored
@@ -223,9 +273,10 @@ class BlockKVFiles:
         for section, heads, bits in (("read_keys", self.read_keys, read_bits), ("other_keys", self.other_keys, key_bits)):
             sizes += [(section, -(-len(heads) * length * d * bits // 8)), (section + "_scale", len(heads) * d * 4)]
         values = len(self.value_layers)
-        return sizes + [("values", -(-values * length * self.kv_heads * d * value_bits // 8)),
-                        ("values_scale", values * length * 4),
-                        ("projections", len(self.capture) * length * self.rank * 2)]
+        return sizes + [("values", -(-values * self.kv_heads * length * d * value_bits // 8)),
+                        ("values_scale", values * length * 2),
+                        ("projections", len(self.capture) * length * self.rank),
+                        ("projections_scale", len(self.capture) * self.rank * 2)]
 
     def payload_bytes(self, length: int) -> int:
         return sum(n for _, n in self._sizes(length))
@@ -236,6 +287,30 @@ class BlockKVFiles:
 
     def has(self, name: str) -> bool:
         return self.files.path(name).is_file()
+
+    def _tables(self, length: int):
+        if self._rope_tables is None or self._rope_tables[0].shape[0] < length:
+            cos, sin = self.rope(max(length, 512))
+            self._rope_tables = (cos.float().cpu(), sin.float().cpu())
+        return self._rope_tables[0][:length], self._rope_tables[1][:length]
+
+    def unrope(self, keys):
+        """Post-RoPE keys (..., L, d) float32 of a block -> before RoPE (as stored)."""
+        if self.rope is None:
+            return keys
+        from evsel.models.blocksparse import rotate
+
+        cos, sin = self._tables(keys.shape[-2])
+        return rotate(keys, cos, -sin)
+
+    def rerope(self, keys):
+        """`unrope` undone: stored keys (..., L, d) float32 at the block's positions."""
+        if self.rope is None:
+            return keys
+        from evsel.models.blocksparse import rotate
+
+        cos, sin = self._tables(keys.shape[-2])
+        return rotate(keys, cos, sin)
 
     # encoding
     def encode(self, name: str, kv, inputs: dict) -> np.ndarray:
@@ -249,20 +324,23 @@ class BlockKVFiles:
             if not heads:
                 parts += [np.zeros(0, np.uint8)] * 2
                 continue
-            keys = torch.stack([kv[layer][0][h] for layer, h in heads]).float().cpu().numpy()  # (n, L, d)
-            codes, low, step = quantize(keys, 1, bits)  # per channel
+            keys = self.unrope(torch.stack([kv[layer][0][h] for layer, h in heads]).float().cpu())  # (n, L, d)
+            codes, low, step = quantize(keys.numpy(), 1, bits)  # per channel
             parts += [pack(codes, bits), np.concatenate([low, step], axis=1).view(np.uint8).reshape(-1)]
-        if self.value_layers:
-            values = torch.stack([kv[layer][1] for layer in self.value_layers]).float().cpu().numpy()
-            values = values.transpose(0, 2, 1, 3).reshape(len(self.value_layers), length, -1)  # per token and layer
-            codes, low, step = quantize(values, 2, value_bits)
-            parts += [pack(codes, value_bits), np.concatenate([low, step], axis=2).view(np.uint8).reshape(-1)]
+        if self.value_layers:  # each head vector turned, then per token and layer: (layers, L, heads x d)
+            values = torch.stack([kv[layer][1] for layer in self.value_layers]).float().cpu() @ self.turn
+            values = values.transpose(1, 2).reshape(len(self.value_layers), length, -1)
+            codes, scale = quantize_symmetric(values.numpy(), 2, value_bits)
+            parts += [pack(codes, value_bits), scale.view(np.uint8).reshape(-1)]
         else:
             parts += [np.zeros(0, np.uint8)] * 2
-        if self.capture:
+        if self.capture:  # (layers, L, rank) in 8 bits, a scale per layer and rank channel
             y = np.stack([inputs[layer].float().cpu().numpy() @ self.projections[layer].numpy().T
-                          for layer in self.capture]).astype(np.float16)
-            parts.append(y.view(np.uint8).reshape(-1))
+                          for layer in self.capture])
+            codes, scale = quantize_symmetric(y, 1, 8)
+            parts += [codes.reshape(-1), scale.view(np.uint8).reshape(-1)]
+        else:
+            parts += [np.zeros(0, np.uint8)] * 2
         payload = np.concatenate(parts)
         if payload.size != self.payload_bytes(length):
             raise ValueError("block KV layout mismatch")
@@ -306,24 +384,25 @@ class BlockKVFiles:
                 continue
             codes = unpack(sections[section], bits, len(heads) * length * d).reshape(len(heads), length, d)
             scale = sections[section + "_scale"].view(np.float16).reshape(len(heads), 2, d)
-            got = torch.from_numpy(dequantize(codes, scale[:, :1], scale[:, 1:])).to(self.dtype)
+            got = self.rerope(torch.from_numpy(dequantize(codes, scale[:, :1], scale[:, 1:]))).to(self.dtype)
             index = torch.tensor([layer * self.kv_heads + h for layer, h in heads])
             keys.view(-1, length, d)[index] = got
         values = torch.zeros(self.depth, self.kv_heads, length, d, dtype=self.dtype)
         if self.value_layers:
             n = len(self.value_layers)
-            codes = unpack(sections["values"], value_bits, n * length * self.kv_heads * d).reshape(n, length, -1)
-            scale = sections["values_scale"].view(np.float16).reshape(n, length, 2)
-            got = torch.from_numpy(dequantize(codes, scale[:, :, :1], scale[:, :, 1:])).to(self.dtype)
-            values[self.value_layers] = got.view(n, length, self.kv_heads, d).transpose(1, 2)
+            codes = unpack(sections["values"], value_bits, n * length * self.kv_heads * d)
+            scale = sections["values_scale"].view(np.float16).reshape(n, length, 1)
+            got = torch.from_numpy(dequantize_symmetric(codes.reshape(n, length, -1), scale, value_bits))
+            got = got.view(n, length, self.kv_heads, d).transpose(1, 2) @ self.turn.T
+            values[self.value_layers] = got.to(self.dtype)
         keys, values = keys.to(self.device), values.to(self.device)
         kv = [(keys[layer], values[layer]) for layer in range(self.depth)]
         inputs = {}
         if self.capture:
-            y = sections["projections"].view(np.float16).reshape(len(self.capture), length, self.rank)
+            scale = sections["projections_scale"].view(np.float16).reshape(len(self.capture), 1, self.rank)
+            y = dequantize_symmetric(sections["projections"].reshape(len(self.capture), length, self.rank), scale, 8)
             for j, layer in enumerate(self.capture):
-                inputs[layer] = torch.from_numpy(y[j].astype(np.float32) @ self.lift[layer]).to(self.device,
-                                                                                                 self.dtype)
+                inputs[layer] = torch.from_numpy(y[j] @ self.lift[layer]).to(self.device, self.dtype)
         return kv, inputs
 
     # reading and writing
