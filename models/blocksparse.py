@@ -204,6 +204,7 @@ class BlockStates:
     blocks: list[list[tuple]]  # per block, per layer (kv, L_i, d)
     prefix_inputs: dict | None = None
     block_inputs: list[dict] | None = None
+    residuals: list | None = None  # per block (L_i, hidden): `encode_blocks(residual=...)`
 
     @property
     def prefix_len(self) -> int:
@@ -242,15 +243,19 @@ class BlockStates:
 
 
 def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_tokens: int = 4096,
-                  pad_id: int = 0, capture=()) -> BlockStates:
+                  pad_id: int = 0, capture=(), residual: int | None = None) -> BlockStates:
     """Encode `blocks` block-sparse after a prefix whose KV is `prefix_kv` (from `encode_prefix`):
     each block attends to the prefix and itself, at positions P..P+L_i-1, independent of every
     other block. Batched by similar length, right-padded (under the causal mask no real token
     sees a pad), at most `batch_tokens` block tokens (padding included) a batch. `capture`:
-    layers whose k_proj inputs are kept too (BlockStates.block_inputs)."""
+    layers whose k_proj inputs are kept too (BlockStates.block_inputs); `residual`: the residual
+    stream after this many decoder layers (at most the prefix KV's) is kept too, from the same pass
+    (BlockStates.residuals)."""
     import torch
 
     depth = len(prefix_kv)
+    if residual is not None and not 1 <= residual <= depth:
+        raise ModelError(f"the residual after layer {residual} needs the prefix's KV of as many layers ({depth} given)")
     device = prefix_kv[0][0].device
     p = int(prefix_kv[0][0].shape[-2])
     order = sorted(range(len(blocks)), key=lambda i: len(blocks[i]))
@@ -265,6 +270,7 @@ def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_
         batches.append(current)
     out: list = [None] * len(blocks)
     inputs: list = [None] * len(blocks)
+    residuals: list = [None] * len(blocks)
     for batch in batches:
         width = max(len(blocks[i]) for i in batch)
         if width == 0:
@@ -276,13 +282,16 @@ def encode_blocks(model, prefix_kv: list[tuple], blocks: list[list[int]], batch_
         cache = dynamic_cache([(k.expand(len(batch), -1, -1, -1), v.expand(len(batch), -1, -1, -1))
                         for k, v in prefix_kv])
         with torch.inference_mode(), _inputs_of(model, capture) as got:
-            run_layers(model, [depth], input_ids=x.to(device), cache=cache, position_ids=positions.to(device))
+            states = run_layers(model, sorted({depth, residual or depth}), input_ids=x.to(device), cache=cache,
+                                position_ids=positions.to(device))
         kv = _cache_kv(cache, depth)
         for row, i in enumerate(batch):
             n = len(blocks[i])
             out[i] = [(k[row, :, p:p + n].clone(), v[row, :, p:p + n].clone()) for k, v in kv]
             inputs[i] = {layer: got[layer][row, :n].clone() for layer in capture}
-    return BlockStates(prefix_kv, out, None, inputs if capture else None)
+            if residual:
+                residuals[i] = states[residual][row, :n].clone()
+    return BlockStates(prefix_kv, out, None, inputs if capture else None, residuals if residual else None)
 
 
 def _state_bytes(value: list[tuple]) -> int:
@@ -452,13 +461,35 @@ def read_states(context: Context, layers: list[int]) -> ReadStates:
     return ReadStates({layer: context.kv[layer][0][0] for layer in layers}, inputs, positions)
 
 
+# suffixes that begin alike (the question's and the null query's: separator, closing instruction,
+# "Query:") run those tokens once over the context, then each its own rest (`suffix_states`);
+# False: one padded batch of whole suffixes, as before (bench/cold_rerank.py times both)
+SHARE_LEADING = True
+
+
+def leading_shared(suffixes: list[tuple[list[int], int]]) -> int:
+    """How many leading tokens all of several suffixes share, each keeping one of its own."""
+    if len(suffixes) < 2:
+        return 0
+    ids = [list(s[0]) for s in suffixes]
+    most = min(len(x) for x in ids) - 1
+    n = 0
+    while n < most and all(x[n] == ids[0][n] for x in ids):
+        n += 1
+    return n
+
+
 def suffix_states(model, context: Context, suffixes: list[tuple[list[int], int]], layers: list[int],
                   check_rope: bool = False, capture: bool = False) -> list[SuffixStates]:
-    """The backbone's pass of `suffixes` over `context` (one padded batch, stopping after the
-    deepest of `layers`); call under no_grad or inference_mode. `capture`: keep the k_proj inputs
-    of the read layers (an adapter reads them)."""
+    """The backbone's pass of `suffixes` over `context` (stopping after the deepest of `layers`):
+    their shared leading tokens once, then each suffix's rest (`SHARE_LEADING`), else one padded
+    batch; call under no_grad or inference_mode. `capture`: keep the k_proj inputs of the read
+    layers (an adapter reads them)."""
     import torch
 
+    shared = leading_shared(suffixes) if SHARE_LEADING else 0
+    if shared >= 2:
+        return _suffix_states_shared(model, context, suffixes, layers, check_rope, capture, shared)
     inner = model.model
     depth = max(layers) + 1
     if depth > len(context.kv):
@@ -498,6 +529,63 @@ def suffix_states(model, context: Context, suffixes: list[tuple[list[int], int]]
             out[row].keys[layer] = keys[row, :, t_ctx:t_ctx + n]
             if capture:
                 out[row].inputs[layer] = got_inputs[layer][row, :n]
+    return out
+
+
+def _suffix_states_shared(model, context: Context, suffixes: list[tuple[list[int], int]], layers: list[int],
+                          check_rope: bool, capture: bool, shared: int) -> list[SuffixStates]:
+    """`suffix_states` where every suffix starts with the same `shared` tokens: those run once over
+    the context (their states are the same in every suffix: causal attention), then each suffix's
+    own tokens over the context and them, unpadded. The query pass's cost is mostly its rows'
+    attention over the whole context, so rows computed once are cost saved."""
+    import torch
+
+    inner = model.model
+    depth = max(layers) + 1
+    if depth > len(context.kv):
+        raise ModelError(f"the context holds {len(context.kv)} layers, the query needs {depth}")
+    taps = {}
+    for layer in layers:
+        taps[("q", layer)] = inner.layers[layer].self_attn.q_proj
+        if check_rope:
+            taps[("k", layer)] = inner.layers[layer].self_attn.k_proj
+    device = context.kv[0][0].device
+    n_heads = model.config.num_attention_heads
+    t_ctx = context.length
+
+    def run(kv, ids: list[int], first: int):
+        x = torch.tensor([ids], dtype=torch.long, device=device)
+        positions = (torch.arange(len(ids), device=device) + first)[None]
+        cache = dynamic_cache(kv)
+        with _inputs_of(model, layers if capture else ()) as got_inputs:
+            got = run_layers(model, [depth], taps=taps, input_ids=x, cache=cache, position_ids=positions)
+        return got, dict(got_inputs), _cache_kv(cache, depth)
+
+    lead, lead_inputs, lead_kv = run(context.kv[:depth], list(suffixes[0][0][:shared]), context.next_position)
+    out = []
+    for row, (ids, start) in enumerate(suffixes):
+        rest, rest_inputs, kv = run(lead_kv, list(ids[shared:]), context.next_position + shared)
+        n = len(ids)
+        positions = torch.arange(n, device=device) + context.next_position
+        cos, sin = inner.rotary_emb(context.kv[0][0], positions[None])  # (1, n, d), the model's dtype
+        cos, sin = cos[:, None], sin[:, None]
+        state = SuffixStates({}, {}, {} if capture else None, positions, start)
+        for layer in layers:
+            keys = kv[layer][0]  # (1, kv, T_ctx + n, d), post-RoPE
+            head_dim = keys.shape[-1]
+            q = torch.cat([lead[("q", layer)], rest[("q", layer)]], dim=1)
+            q = rotate(q.view(1, n, n_heads, head_dim).transpose(1, 2), cos, sin)
+            if check_rope and row == 0:
+                k = torch.cat([lead[("k", layer)], rest[("k", layer)]], dim=1)
+                k = rotate(k.view(1, n, keys.shape[1], head_dim).transpose(1, 2), cos, sin)
+                if not torch.allclose(k[0].float(), keys[0, :, t_ctx:t_ctx + n].float(), atol=1e-2, rtol=1e-2):
+                    raise ModelError("this backbone's attention is not Llama-style RoPE attention; QRRanker cannot "
+                                     "read its heads", "use a Llama-family backbone (e.g. the bundled SmolLM2)")
+            state.queries[layer] = q[0, :, start:n]
+            state.keys[layer] = keys[0, :, t_ctx:t_ctx + n]
+            if capture:
+                state.inputs[layer] = torch.cat([lead_inputs[layer][0], rest_inputs[layer][0]])
+        out.append(state)
     return out
 
 

@@ -193,6 +193,23 @@ def test_truncation_changes_cost_not_scores(tiny_backbone):
     assert len(ctx.kv) == 2
 
 
+@pytest.mark.parametrize("adapted", [False, True], ids=["heads", "adapter"])
+def test_shared_suffix_tokens_run_once_and_score_as_one_padded_batch(tiny_backbone, monkeypatch, adapted):
+    """The question's and the null query's suffixes share their leading tokens (separator, closing
+    instruction, label): run once, then each suffix's rest, they score as the padded batch of whole
+    suffixes does."""
+    adapter = _adapter(tiny_backbone) if adapted else None
+    scorer = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block"), adapter=adapter)
+    suffixes = scorer.suffixes(QUESTION)
+    shared = blocksparse.leading_shared(suffixes)
+    assert shared >= 2 and suffixes[0][0][:shared] == suffixes[1][0][:shared]
+    assert suffixes[0][0][shared] != suffixes[1][0][shared]
+    once = scorer.scores(QUESTION, TEXTS)
+    monkeypatch.setattr(blocksparse, "SHARE_LEADING", False)
+    batch = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block"), adapter=adapter)
+    assert np.allclose(once, batch.scores(QUESTION, TEXTS), atol=1e-6, rtol=1e-5)
+
+
 def test_calibration_and_trimming_by_hand():
     # one layer, two heads, 8 context tokens; candidates at tokens 1..5 and 5..8
     real = {0: torch.tensor([[0.50, 0.10, 0.12, 0.11, 0.09, 0.02, 0.03, 0.03],
