@@ -51,8 +51,8 @@ def ingest(
             if r["status"] == "ingested":
                 later = [w for w, key in (("chunk states", "states"), ("summaries", "summaries"))
                          if r.get(key) == "background"]
-                later = f"; {' and '.join(later)} are computed in the background (evsel daemon status)" \
-                    if later else ""
+                later = f"; {' and '.join(later)} are computed in the background: until they are, asks rank " \
+                        "with what is ready (evsel daemon status shows the time left)" if later else ""
                 # the summary is the command's result: stdout, as the README says results go
                 stdout.print(f"ingested {escape(r['path'])}: {len(r['doc_ids'])} document(s), {r['chunks']} chunks "
                              f"in {r['seconds']:.1f}s (id {', '.join(map(str, r['doc_ids']))}){later}", emoji=False)
