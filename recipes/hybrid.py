@@ -261,13 +261,41 @@ def apply_held_out(defaults: dict, held_out: list[dict]) -> dict:
     return defaults
 
 
-def write_defaults(weights: Path, held_out: list[dict], out: Path, command: str) -> dict:
+def rejudge_speed(fitted: dict, ratios: dict[str, float]) -> dict:
+    """The fit's choice for one kind again, with warm ask ratios measured on that kind's documents
+    ({method: its warm ask over BM25's}): a candidate over the speed limit drops out, and the best
+    of the rest by dev recall@3 is chosen (BM25 when none is left). Candidates not measured keep
+    the ratio the fit used."""
+    candidates = []
+    for candidate in fitted.get("candidates", []):
+        candidate = dict(candidate, test=dict(candidate["test"]))
+        ratio = ratios.get(candidate["candidate"])
+        if ratio is not None:
+            candidate["test"]["warm_ask_ratio"] = ratio
+            limit = candidate["test"].get("speed_limit", paired.SPEED_LIMIT)
+            if ratio > limit and candidate["method"] != paired.FALLBACK:
+                candidate.update(method=paired.FALLBACK, why=(
+                    f"{candidate['candidate']} is not the default: measured on these documents, its warm ask takes "
+                    f"{ratio:.2f}x a BM25 one (limit {limit}x)"))
+        candidates.append(candidate)
+    passing = [c for c in candidates if c["method"] != paired.FALLBACK]
+    chosen = max(passing, key=lambda c: c["test"].get("recall@3", 0)) if passing else (
+        candidates[0] if candidates else {"method": paired.FALLBACK, "why": "no candidate", "test": {}})
+    if not passing and len(candidates) > 1:
+        chosen = dict(chosen, why="; ".join(c["why"] for c in candidates))
+    return dict(fitted, candidate=chosen.get("candidate", fitted.get("candidate")), method=chosen["method"],
+                why=chosen["why"], test=chosen["test"], candidates=candidates)
+
+
+def write_defaults(weights: Path, held_out: list[dict], out: Path, command: str,
+                   warm_ask_ratios: dict[str, dict[str, float]] | None = None) -> dict:
     """`evsel train defaults`: each kind's default method, kept apart from the weights, in
     OUT/defaults.json. The fit's choice (hybrid.json's "defaults": the candidate that passed the
     paired test on its dev questions, before any held-out run) is judged again by every run no fit
     looked at: the runs the fit's record already holds, and `held_out` (bench/held_out.py's
     entries; one of the same kind and set replaces the older). A kind whose candidate missed any
-    stays on BM25, and the record says why."""
+    stays on BM25, and the record says why. `warm_ask_ratios` ({kind: {method: ratio}}): warm asks
+    measured on that kind's documents judge each candidate's speed again (`rejudge_speed`)."""
     import copy
 
     from evsel.models.selectors.default import DEFAULTS_FILE, DEFAULTS_FORMAT
@@ -280,6 +308,8 @@ def write_defaults(weights: Path, held_out: list[dict], out: Path, command: str)
         chosen = {k: v for k, v in fitted.items() if k not in ("held_out",)}
         if first is not None:  # the fit's own choice, before the held-out runs judged it
             chosen.update(method=first["method"], why=first["why"], test=first["test"])
+        if (warm_ask_ratios or {}).get(kind):
+            chosen = rejudge_speed(chosen, warm_ask_ratios[kind])
         new = [e for e in held_out if e["kind"] == kind]
         named = {e["set"] for e in new}
         chosen["_runs"] = [e for e in fitted.get("held_out", []) if e["set"] not in named] + new

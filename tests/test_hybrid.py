@@ -620,3 +620,16 @@ def test_train_defaults_judges_the_fits_candidate_again_and_the_default_reads_it
     chosen = default_methods(FakeBackbone(), Settings(hybrid_weights=str(weights)))
     assert chosen["book"][0] == "bm25" and "novels" in chosen["book"][1] and chosen["dialogue"][0] == "hybrid"
     assert json.loads((weights / "hybrid.json").read_text())["defaults"]["book"]["method"] == "hybrid"  # weights untouched
+
+    # warm asks measured on chats: the full fusion over the speed limit drops out, the next passing
+    # candidate (or BM25) takes its place, and the record keeps why
+    code, out, err = run_cli(capsys, "train", "defaults", "--weights", str(weights), "--held-out", str(held),
+                             "--out", str(tmp_path / "slow"), "--json", "--warm-ask-ratio", "dialogue:hybrid=4.0")
+    assert code == 0, err
+    chats = json.loads(out)["defaults"]["dialogue"]
+    assert chats["method"] != "hybrid"
+    dropped = next(c for c in chats["candidates"] if c["candidate"] == "hybrid")
+    assert dropped["method"] == "bm25" and "4.00x a BM25 one (limit 2.0x)" in dropped["why"]
+    code, _, err = run_cli(capsys, "train", "defaults", "--weights", str(weights), "--held-out", str(held),
+                           "--out", str(tmp_path / "bad"), "--warm-ask-ratio", "novel:hybrid=1.2")
+    assert code != 0 and "dialogue, book or pdf" in err

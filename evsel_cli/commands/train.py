@@ -454,6 +454,10 @@ def train_defaults(
         "--weights", parser=path(exists=True),
         help="The fusion's weights whose fit proposes each kind's candidate (default: EVSEL_HYBRID_WEIGHTS, "
              "else the shipped ones).")] = None,
+    warm_ask_ratios: Annotated[Optional[List[str]], typer.Option(
+        "--warm-ask-ratio", metavar="KIND:METHOD=RATIO",
+        help="A candidate's warm ask over a BM25 one measured on that kind's documents (bench/first_hour.py "
+             "--warm), e.g. dialogue:hybrid=2.4: over the speed limit (2x) it drops out. Repeatable.")] = None,
     as_json: JsonOption = False,
 ):
     """Each kind's default method (what ask runs with no --select), kept apart from the fusion's
@@ -470,8 +474,15 @@ def train_defaults(
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
     settings = Settings.resolve()
     source = Path(weights or settings.hybrid_weights or hybrid.shipped_dir(Backbone(settings.model).fingerprint))
+    ratios: dict[str, dict[str, float]] = {}
+    for given in warm_ask_ratios or ():
+        kind, _, rest = given.partition(":")
+        method, ratio = _warm_ask_ratio(rest)
+        if kind not in ("dialogue", "book", "pdf"):
+            raise typer.BadParameter(f"{given!r}: the kind is dialogue, book or pdf, e.g. dialogue:hybrid=2.4")
+        ratios.setdefault(kind, {})[method] = ratio
     record = write_defaults(source, [entry for file in held_out for entry in _held_out_entries(file)],
-                            Path(out).absolute(), command)
+                            Path(out).absolute(), command, ratios)
     if as_json:
         print_json(record)
         return
