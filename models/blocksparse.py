@@ -391,7 +391,7 @@ def rotate(x, cos, sin):
 
 
 def query_attentions(model, context: Context, suffixes: list[tuple[list[int], int]], layers: list[int],
-                     check_rope: bool = False, adapter=None) -> list[dict]:
+                     check_rope: bool = False, adapter=None, heads: dict | None = None) -> list[dict]:
     """Run each suffix over `context` (only the suffixes are computed; the context KV is not
     changed), the question and the null query in one batched pass: [(ids, span_start)] -> one
     {layer: (heads, T_ctx) float32} each, the attention of each query-span token (suffix tokens
@@ -400,12 +400,13 @@ def query_attentions(model, context: Context, suffixes: list[tuple[list[int], in
     them; only those rows are built. `layers` are 0-based; the pass stops after the deepest.
     `check_rope`: also verify that our RoPE of k_proj reproduces the cache's keys. Shorter
     suffixes are right-padded; under the causal mask no real token sees a pad. With `adapter`
-    (a LoRAAdapter) the read layers' q/k carry its deltas; the backbone's pass does not."""
+    (a LoRAAdapter) the read layers' q/k carry its deltas; the backbone's pass does not. `heads`:
+    {layer: the query heads read} (`head_attention`)."""
     import torch
 
     with torch.inference_mode():
         states = suffix_states(model, context, suffixes, layers, check_rope, adapter is not None)
-        return head_attention(model, read_states(context, layers), states, layers, adapter)
+        return head_attention(model, read_states(context, layers), states, layers, adapter, heads)
 
 
 @dataclass
@@ -465,6 +466,30 @@ def read_states(context: Context, layers: list[int]) -> ReadStates:
 # "Query:") run those tokens once over the context, then each its own rest (`suffix_states`);
 # False: one padded batch of whole suffixes, as before (bench/cold_rerank.py times both)
 SHARE_LEADING = True
+# the suffix passes let torch's SDPA read the KV heads as they are (enable_gqa) instead of copying
+# each to its query heads over the whole context (transformers does that copy whenever a mask is
+# given, as a suffix over cached context needs); the same attention, without ~15 MB moved a layer
+GQA_SDPA = True
+
+
+@contextmanager
+def _gqa_sdpa():
+    """transformers' switch for `enable_gqa` with a mask, on for the passes inside (process-wide
+    while they run: any other pass meanwhile computes the same attention the same way)."""
+    import os
+
+    import torch
+
+    key = "TRANSFORMERS_SDPA_FORCE_GQA"
+    if not GQA_SDPA or os.environ.get(key) is not None or \
+            tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+        yield
+        return
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
 
 
 def leading_shared(suffixes: list[tuple[list[int], int]]) -> int:
@@ -507,7 +532,7 @@ def suffix_states(model, context: Context, suffixes: list[tuple[list[int], int]]
     positions = (torch.arange(width) + context.next_position)[None].expand(b, width).to(device)
     cache = dynamic_cache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in context.kv[:depth]])
     n_heads = model.config.num_attention_heads
-    with _inputs_of(model, layers if capture else ()) as got_inputs:
+    with _inputs_of(model, layers if capture else ()) as got_inputs, _gqa_sdpa():
         got = run_layers(model, [depth], taps=taps, input_ids=x.to(device), cache=cache, position_ids=positions)
     t_ctx = context.length
     cos, sin = inner.rotary_emb(context.kv[0][0], positions[:1])  # (1, W, d), the model's dtype
@@ -532,6 +557,42 @@ def suffix_states(model, context: Context, suffixes: list[tuple[list[int], int]]
     return out
 
 
+def _slot_cache(kv: list[tuple], room: int):
+    """A transformers DynamicCache holding `kv` (per layer (1, kv, T, d)) in buffers with `room` more
+    slots: a pass writes its tokens' K/V in place after the ones held (`_SlotLayer.hold`), so passes
+    over one long context never copy it again (a concatenating cache copies it for every pass and layer)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class _SlotLayer(DynamicLayer):
+        def __init__(self, keys, values):
+            super().__init__()
+            t = keys.shape[-2]
+            self.buffers = []
+            for held in (keys, values):
+                buffer = held.new_empty((*held.shape[:-2], t + room, held.shape[-1]))
+                buffer[..., :t, :] = held
+                self.buffers.append(buffer)
+            self.device = keys.device
+            self.is_initialized = True
+            self.hold(t)
+
+        def hold(self, n: int) -> None:
+            """Hold the first n slots (what the next pass reads before its own tokens)."""
+            self.keys, self.values = self.buffers[0][..., :n, :], self.buffers[1][..., :n, :]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            at, n = self.keys.shape[-2], key_states.shape[-2]
+            self.buffers[0][..., at:at + n, :] = key_states
+            self.buffers[1][..., at:at + n, :] = value_states
+            self.hold(at + n)
+            return self.keys, self.values
+
+    cache = DynamicCache(ddp_cache_data=[(k[..., :0, :], v[..., :0, :]) for k, v in kv])
+    cache.layers = [_SlotLayer(k, v) for k, v in kv]
+    return cache
+
+
 def _suffix_states_shared(model, context: Context, suffixes: list[tuple[list[int], int]], layers: list[int],
                           check_rope: bool, capture: bool, shared: int) -> list[SuffixStates]:
     """`suffix_states` where every suffix starts with the same `shared` tokens: those run once over
@@ -552,19 +613,22 @@ def _suffix_states_shared(model, context: Context, suffixes: list[tuple[list[int
     device = context.kv[0][0].device
     n_heads = model.config.num_attention_heads
     t_ctx = context.length
+    cache = _slot_cache(context.kv[:depth], max(len(ids) for ids, _ in suffixes))
 
-    def run(kv, ids: list[int], first: int):
+    def run(ids: list[int], first: int, held: int):
+        for layer in cache.layers:
+            layer.hold(held)
         x = torch.tensor([ids], dtype=torch.long, device=device)
         positions = (torch.arange(len(ids), device=device) + first)[None]
-        cache = dynamic_cache(kv)
-        with _inputs_of(model, layers if capture else ()) as got_inputs:
+        with _inputs_of(model, layers if capture else ()) as got_inputs, _gqa_sdpa():
             got = run_layers(model, [depth], taps=taps, input_ids=x, cache=cache, position_ids=positions)
-        return got, dict(got_inputs), _cache_kv(cache, depth)
+        return got, dict(got_inputs)
 
-    lead, lead_inputs, lead_kv = run(context.kv[:depth], list(suffixes[0][0][:shared]), context.next_position)
+    lead, lead_inputs = run(list(suffixes[0][0][:shared]), context.next_position, t_ctx)
     out = []
     for row, (ids, start) in enumerate(suffixes):
-        rest, rest_inputs, kv = run(lead_kv, list(ids[shared:]), context.next_position + shared)
+        rest, rest_inputs = run(list(ids[shared:]), context.next_position + shared, t_ctx + shared)
+        kv = [(layer.keys, layer.values) for layer in cache.layers]  # this suffix's, until the next one's pass
         n = len(ids)
         positions = torch.arange(n, device=device) + context.next_position
         cos, sin = inner.rotary_emb(context.kv[0][0], positions[None])  # (1, n, d), the model's dtype
@@ -582,7 +646,7 @@ def _suffix_states_shared(model, context: Context, suffixes: list[tuple[list[int
                     raise ModelError("this backbone's attention is not Llama-style RoPE attention; QRRanker cannot "
                                      "read its heads", "use a Llama-family backbone (e.g. the bundled SmolLM2)")
             state.queries[layer] = q[0, :, start:n]
-            state.keys[layer] = keys[0, :, t_ctx:t_ctx + n]
+            state.keys[layer] = keys[0, :, t_ctx:t_ctx + n].clone()  # the buffer's slots are the next suffix's
             if capture:
                 state.inputs[layer] = torch.cat([lead_inputs[layer][0], rest_inputs[layer][0]])
         out.append(state)
@@ -598,11 +662,12 @@ def _rope_tables(model, positions):
 
 
 def head_attention(model, context: ReadStates, suffixes: list[SuffixStates], layers: list[int],
-                   adapter=None) -> list[dict]:
+                   adapter=None, heads: dict | None = None) -> list[dict]:
     """The attention rows of each suffix's query span onto the context's tokens, averaged over
     the span: one {layer: (heads, T_ctx) float32} per suffix. With `adapter`, the adapted layers'
     queries and keys (context and suffix) get its rotated LoRA deltas first. Differentiable in the
-    adapter's parameters when run with gradients."""
+    adapter's parameters when run with gradients. `heads`: {layer: the query heads wanted}: only
+    their rows are computed, the others left at zero (None: every head)."""
     import torch
 
     inner = model.model
@@ -626,7 +691,9 @@ def head_attention(model, context: ReadStates, suffixes: list[SuffixStates], lay
             cos, sin = tables["ctx"]
             delta = adapter.delta(layer, "k", context.inputs[layer]).view(t_ctx, kv_heads, head_dim).transpose(0, 1)
             k_ctx = k_ctx + rotate(delta, cos, sin)
-        k_ctx = k_ctx.repeat_interleave(group, dim=0)  # head h reads KV h // group
+        wanted = list(range(n_heads)) if heads is None else sorted(heads[layer])
+        reads = torch.tensor([h // group for h in wanted], device=k_ctx.device)  # head h reads KV h // group
+        k_ctx = k_ctx.index_select(0, reads)
         for row, s in enumerate(suffixes):
             q = s.queries[layer].float()  # (H, S_q, d)
             k_suf = s.keys[layer].float()  # (kv, n, d)
@@ -637,11 +704,17 @@ def head_attention(model, context: ReadStates, suffixes: list[SuffixStates], lay
                 q = q + rotate(dq.transpose(0, 1), cos[start:], sin[start:])
                 dk = adapter.delta(layer, "k", s.inputs[layer]).view(n, kv_heads, head_dim).transpose(0, 1)
                 k_suf = k_suf + rotate(dk, cos, sin)
-            k_all = torch.cat([k_ctx, k_suf.repeat_interleave(group, dim=0)], dim=1)  # (H, T_ctx + n, d)
+            if heads is not None:
+                q = q[wanted]
+            k_all = torch.cat([k_ctx, k_suf.index_select(0, reads)], dim=1)  # (wanted, T_ctx + n, d)
             logits = torch.matmul(q, k_all.transpose(1, 2)) * scaling  # (H, S_q, T_ctx + n)
             causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
             allowed = torch.cat([torch.ones(n - start, t_ctx, dtype=torch.bool, device=q.device),
                                  causal[start:n, :n]], dim=1)
             weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-            out[row][layer] = weights[:, :, :t_ctx].mean(dim=1)  # (H, T_ctx)
+            rows = weights[:, :, :t_ctx].mean(dim=1)  # (wanted, T_ctx)
+            if heads is not None:
+                rows = torch.zeros(n_heads, t_ctx, dtype=rows.dtype, device=rows.device).index_copy(
+                    0, torch.tensor(wanted, device=rows.device), rows)
+            out[row][layer] = rows
     return out

@@ -72,6 +72,9 @@ from evsel.models.qr_heads import (  # noqa: F401  (HEADS_FORMAT, format_heads: 
 )
 
 METHOD = "qrranker"
+# the query pass computes the attention rows of the selected heads only (False: every head's, as
+# detection reads them; bench/cold_rerank.py times both)
+READ_HEADS_ONLY = True
 ENCODINGS = ("block", "causal")
 DEFAULT_ENCODING = "block"
 # LoRA on q_proj and k_proj of the read layers, applied inside QR scoring only (blocksparse's
@@ -398,12 +401,17 @@ class QRScorer:
         self._rope_checked = True
         return states
 
-    def calibrated(self, question: str, context: Context, layers: list[int]) -> dict:
+    def calibrated(self, question: str, context: Context, layers: list[int], selected: bool = False) -> dict:
         """Per layer (heads, T_ctx): the question's attention minus the null query's, both
-        suffixes run in one batched pass over the context."""
+        suffixes run over the context; `selected`: only the selected heads' rows (the others zero)."""
         check = not self._rope_checked
+        read = None
+        if selected and READ_HEADS_ONLY and self.heads:
+            read = {}
+            for layer, head in self.heads:
+                read.setdefault(layer, set()).add(head)
         real, null = query_attentions(self.model, context, self.suffixes(question), layers, check_rope=check,
-                                      adapter=self.adapter if layers == self.layers else None)
+                                      adapter=self.adapter if layers == self.layers else None, heads=read)
         self._rope_checked = True
         return calibrated(real, null)
 
@@ -415,7 +423,7 @@ class QRScorer:
         if not texts:
             return out
         for group, context in self.contexts(texts, memory):
-            cal = self.calibrated(question, context, self.layers)
+            cal = self.calibrated(question, context, self.layers, selected=True)
             out[group] = chunk_scores(cal, context.spans, self.heads)
         return out
 

@@ -159,13 +159,15 @@ def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     groups = -(-count // 8)
     raw = np.zeros(groups * bits, np.uint8)
     raw[: packed.size] = packed[: groups * bits]
-    wide = np.zeros((groups, 8), np.uint8)
-    wide[:, 8 - bits:] = raw.reshape(groups, bits)
-    word = wide.reshape(-1).view(">u8").astype(np.uint64)
-    mask = np.uint64((1 << bits) - 1)
+    size = 4 if bits <= 4 else 8  # 8 codes in one 32- or 64-bit word
+    wide = np.zeros((groups, size), np.uint8)
+    wide[:, size - bits:] = raw.reshape(groups, bits)
+    kind = np.uint32 if size == 4 else np.uint64
+    word = wide.reshape(-1).view(f">u{size}").astype(kind)
+    mask = kind((1 << bits) - 1)
     out = np.empty((groups, 8), np.uint8)
     for j in range(8):
-        out[:, j] = (word >> np.uint64(bits * (7 - j))) & mask
+        out[:, j] = (word >> kind(bits * (7 - j))) & mask
     return out.reshape(-1)[:count]
 
 
@@ -209,6 +211,17 @@ def quantize_symmetric(x: np.ndarray, axis: int, bits: int) -> tuple[np.ndarray,
 def dequantize_symmetric(codes: np.ndarray, top: np.ndarray, bits: int) -> np.ndarray:
     half = (2 ** bits - 1) / 2
     return (codes.astype(np.float32) - half) * (top.astype(np.float32) / half)
+
+
+def _turn_pairs(x, cos, sin):
+    """RoPE as Llama applies it (x cos + rotate_half(x) sin), written into one new tensor."""
+    import torch
+
+    half = x.shape[-1] // 2
+    out = torch.mul(x, cos)
+    out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1.0)
+    out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+    return out
 
 
 def torch_turn(head_dim: int):
@@ -298,19 +311,15 @@ class BlockKVFiles:
         """Post-RoPE keys (..., L, d) float32 of a block -> before RoPE (as stored)."""
         if self.rope is None:
             return keys
-        from evsel.models.blocksparse import rotate
-
         cos, sin = self._tables(keys.shape[-2])
-        return rotate(keys, cos, -sin)
+        return _turn_pairs(keys, cos, -sin)
 
     def rerope(self, keys):
         """`unrope` undone: stored keys (..., L, d) float32 at the block's positions."""
         if self.rope is None:
             return keys
-        from evsel.models.blocksparse import rotate
-
         cos, sin = self._tables(keys.shape[-2])
-        return rotate(keys, cos, sin)
+        return _turn_pairs(keys, cos, sin)
 
     # encoding
     def encode(self, name: str, kv, inputs: dict) -> np.ndarray:

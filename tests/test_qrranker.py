@@ -196,8 +196,9 @@ def test_truncation_changes_cost_not_scores(tiny_backbone):
 @pytest.mark.parametrize("adapted", [False, True], ids=["heads", "adapter"])
 def test_shared_suffix_tokens_run_once_and_score_as_one_padded_batch(tiny_backbone, monkeypatch, adapted):
     """The question's and the null query's suffixes share their leading tokens (separator, closing
-    instruction, label): run once, then each suffix's rest, they score as the padded batch of whole
-    suffixes does."""
+    instruction, label): run once, then each suffix's rest, with SDPA reading the KV heads as they
+    are and only the selected heads' rows built, they score as the padded batch of whole suffixes
+    over copied KV heads with every head's rows does."""
     adapter = _adapter(tiny_backbone) if adapted else None
     scorer = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block"), adapter=adapter)
     suffixes = scorer.suffixes(QUESTION)
@@ -206,6 +207,8 @@ def test_shared_suffix_tokens_run_once_and_score_as_one_padded_batch(tiny_backbo
     assert suffixes[0][0][shared] != suffixes[1][0][shared]
     once = scorer.scores(QUESTION, TEXTS)
     monkeypatch.setattr(blocksparse, "SHARE_LEADING", False)
+    monkeypatch.setattr(blocksparse, "GQA_SDPA", False)
+    monkeypatch.setattr(qr, "READ_HEADS_ONLY", False)
     batch = qr.QRScorer(tiny_backbone, HEADS, qr.ScorerConfig(encoding="block"), adapter=adapter)
     assert np.allclose(once, batch.scores(QUESTION, TEXTS), atol=1e-6, rtol=1e-5)
 
