@@ -94,9 +94,11 @@ def test_each_selectors_settings_are_settings_fields_and_none_is_claimed_twice()
         assert named <= set(cls.settings_fields), cls.name
 
 
-def test_ingest_hooks_run_in_the_registry_order():
+def test_ingest_hooks_run_by_their_order_then_the_registrys():
     hooks = ingest_hooks()
-    assert hooks and hooks == [cls for cls in selectors() if cls in hooks]
+    registry = [cls for cls in selectors() if cls in hooks]
+    assert hooks and hooks == sorted(registry, key=lambda cls: cls.ingest_order)
+    assert hooks[0].name == "dense"  # the cheapest signal joins the default first
 
 
 def test_importing_the_registry_registers_no_cleanup_and_register_cleanups_does():
