@@ -381,10 +381,17 @@ def test_the_default_runs_each_kinds_method_and_says_which(tmp_path):
     assert selector.resolved == "bm25"
     mixed = selector.rank(question, chat + books)
     assert selector.resolved == "hybrid:bm25+dialogue (dialogue) + bm25 (book)"
-    # each kind in its own method's order, the two interleaved by rank
+    # each kind in its own method's order, merged on BM25's scale over the whole scope
     assert [s.chunk.id for s in mixed if s.chunk.kind == "dialogue"] == [s.chunk.id for s in fused.rank(question, chat)]
     assert [s.chunk.id for s in mixed if s.chunk.kind == "book"] == [s.chunk.id for s in bm25.rank(question, books)]
-    assert {mixed[0].chunk.kind, mixed[1].chunk.kind} == {"dialogue", "book"}
+    whole = {s.chunk.id: s.score for s in bm25.rank(question, chat + books)}
+    assert sorted(s.score for s in mixed) == sorted(whole.values())  # the scores shown are BM25's
+    # a kind without the question's words gets no share of the top: a question only the chat answers
+    painting = "Which hobby is painting?"
+    top = selector.rank(painting, chat + books, 3)
+    assert top[0].chunk.kind == "dialogue" and top[0].score > 0
+    assert all(s.chunk.kind == "dialogue" for s in top if s.score > 0)
+    assert [s.chunk.kind for s in selector.rank("the lake froze in winter", chat + books, 1)] == ["book"]
 
 
 def _rows(n: int, kind_sign: float, seed: int) -> list[dict]:

@@ -4,7 +4,8 @@ kind's questions for this backbone, as its defaults record says (defaults.json, 
 `evsel train defaults` from the fusion's fit and the runs no fit looked at; an older record lives
 in hybrid.json's "defaults"; each chosen by the paired test of models/paired.py; docs/FUSION.md);
 with no such record, or when the named method's trained parts are missing here, it is BM25, and
-the request says so once. A scope of several kinds has each kind ranked by its own method."""
+the request says so once. A scope of several kinds has each kind ranked by its own method, merged
+on BM25's scale over the whole scope (the score shown is BM25's)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ FALLBACK = "bm25"
 DEFAULTS_FILE = "defaults.json"  # each kind's method and why, apart from the fusion's weights
 DEFAULTS_FORMAT = "evsel-defaults/1"
 NO_RECORD = "no measured default ships for this backbone: BM25 (words), the best method without trained parts"
-MIXED_K = 60  # reciprocal-rank constant that merges the kinds' rankings in a scope of several kinds
 
 
 def default_methods(backbone, settings=None) -> dict[str, tuple[str, str]]:
@@ -205,15 +205,19 @@ class DefaultSelector(Selector):
         parts = list(self._parts(chunks).values())
         if len(parts) == 1:
             return parts[0][0].scores(question, chunks)
-        # several kinds, several methods: each ranks its own kind's chunks, merged by reciprocal rank
+        # several kinds, several methods: each orders its own kind's chunks, and the orders are merged
+        # on one scale, BM25's over the whole scope: a kind's r-th chunk gets the r-th best BM25 score
+        # among that kind's chunks. A kind that holds the question's words keeps its share of the top;
+        # one that does not (an unrelated filing beside a chat) gets no fixed share, as it did by rank.
         import numpy as np
 
-        out = [0.0] * len(chunks)
+        scale = np.asarray(get_selector(FALLBACK, self.context).scores(question, chunks), dtype=np.float64)
+        out = np.zeros(len(chunks))
         for inner, at in parts:
-            part = inner.scores(question, [chunks[i] for i in at])
-            for rank, j in enumerate(np.argsort(-np.asarray(part, dtype=np.float64), kind="stable").tolist(), 1):
-                out[at[j]] = 1.0 / (MIXED_K + rank)
-        return out
+            order = np.argsort(-np.asarray(inner.scores(question, [chunks[i] for i in at]), dtype=np.float64),
+                               kind="stable")
+            out[np.asarray(at)[order]] = np.sort(scale[at])[::-1]
+        return out.tolist()
 
     def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
         parts = list(self._parts(chunks).values())
