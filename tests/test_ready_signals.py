@@ -43,3 +43,36 @@ def test_a_chat_default_ranks_with_what_is_ready_then_with_the_llm_signals(evsel
     warm = engine.ask("Who gave Maria's family money?")
     assert warm["method"]["signals"] == {"ran": ["bm25", "dense", "unreal", "qr", "dialogue"], "waiting": {}}
     assert "aunt" in " ".join(e["text"] for e in warm["evidence"][:2])
+
+
+def test_the_states_each_default_reads():
+    from evsel.models.selectors.default import states_read
+
+    assert states_read("hybrid") == {"dense", "unreal", "qrranker"}
+    assert states_read("hybrid:bm25+dense+dialogue") == {"dense"}
+    assert states_read("rrf:unreal") == {"unreal"} and states_read("bm25") == set()
+
+
+def test_an_ingest_encodes_only_what_the_kinds_default_reads(evsel_home, tmp_path, monkeypatch):
+    """Books on BM25 by the defaults record: the encode an ingest leaves stores no state for them
+    (a 10-K whose default is BM25 was encoded all the same, slowing every ask for nothing)."""
+    import json
+    import shutil
+
+    from evsel.engine import Engine
+    from evsel.models import hybrid
+    from evsel.models.backbone import Backbone
+    from evsel.paths import sample_story_path
+    from evsel.settings import Settings
+
+    weights = tmp_path / "weights"
+    shutil.copytree(hybrid.shipped_dir(Backbone(None).fingerprint), weights)
+    (weights / "defaults.json").write_text(json.dumps({"format": "evsel-defaults/1", "defaults": {
+        "book": {"method": "bm25", "why": "planted"}, "dialogue": {"method": "hybrid", "why": "planted"}}}))
+    monkeypatch.setenv("EVSEL_HYBRID_WEIGHTS", str(weights))
+    engine = Engine(Settings.resolve())
+    engine.ingest([str(sample_story_path())])
+    from evsel.ingest import Ingest
+
+    outcome = Ingest(engine).encode_states(None)  # what follows an ingest (the daemon's background job)
+    assert engine.store.db.execute("select count(*) from chunk_states").fetchone()[0] == 0, outcome
