@@ -150,10 +150,11 @@ TYPE_MARGIN = 2.3
 CHECKED_TYPES = ("person", "place", "number", "date", "organisation")
 
 
-def _lora_answer(backbone, reader, question: str, evidence: list, asked: str) -> Grounded:
+def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
     """The LoRA reader's answer: its likeliest span that adds to the question, of the asked type
     when one nearly as likely is (TYPE_MARGIN), one of the question's options when it offers
-    some; none when the reader's no-answer beats that span by more than its calibrated margin."""
+    some; in dialogues, none when the reader's no-answer beats that span by more than its calibrated
+    margin."""
     chunks = [s.chunk for s in evidence]
     found = grounding.sentences(chunks)
     ranked = grounding.rank_sentences(question, found)
@@ -169,7 +170,9 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str) ->
     logp = math.log(best.probability) if logp is None else logp
     said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
     speaker = said.speaker if said else None
-    if reading.null_logp - logp > reader.margin:
+    # the margin is calibrated on dialogues (LoCoMo's adversarial questions); prose has no
+    # unanswerable training questions to calibrate one on, so prose answers are always printed
+    if dialogue and reading.null_logp - logp > reader.margin:
         return Grounded(None, "abstained", f"the reader found no answer it trusts in the passages (its best, "
                         f"\"{_flat(best.text)}\", is less likely than no answer)", best.passage, best.start, best.end,
                         speaker=speaker, answer_type=asked, confidence=math.exp(logp))
@@ -212,7 +215,7 @@ def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, 
     from evsel.models.reader import Reader
 
     if not isinstance(reader, Reader):
-        return _lora_answer(backbone, reader, question, evidence, asked)
+        return _lora_answer(backbone, reader, question, evidence, asked, dialogue)
     chunks = [s.chunk for s in evidence]
     found = grounding.sentences(chunks)
     ranked = grounding.rank_sentences(question, found)

@@ -275,12 +275,15 @@ class LoraReaderTrainer:
             return {"margin": margin, "precision": round(sum(printed) / max(1, len(printed)), 4),
                     "answered": round(len(printed) / len(rows), 4)}
 
-        reached = [at(g) for g in sorted({g for g, _ in rows})]
-        reached = [r for r in reached if r["precision"] >= self.config.min_precision and r["answered"] >= 0.5]
-        best = reached[-1] if reached else {**at(0.0), "why": f"no margin reaches precision "
-                                            f"{self.config.min_precision} with half answered: the null's own verdict"}
+        points = [at(g) for g in sorted({g for g, _ in rows})]
+        half = [r for r in points if r["answered"] >= 0.5]
+        reached = [r for r in half if r["precision"] >= self.config.min_precision]
+        # not reached: the most precise margin that still answers half (what the target asks for)
+        best = dict(reached[-1]) if reached else {**max(half, key=lambda r: r["precision"]),
+                                                  "why": f"no margin reaches precision {self.config.min_precision} "
+                                                         "with half answered: the most precise that answers half"}
         best.update(questions=len(rows), unanswerable=sum(1 for i in self.calibration if i["unanswerable"]),
-                    never_abstaining={**at(float("inf")), "margin": None})
+                    never_abstaining={**at(float("inf")), "margin": None}, gaps=[[round(g, 4), r] for g, r in rows])
         return best
 
     def save_best(self, dev: dict) -> None:
