@@ -21,7 +21,13 @@
   (the UNREAL adapter, the BlockSearch router, the hybrid weights: cut short, random, empty, a
   lying header, JSON malformed or of the wrong types), malformed `evsel eval` JSONL, `evsel train
   --out` under a file or on a read-only tmpfs, and a corpus with a Lance data file removed (then
-  repaired as a resumed build does): each must be one line naming the file, never "unexpected".
+  repaired as a resumed build does): each must be one line naming the file, never "unexpected";
+- issue 48's (`--round-four` runs just these): stored-KV files replaced by a symlink or a FIFO
+  (one warning, the same evidence, written again), hostile PDFs with a time bound (value-only rows
+  within 5x the plain reader's ingest, a 300-page PDF of one-line pages stored, a statement's
+  totals kept), fusion weights that are not finite, damaged thread records, a collection name that
+  is not UTF-8, and stdout faults (a closed pipe, a full stdout, an ASCII-only one) through the
+  daemon's fast path and the Typer app alike.
 
 The temp folder, its mounts and the daemon are gone at the end, however the run ends.
 
@@ -412,7 +418,10 @@ def eval_input_faults(tmp: Path, env: dict) -> list[dict]:
              "a document that is an object": {"document": {"path": "doc.txt"}}, "a document named by a number":
              {"document": 7}, "evidence is a number": {"evidence": 5}, "an evidence span that is a string":
              {"evidence_spans": ["0-10"]}, "an evidence span without start": {"evidence_spans": [{"end": 9}]},
-             "an evidence span with a text start": {"evidence_spans": [{"start": "zero", "end": 9}]}}
+             "an evidence span with a text start": {"evidence_spans": [{"start": "zero", "end": 9}]},
+             "an evidence span past the document's end": {"evidence_spans": [{"start": 5, "end": 10 ** 6}]},
+             "an answer that is an object": {"answer": {"text": "the keeper"}},
+             "a question with a lone surrogate": {"question": "who \ud800 lit it?"}}
     cases = []
     for i, (what, change) in enumerate(lines.items()):
         path = folder / f"bad{i}.jsonl"
@@ -523,7 +532,8 @@ def corpus_faults(tmp: Path, env: dict) -> list[dict]:
 def new_surfaces(tmp: Path, env: dict) -> dict:
     """The four groups of cases above, each a list of cases."""
     return {"trained parts": trained_part_faults(tmp, env), "eval inputs": eval_input_faults(tmp, env),
-            "train inputs": train_input_faults(tmp, env), "corpus": corpus_faults(tmp, env)}
+            "train inputs": train_input_faults(tmp, env), "corpus": corpus_faults(tmp, env),
+            "round four (weights, names, stdout, thread records)": round_four_faults(tmp, env)}
 
 
 def unmount(folder: Path) -> None:
@@ -545,9 +555,10 @@ def print_surfaces(surfaces: dict) -> None:
 
 def stored_kv_faults(tmp: Path, env: dict) -> list[dict]:
     """QRRanker's stored block KV (EVSEL_QRRANKER_KV, on by default), damaged on disk: a file whose
-    data is zeroed with its size kept, and one of random bytes. Each next `--rerank qrranker` ask
-    must succeed with one warning line, give the evidence it gave before the damage, and leave the
-    file written again whole; never "unexpected". Its own home, without the daemon."""
+    data is zeroed with its size kept, one of random bytes, a symlink to a file outside the store
+    and a FIFO in a file's place. Each next `--rerank qrranker` ask must succeed with one warning
+    line and leave the file written again whole (the link's target untouched), and the ask after it
+    give the evidence from before the damage; never "unexpected". Its own home, without the daemon."""
     import random
 
     from evsel.paths import sample_story_path
@@ -562,24 +573,242 @@ def stored_kv_faults(tmp: Path, env: dict) -> list[dict]:
     def evidence(result: subprocess.CompletedProcess) -> list:
         return [e["chunk_id"] for e in json.loads(result.stdout)["evidence"]] if result.returncode == 0 else []
 
+    asked_at = time.time()
     before = cli(ask, local)
     want = evidence(before)
-    files = sorted((home / "qrranker").rglob("*.npy"))
+    # the files this ask read (a read touches its file): only those are read again by the next one
+    files = sorted(p for p in (home / "qrranker").rglob("*.npy") if p.stat().st_mtime >= asked_at - 1)
     cases = []
     rng = random.Random(0)
-    for how in ("zeroed data, size kept", "random bytes"):
+    planted = tmp / "kv-planted.npy"  # a file outside the store (another user's): never read through a link
+    for how in ("zeroed data, size kept", "random bytes", "a symlink to a file outside", "a FIFO"):
         path = rng.choice(files)
         whole = path.read_bytes()
         damaged = whole[:128] + bytes(len(whole) - 128) if how.startswith("zeroed") else rng.randbytes(len(whole))
-        path.write_bytes(damaged)
-        result = cli(ask, local)
-        lines = [line for line in result.stderr.strip().splitlines() if line]
-        rewritten = path.is_file() and path.stat().st_size == len(whole) and path.read_bytes() != damaged
-        ok = (result.returncode == 0 and evidence(result) == want and len(lines) == 1 and "damaged" in lines[0]
+        path.unlink()
+        if how.startswith("a symlink"):
+            planted.write_bytes(whole)
+            path.symlink_to(planted)
+        elif how == "a FIFO":  # a reader that opened it blocking would hang every rerank
+            os.mkfifo(path)
+        else:
+            path.write_bytes(damaged)
+        try:
+            result = cli(ask, local, timeout=300)
+        except subprocess.TimeoutExpired:
+            cases.append({"input": f"stored KV: {how}", "ok": False, "detail": "the ask hung (300 s)"})
+            continue
+        # progress rows (work over 5 s on a pipe) aside
+        lines = [line for line in result.stderr.strip().splitlines() if line and not line.startswith("evsel: progress:")]
+        rewritten = not path.is_symlink() and path.is_file() and path.stat().st_size == len(whole) \
+            and path.read_bytes() != damaged
+        if how.startswith("a symlink"):  # the link's target is left as it was
+            rewritten = rewritten and planted.read_bytes() == whole
+        # the ask that met the damage scores that block fresh (a near tie can swap); the next one
+        # reads every block from its file again: the evidence from before the damage
+        again = evidence(cli(ask, local)) == want
+        ok = (result.returncode == 0 and again and len(lines) == 1 and "damaged" in lines[0]
               and "unexpected" not in result.stderr and rewritten)
         cases.append({"input": f"stored KV: {how}", "ok": ok,
-                      "detail": f"exit {result.returncode}, same evidence {evidence(result) == want}, "
-                                f"{len(lines)} line(s) ({(lines or [''])[-1][:100]}), written again whole {rewritten}"})
+                      "detail": f"exit {result.returncode}, {len(lines)} line(s) ({(lines or [''])[-1][:100]}), "
+                                f"written again whole {rewritten}, the next ask's evidence as before {again}"})
+    return cases
+
+
+def _value_rows_pdf(path: Path, pages: int, rows: int) -> None:
+    """Pages of rows that hold only values: the table reader once grew every such row again for
+    each later one (quadratic: one page of 8,000 rows took over 400 s)."""
+    import pymupdf
+
+    doc = pymupdf.open()
+    font = pymupdf.Font("helv")
+    for p in range(pages):
+        page = doc.new_page(width=612, height=max(792, 40 + rows * 6))
+        writer = pymupdf.TextWriter(page.rect)
+        for r in range(rows):
+            for c in range(4):
+                writer.append((72 + c * 100, 20 + r * 6), f"{(r * 7 + c * 13 + p) % 9973}", font=font, fontsize=5)
+        writer.write_text(page)
+    doc.save(path)
+
+
+def _one_line_pages_pdf(path: Path, pages: int) -> None:
+    """A header, one line of prose and a page number a page (once refused as "looks scanned")."""
+    import pymupdf
+
+    doc = pymupdf.open()
+    for n in range(1, pages + 1):
+        page = doc.new_page(width=612, height=792)
+        page.insert_text((72, 40), "The Long Story", fontsize=9)
+        page.insert_text((72, 300), f"This is line {n} of the story.", fontsize=10)
+        page.insert_text((300, 760), str(n), fontsize=9)
+    doc.save(path)
+
+
+def _statement_pdf(path: Path) -> list[str]:
+    import pymupdf
+
+    doc = pymupdf.open()
+    totals = [f"Total due for month {n}: ${(n * 7919) % 5000 + 100:,}.{n * 3 % 100:02d}" for n in range(1, 13)]
+    for n in range(1, 13):
+        page = doc.new_page(width=612, height=792)
+        page.insert_text((72, 40), "First Harbour Bank - Account statement 2024", fontsize=9)
+        page.insert_textbox(pymupdf.Rect(72, 80, 540, 300), f"Purchases and payments of month {n}. " * 5, fontsize=10)
+        page.insert_text((72, 700), totals[n - 1], fontsize=10)
+        page.insert_text((300, 760), f"Page {n} of 12", fontsize=9)
+    doc.save(path)
+    return totals
+
+
+def hostile_pdfs(tmp: Path, env: dict, value_pages: int = 10, value_rows: int = 800,
+                 text_pages: int = 300) -> list[dict]:
+    """PDFs that held the queue or lost text: value-only rows (the table reader within 5x the plain
+    reader's ingest), a 300-page PDF of one-line pages (stored), a statement's totals (kept)."""
+    folder = tmp / "pdfs"
+    folder.mkdir(exist_ok=True)
+    values, pages, statement = folder / "values.pdf", folder / "one-line-pages.pdf", folder / "statement.pdf"
+    _value_rows_pdf(values, value_pages, value_rows)
+    _one_line_pages_pdf(pages, text_pages)
+    totals = _statement_pdf(statement)
+    cases = []
+    seconds = {}
+    for reader in ("plain", "tables"):
+        home = tmp / f"pdf-home-{reader}"
+        local = {**env, "EVSEL_HOME": str(home), "EVSEL_NO_DAEMON": "1", "EVSEL_PDF_READER": reader,
+                 "EVSEL_THREADS": "1"}
+        started = time.perf_counter()
+        done = cli(["ingest", "--no-encode", str(values)], local)
+        seconds[reader] = time.perf_counter() - started
+        if done.returncode != 0:
+            cases.append({"input": f"value rows ({reader} reader)", "ok": False, "detail": done.stderr.strip()[-200:]})
+    if len(seconds) == 2 and not cases:
+        ratio = seconds["tables"] / seconds["plain"]
+        cases.append({"input": f"{value_pages} pages x {value_rows} value-only rows: ingest within 5x the plain reader's",
+                      "ok": ratio <= 5.0, "detail": f"tables {seconds['tables']:.1f} s, plain {seconds['plain']:.1f} s, "
+                                                     f"{ratio:.2f}x"})
+    local = {**env, "EVSEL_HOME": str(tmp / "pdf-home-text"), "EVSEL_NO_DAEMON": "1", "EVSEL_THREADS": "1"}
+    started = time.perf_counter()
+    done = cli(["ingest", "--no-encode", "--json", str(pages)], local)
+    took = time.perf_counter() - started
+    stored = json.loads(done.stdout)["files"][0] if done.returncode == 0 else {}
+    cases.append({"input": f"a {text_pages}-page PDF of one-line pages: stored", "ok": stored.get("status") == "ingested",
+                  "detail": f"exit {done.returncode}, {stored.get('chunks')} chunks in {took:.1f} s"
+                            f"{'' if done.returncode == 0 else '; ' + done.stderr.strip()[-150:]}"})
+    done = cli(["ingest", "--no-encode", str(statement)], local)
+    doc = json.loads(cli(["docs", "show", str(max(d["id"] for d in json.loads(cli(["docs", "list", "--json"],
+                                                                                    local).stdout))),
+                          "--chunks", "--json"], local).stdout) if done.returncode == 0 else {"chunks": []}
+    text = " ".join(c["text"] for c in doc["chunks"])
+    kept = sum(t in text for t in totals)
+    cases.append({"input": "a statement's totals (lines differing in their figures): kept", "ok": kept == len(totals),
+                  "detail": f"{kept} of {len(totals)} kept, header dropped {'First Harbour' not in text}"})
+    return cases
+
+
+def round_four_faults(tmp: Path, env: dict) -> list[dict]:
+    """Issue 48's surfaces: fusion weights that are not finite, damaged thread records, a
+    collection name that is not UTF-8, and stdout faults (closed pipe, full, ASCII-only) through
+    the daemon's fast path and the Typer app alike. Its own home and daemon."""
+    from evsel.models.trained_files import SHIPPED
+    from evsel.paths import sample_story_path
+
+    home = tmp / "r4-home"
+    local = {**env, "EVSEL_HOME": str(home), "EVSEL_ENCODE": "0"}
+    local.pop("EVSEL_NO_DAEMON", None)
+    cli(["ingest", str(sample_story_path())], local).check_returncode()
+    cases = []
+    ask = ["ask", QUESTIONS[1], "--select", "bm25", "--evidence-only"]
+    paths = {"fast path": [], "Typer": ["--no-daemon"]}
+
+    # fusion weights that are not finite
+    shipped = next(SHIPPED.iterdir()) / "hybrid"
+    weights = []
+    for bad in ("NaN", "Infinity"):
+        folder = tmp / "r4-weights" / bad
+        shutil.copytree(shipped, folder)
+        data = (folder / "hybrid.json").read_text()
+        at = data.index('"weights"')
+        first = data.index("[", at) + 1
+        end = min(data.index(",", first), data.index("]", first))
+        (folder / "hybrid.json").write_text(data[:first] + bad + data[end:])
+        weights.append({"input": f"fusion weights: {bad}", "names": [str(folder / "hybrid.json"), "not a finite number"],
+                        "argv": ["ask", QUESTIONS[1], "--select", "hybrid", "--evidence-only"],
+                        "env": {"EVSEL_HYBRID_WEIGHTS": str(folder)}})
+    # a collection name that is not UTF-8 (a byte 0xff on the command line)
+    bad_name = os.fsdecode(b"r\xffx")
+    names = []
+    for first in paths.values():
+        for args in (["docs", "list"], ["ingest", str(sample_story_path())], ask):
+            names.append({"input": f"--collection not UTF-8: {' '.join(first + args[:2])[:40]}",
+                          "names": ["is not UTF-8 text"], "argv": [*first, *args, "--collection", bad_name]})
+    for case, result in zip(weights, one_line_cases(tmp, {**local, "EVSEL_NO_DAEMON": "1"}, weights)):
+        cases.append(result)
+    for case in names:  # through the daemon too: a process each
+        done = cli(case["argv"], local)
+        lines = [line for line in done.stderr.splitlines() if line.startswith("evsel: error:")]
+        cases.append({"input": case["input"], "unexpected": "unexpected" in done.stderr,
+                      "ok": done.returncode == 1 and len(lines) == 1 and case["names"][0] in lines[0],
+                      "detail": f"exit {done.returncode}: {(lines or [''])[0][14:160]}"})
+
+    # stdout faults, the same through both paths
+    def run_to(args: list[str], stdout, extra: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "evsel", *args], stdout=stdout, stderr=subprocess.PIPE,
+                              text=True, env={**local, **(extra or {})}, timeout=600)
+
+    closed = {}
+    for name, first in paths.items():
+        read, write = os.pipe()
+        os.close(read)
+        with os.fdopen(write, "w") as pipe:
+            done = run_to([*first, *ask], pipe)
+        closed[name] = (done.returncode, done.stderr.strip()[-100:])
+    cases.append({"input": "a closed pipe: the fast path and Typer alike", "unexpected": False,
+                  "ok": closed["fast path"] == closed["Typer"] == (0, ""), "detail": str(closed)})
+    if Path("/dev/full").exists():
+        for name, first in paths.items():
+            with open("/dev/full", "w") as full:
+                done = run_to([*first, *ask], full)
+            lines = done.stderr.strip().splitlines()
+            cases.append({"input": f"stdout full (/dev/full), {name}", "unexpected": "unexpected" in done.stderr,
+                          "ok": done.returncode == 1 and len(lines) == 1
+                          and "standard output is full" in lines[0] and "EVSEL_HOME" not in lines[0],
+                          "detail": f"exit {done.returncode}: {(lines or [''])[0][:120]}"})
+    for name, first in paths.items():
+        done = run_to([*first, *ask, "--json"], subprocess.PIPE, {"PYTHONIOENCODING": "ascii"})
+        try:
+            parsed = json.loads(done.stdout)["question"] == QUESTIONS[1]
+        except ValueError:
+            parsed = False
+        cases.append({"input": f"--json on an ASCII stdout, {name}", "unexpected": "unexpected" in done.stderr,
+                      "ok": done.returncode == 0 and done.stdout.isascii() and parsed,
+                      "detail": f"exit {done.returncode}, ASCII {done.stdout.isascii()}, JSON {parsed}"})
+
+    # a damaged thread record: measured again, never "unexpected" (the model's own cache, put back after)
+    from evsel.models import cpu_threads
+    from evsel.models.backbone import Backbone
+
+    record = Backbone(None, "cpu").cache_dir / cpu_threads.RECORD
+    saved = record.read_bytes() if record.exists() else None
+    try:
+        for how, value in (("tokens_per_s a list", [1, 2]), ("tokens_per_s null", None),
+                           ("tokens_per_s strings", {"1": "fast"})):
+            data = json.loads(saved) if saved else {"threads": 1, "machine": "", "measured_at": "", "load_1m": None}
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps({**data, "tokens_per_s": value}))
+            # the record is read only with no count set: neither EVSEL_THREADS nor OMP_NUM_THREADS
+            extra = {k: v for k, v in local.items() if k not in ("EVSEL_THREADS", "OMP_NUM_THREADS")}
+            done = subprocess.run([sys.executable, "-m", "evsel", "--no-daemon", "ask", QUESTIONS[1],
+                                   "--rerank", "qrranker", "--evidence-only"], capture_output=True, text=True,
+                                  env=extra, timeout=900)
+            cases.append({"input": f"thread record damaged: {how}", "unexpected": "unexpected" in done.stderr,
+                          "ok": done.returncode == 0 and "unexpected" not in done.stderr,
+                          "detail": f"exit {done.returncode}{'; ' + done.stderr.strip()[-120:] if done.returncode else ''}"})
+    finally:
+        if saved is None:
+            record.unlink(missing_ok=True)
+        else:
+            record.write_bytes(saved)
+    cli(["daemon", "stop"], local, timeout=120)
     return cases
 
 
@@ -593,6 +822,9 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=1100, help="idle connections opened at once")
     parser.add_argument("--surfaces-only", action="store_true",
                         help="only trained parts, eval and train inputs and the corpus; writes no result file")
+    parser.add_argument("--round-four", action="store_true",
+                        help="only issue 48's surfaces: stored-KV entries, hostile PDFs, fusion weights, thread "
+                             "records, collection names, stdout faults; writes no result file")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="evsel-faults-"))
@@ -601,6 +833,15 @@ def main() -> int:
     env.pop("EVSEL_NO_DAEMON", None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still runs the cleanup below
     try:
+        if args.round_four:
+            hostile = stored_kv_faults(tmp, env) + hostile_pdfs(tmp, env)
+            for case in hostile:
+                print(f"  - {case['input']}: {'ok' if case['ok'] else 'NOT OK'}; {case.get('detail', '')}")
+            surfaces = {"round four": round_four_faults(tmp, env)}
+            print_surfaces(surfaces)
+            for case in surfaces["round four"]:
+                print(f"  - {case['input']}: {'ok' if case['ok'] else 'NOT OK'}; {case.get('detail', '')}")
+            return 0 if all(c["ok"] for c in hostile + surfaces["round four"]) else 1
         if args.surfaces_only:
             surfaces = new_surfaces(tmp, env)
             print_surfaces(surfaces)
@@ -701,6 +942,7 @@ def run(args, tmp: Path, env: dict) -> int:
     full = disk_full(tmp, env)
     hostile.append(full)
     hostile += stored_kv_faults(tmp, env)
+    hostile += hostile_pdfs(tmp, env)
     rows_lost += full.get("rows_lost", 0)
     surfaces = new_surfaces(tmp, env)
 
