@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 reader="$1"; shift
 export EVSEL_THREADS="${EVSEL_THREADS:-1}" EVSEL_NO_DAEMON=1
+[ -x .venv/bin/evsel ] && export PATH="$PWD/.venv/bin:$PATH"  # the checkout's venv when there is one
 out=bench/results
 sets=("$@")
 [ ${#sets[@]} -gt 0 ] || sets=(novels fairytaleqa locomo hotpotqa)
