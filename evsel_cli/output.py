@@ -69,6 +69,11 @@ def safe_console_class() -> type:
         def render_str(self, text: str, **kwargs):
             return super().render_str(visible(text), **kwargs)
 
+        def on_broken_pipe(self) -> None:
+            # rich exits 1 here; evsel.cli treats a closed stdout the same on every path (exit 0)
+            self.quiet = True
+            raise BrokenPipeError(32, "Broken pipe")
+
     return SafeConsole
 
 

@@ -79,13 +79,15 @@ PATHS = {"fast path": [], "Typer": ["--no-daemon"]}  # the daemon's fast path re
 def test_a_closed_pipe_is_the_same_on_both_paths(story_in_daemon):
     """`evsel ask ... | head -c 20`: exit 0, nothing on stderr, through the fast path and Typer."""
     got = {}
-    for name, first in PATHS.items():
+    runs = {**{name: [*first, *ASK] for name, first in PATHS.items()},
+            "rich through Typer": ["docs", "show", "1", "--chunks"]}  # rich's own handler exited 1
+    for name, args in runs.items():
         read, write = os.pipe()
         os.close(read)  # the reader is gone before evsel writes a byte
         with os.fdopen(write, "w") as pipe:
-            done = _run([*first, *ASK], pipe)
+            done = _run(args, pipe)
         got[name] = (done.returncode, done.stderr)
-    assert got["fast path"] == got["Typer"] == (0, "")
+    assert got["fast path"] == got["Typer"] == got["rich through Typer"] == (0, "")
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device whose writes fail: disk full)")
