@@ -58,14 +58,18 @@ def ask(env: dict, question: dict, select: str | None) -> dict:
             "answer": reply["answer"], "timings": reply["timings"]}
 
 
-def pair(env: dict, question: dict, label: str) -> dict:
-    """The default ask, then BM25's, of one question; the encode's progress before and after."""
+def pair(env: dict, question: dict, label: str, versus: list[str] = ()) -> dict:
+    """The default ask, then BM25's, of one question (and each of `versus`'s); the encode's
+    progress before and after."""
     before = encode_progress(env)
     default = ask(env, question, None)
     bm25 = ask(env, question, "bm25")
     row = {"when": label, "question": question["question"], "encode_before": before,
            "encode_after": encode_progress(env), "default": default, "bm25": bm25,
            "ratio": round(default["wall_s"] / bm25["wall_s"], 2)}
+    for method in versus:
+        other = ask(env, question, method)
+        row.setdefault("versus", {})[method] = dict(other, ratio=round(other["wall_s"] / bm25["wall_s"], 2))
     ran = "+".join((default["signals"] or {}).get("ran", [])) or default["method"]
     print(f"{label:14s} default {default['wall_s']:7.2f}s  bm25 {bm25['wall_s']:6.2f}s  ratio {row['ratio']:6.2f}  "
           f"shown {int(default['shown'])}/{int(bm25['shown'])}  ran {ran}  encode {row['encode_after']}", flush=True)
@@ -100,6 +104,8 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=0,
                         help="then wait for the encode to finish (up to --wait-s) and ask this many more")
     parser.add_argument("--wait-s", type=float, default=3600.0)
+    parser.add_argument("--versus", default="", help="with --warm: other methods asked beside (comma-separated), "
+                                                     "each as a ratio to the same BM25 ask")
     parser.add_argument("--home", type=Path, help="a fresh EVSEL_HOME to use (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "first-hour.json")
     args = parser.parse_args()
@@ -137,7 +143,7 @@ def main() -> int:
             record["encode_done_s"] = round(time.monotonic() - (deadline - args.wait_s), 1)
             rest = questions[args.asks + 1:] or questions
             for number, question in enumerate(rest[: args.warm], 1):
-                record["rows"].append(pair(env, question, f"warm #{number}"))
+                record["rows"].append(pair(env, question, f"warm #{number}", [m for m in args.versus.split(",") if m]))
     finally:
         evsel(["daemon", "stop"], env)
         record["load_1m_end"] = load_1m()
@@ -148,6 +154,12 @@ def main() -> int:
         if rows:
             record[when.replace(" ", "_") + "_worst_ratio"] = max(r["ratio"] for r in rows)
             record[when.replace(" ", "_") + "_shown"] = [sum(r[m]["shown"] for r in rows) for m in ("default", "bm25")]
+            ratios = sorted(r["ratio"] for r in rows)
+            record[when.replace(" ", "_") + "_median_ratio"] = ratios[len(ratios) // 2]
+    for method in [m for m in args.versus.split(",") if m]:
+        ratios = sorted(r["versus"][method]["ratio"] for r in record["rows"] if method in r.get("versus", {}))
+        if ratios:
+            record.setdefault("versus_median_ratio", {})[method] = ratios[len(ratios) // 2]
     write_result(args.out, record)
     print(f"wrote {args.out}")
     return 0

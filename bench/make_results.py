@@ -546,7 +546,10 @@ def first_hour_section(path: Path, result: dict) -> list[str]:
     out += [f"- ingest returned in {result['ingest_s']} s; load average {result['load_1m_start']:.1f} at the start, "
             f"{result['load_1m_end']:.1f} at the end; each ask a whole `evsel ask --json` process through the "
             "daemon, the default's then BM25's of the same question; \"shown\": the five passages hold the "
-            "question's evidence", "",
+            "question's evidence",
+            f"- the default was `{result['rows'][0]['default']['method']}` on this kind at that commit; medians: "
+            f"while encoding {result.get('encoding_median_ratio', '–')}x, warm {result.get('warm_median_ratio', '–')}x"
+            + "".join(f", {m} warm {r}x" for m, r in (result.get("versus_median_ratio") or {}).items()), "",
             "| ask | default (s) | BM25 (s) | ratio | shown default / BM25 | the default ranked by | encode after |",
             "|---|---|---|---|---|---|---|"]
     for row in result["rows"]:

@@ -275,8 +275,13 @@ def rejudge_speed(fitted: dict, ratios: dict[str, float]) -> dict:
             limit = candidate["test"].get("speed_limit", paired.SPEED_LIMIT)
             if ratio > limit and candidate["method"] != paired.FALLBACK:
                 candidate.update(method=paired.FALLBACK, why=(
-                    f"{candidate['candidate']} is not the default: measured on these documents, its warm ask takes "
-                    f"{ratio:.2f}x a BM25 one (limit {limit}x)"))
+                    f"{candidate['candidate']} is not the default: measured on this kind's documents, its warm ask "
+                    f"takes {ratio:.2f}x a BM25 one (limit {limit}x)"))
+            elif candidate["method"] != paired.FALLBACK:
+                import re
+
+                candidate["why"] = re.sub(r"warm ask [\d.]+x BM25's", f"warm ask {ratio:.2f}x BM25's on this kind's "
+                                          "documents", candidate["why"])
         candidates.append(candidate)
     passing = [c for c in candidates if c["method"] != paired.FALLBACK]
     chosen = max(passing, key=lambda c: c["test"].get("recall@3", 0)) if passing else (

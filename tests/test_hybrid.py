@@ -161,9 +161,10 @@ def test_default_falls_back_to_bm25_once_when_the_trained_parts_are_missing(tmp_
     assert default_method(FakeBackbone(), Settings(hybrid_weights=str(tmp_path / "none")))[0] == "bm25"
 
 
-def test_the_shipped_record_names_the_tested_fusion_for_chats_and_books():
-    """Chats and books run the fusion that passed the paired test on dev and met every target on
-    the runs no fit looked at (kept in the record beside the test); PDFs, untested, stay on BM25."""
+def test_the_shipped_record_names_the_tested_fusion_for_books_and_bm25_for_chats():
+    """The fit chose the fusion for chats and books (the paired test on dev, every target met on
+    the runs no fit looked at); the defaults record keeps it for books, tested on whole novels
+    too, and takes chats to BM25 on their own warm asks; PDFs, untested, stay on BM25."""
     from evsel.models.selectors.default import default_methods
 
     class Shipped(FakeBackbone):
@@ -178,9 +179,20 @@ def test_the_shipped_record_names_the_tested_fusion_for_chats_and_books():
         assert sets <= {run["set"] for run in chosen["held_out"]} and all(run["met"] for run in chosen["held_out"])
     names = {ws["name"] for ws in data["weight_sets"]}
     assert {"bm25+dense", "bm25+dense@book", "bm25+dense@dialogue"} <= names  # the no-LLM ablation's weights
+    # the defaults record (evsel train defaults) judged them again: books on whole novels too, and
+    # each kind's warm ask on its own documents, where the chats' fusion was far over the limit
+    from evsel.models.selectors.default import defaults_file, read_defaults
+
+    record = read_defaults(defaults_file(hy.shipped_dir(Shipped.fingerprint), shipped=True))["defaults"]
+    book = record["book"]
+    assert book["method"] == "hybrid" and book["test"]["warm_ask_ratio"] <= book["test"]["speed_limit"]
+    novels = next(run for run in book["held_out"] if run["set"] == "novels")
+    assert novels["questions"] >= 40 and novels["met"] and novels["recall@3"] > novels["bm25_recall@3"]
+    chats = record["dialogue"]
+    assert chats["method"] == "bm25" and "warm ask takes" in chats["why"]
+    assert all(c["test"]["warm_ask_ratio"] > c["test"]["speed_limit"] for c in chats["candidates"])
     chosen = default_methods(Shipped(), None)
-    assert chosen["dialogue"][0] == chosen["book"][0] == "hybrid"
-    assert chosen["pdf"][0] == "bm25"
+    assert chosen["book"][0] == "hybrid" and chosen["dialogue"][0] == chosen["pdf"][0] == "bm25"
 
 
 @pytest.mark.model

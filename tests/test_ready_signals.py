@@ -21,10 +21,26 @@ John: I started volunteering at the animal shelter on Saturdays.
 """
 
 
-def test_a_chat_default_ranks_with_what_is_ready_then_with_the_llm_signals(evsel_home, tmp_path):
+def plant_defaults(tmp_path, monkeypatch, **methods) -> None:
+    """EVSEL_HYBRID_WEIGHTS: the shipped weights with a defaults record naming `methods` by kind."""
+    import json
+    import shutil
+
+    from evsel.models import hybrid
+    from evsel.models.backbone import Backbone
+
+    weights = tmp_path / "weights"
+    shutil.copytree(hybrid.shipped_dir(Backbone(None).fingerprint), weights)
+    (weights / "defaults.json").write_text(json.dumps({"format": "evsel-defaults/1", "defaults": {
+        kind: {"method": method, "why": "planted"} for kind, method in methods.items()}}))
+    monkeypatch.setenv("EVSEL_HYBRID_WEIGHTS", str(weights))
+
+
+def test_a_chat_default_ranks_with_what_is_ready_then_with_the_llm_signals(evsel_home, tmp_path, monkeypatch):
     from evsel.engine import Engine
     from evsel.settings import Settings
 
+    plant_defaults(tmp_path, monkeypatch, dialogue="hybrid", book="hybrid")  # chats ship on BM25 (their speed)
     chat = tmp_path / "chat.txt"
     chat.write_text(TRANSCRIPT)
     engine = Engine(Settings.resolve())  # EVSEL_ENCODE=0 (conftest): the ingest encodes nothing
@@ -56,20 +72,11 @@ def test_the_states_each_default_reads():
 def test_an_ingest_encodes_only_what_the_kinds_default_reads(evsel_home, tmp_path, monkeypatch):
     """Books on BM25 by the defaults record: the encode an ingest leaves stores no state for them
     (a 10-K whose default is BM25 was encoded all the same, slowing every ask for nothing)."""
-    import json
-    import shutil
-
     from evsel.engine import Engine
-    from evsel.models import hybrid
-    from evsel.models.backbone import Backbone
     from evsel.paths import sample_story_path
     from evsel.settings import Settings
 
-    weights = tmp_path / "weights"
-    shutil.copytree(hybrid.shipped_dir(Backbone(None).fingerprint), weights)
-    (weights / "defaults.json").write_text(json.dumps({"format": "evsel-defaults/1", "defaults": {
-        "book": {"method": "bm25", "why": "planted"}, "dialogue": {"method": "hybrid", "why": "planted"}}}))
-    monkeypatch.setenv("EVSEL_HYBRID_WEIGHTS", str(weights))
+    plant_defaults(tmp_path, monkeypatch, book="bm25", dialogue="hybrid")
     engine = Engine(Settings.resolve())
     engine.ingest([str(sample_story_path())])
     from evsel.ingest import Ingest
