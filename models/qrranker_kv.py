@@ -402,8 +402,11 @@ class BlockKVFiles:
             codes = unpack(sections["values"], value_bits, n * length * self.kv_heads * d)
             scale = sections["values_scale"].view(np.float16).reshape(n, length, 1)
             got = torch.from_numpy(dequantize_symmetric(codes.reshape(n, length, -1), scale, value_bits))
-            got = got.view(n, length, self.kv_heads, d).transpose(1, 2) @ self.turn.T
-            values[self.value_layers] = got.to(self.dtype)
+            got = (got.view(-1, d) @ self.turn.T).view(n, length, self.kv_heads, d).transpose(1, 2)
+            if self.value_layers == list(range(n)):  # layers 0..n-1: a slice, not an index
+                values[:n] = got
+            else:
+                values[self.value_layers] = got.to(self.dtype)
         keys, values = keys.to(self.device), values.to(self.device)
         kv = [(keys[layer], values[layer]) for layer in range(self.depth)]
         inputs = {}
