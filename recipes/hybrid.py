@@ -261,6 +261,25 @@ def apply_held_out(defaults: dict, held_out: list[dict]) -> dict:
     return defaults
 
 
+def eval_candidate(method: str, record: dict, warm_ask_ratio: float | None, alpha: float) -> dict:
+    """A candidate the fit did not propose, judged by models/paired.py's rule on an `evsel eval
+    --per-question` result holding it and BM25 (held-out questions of one kind, the dataset's
+    separately reported groups left out, as eval's headline does)."""
+    separate = set(record["dataset"].get("separate_groups") or [])
+    per_question = record.get("per_question", {})
+    if method not in per_question or "bm25" not in per_question:
+        raise InputError(f"the result for --candidate {method} holds no per-question rows of {method} and bm25",
+                         f"run: evsel eval DATASET --methods bm25,{method} --json --per-question")
+    rows = {m: [q for q in per_question[m] if q.get("group") not in separate and q.get("gold")] for m in (method, "bm25")}
+    if [q["qid"] for q in rows[method]] != [q["qid"] for q in rows["bm25"]]:
+        raise InputError(f"{method} and bm25 were not scored on the same questions", "rerun evsel eval with both methods")
+    column = {m: {k: np.array([q["ranking"][k] for q in rows[m]], dtype=np.float64) for k in ("recall@3", "mrr")}
+              for m in rows}
+    decision = paired.decide(method, column[method]["recall@3"], column[method]["mrr"], column["bm25"]["recall@3"],
+                             column["bm25"]["mrr"], warm_ask_ratio, alpha=alpha)
+    return {"candidate": method, **decision, "dev": f"{record['dataset']['name']} (evsel eval, held out)"}
+
+
 def rejudge_speed(fitted: dict, ratios: dict[str, float]) -> dict:
     """The fit's choice for one kind again, with warm ask ratios measured on that kind's documents
     ({method: its warm ask over BM25's}): a candidate over the speed limit drops out, and the best
@@ -293,14 +312,18 @@ def rejudge_speed(fitted: dict, ratios: dict[str, float]) -> dict:
 
 
 def write_defaults(weights: Path, held_out: list[dict], out: Path, command: str,
-                   warm_ask_ratios: dict[str, dict[str, float]] | None = None) -> dict:
+                   warm_ask_ratios: dict[str, dict[str, float]] | None = None,
+                   candidates: dict[str, list[tuple[str, dict]]] | None = None) -> dict:
     """`evsel train defaults`: each kind's default method, kept apart from the weights, in
     OUT/defaults.json. The fit's choice (hybrid.json's "defaults": the candidate that passed the
     paired test on its dev questions, before any held-out run) is judged again by every run no fit
     looked at: the runs the fit's record already holds, and `held_out` (bench/held_out.py's
     entries; one of the same kind and set replaces the older). A kind whose candidate missed any
     stays on BM25, and the record says why. `warm_ask_ratios` ({kind: {method: ratio}}): warm asks
-    measured on that kind's documents judge each candidate's speed again (`rejudge_speed`)."""
+    measured on that kind's documents judge each candidate's speed again (`rejudge_speed`).
+    `candidates` ({kind: [(method, an evsel eval --per-question result)]}): methods the fit did not
+    propose, judged by the same rule on those held-out questions (`eval_candidate`), the level
+    divided among all of the kind's candidates."""
     import copy
 
     from evsel.models.selectors.default import DEFAULTS_FILE, DEFAULTS_FORMAT
@@ -313,8 +336,14 @@ def write_defaults(weights: Path, held_out: list[dict], out: Path, command: str,
         chosen = {k: v for k, v in fitted.items() if k not in ("held_out",)}
         if first is not None:  # the fit's own choice, before the held-out runs judged it
             chosen.update(method=first["method"], why=first["why"], test=first["test"])
-        if (warm_ask_ratios or {}).get(kind):
-            chosen = rejudge_speed(chosen, warm_ask_ratios[kind])
+        extra = (candidates or {}).get(kind, [])
+        if extra:
+            alpha = paired.ALPHA / (len(chosen.get("candidates", [])) + len(extra))
+            chosen["candidates"] = chosen.get("candidates", []) + [
+                eval_candidate(method, record, (warm_ask_ratios or {}).get(kind, {}).get(method), alpha)
+                for method, record in extra]
+        if (warm_ask_ratios or {}).get(kind) or extra:
+            chosen = rejudge_speed(chosen, (warm_ask_ratios or {}).get(kind, {}))
         new = [e for e in held_out if e["kind"] == kind]
         named = {e["set"] for e in new}
         chosen["_runs"] = [e for e in fitted.get("held_out", []) if e["set"] not in named] + new

@@ -652,3 +652,24 @@ def test_train_defaults_judges_the_fits_candidate_again_and_the_default_reads_it
     code, _, err = run_cli(capsys, "train", "defaults", "--weights", str(weights), "--held-out", str(held),
                            "--out", str(tmp_path / "bad"), "--warm-ask-ratio", "novel:hybrid=1.2")
     assert code != 0 and "dialogue, book or pdf" in err
+
+    # a cheaper method the fit did not propose, judged by the same rule on held-out eval rows and
+    # its own warm ask: it takes the chats' place when it passes
+    rng = np.random.default_rng(0)
+    base = (rng.random(240) < 0.6).astype(float)
+    better = np.maximum(base, (rng.random(240) < 0.2).astype(float))
+
+    def rows(values):
+        return [{"qid": str(i), "gold": [1], "ranking": {"recall@3": v, "mrr": v}} for i, v in enumerate(values)]
+
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"dataset": {"name": "chats-held-out", "separate_groups": []},
+                               "per_question": {"bm25": rows(base), "hybrid:bm25+dense": rows(better)}}))
+    code, out, err = run_cli(capsys, "train", "defaults", "--weights", str(weights), "--held-out", str(held),
+                             "--out", str(tmp_path / "cheap"), "--json", "--warm-ask-ratio", "dialogue:hybrid=4.0",
+                             "--warm-ask-ratio", "dialogue:hybrid:bm25+dense=1.1",
+                             "--candidate", f"dialogue:hybrid:bm25+dense={run}")
+    assert code == 0, err
+    chats = json.loads(out)["defaults"]["dialogue"]
+    assert chats["method"] == "hybrid:bm25+dense" and "chats-held-out" in chats["candidates"][-1]["dev"]
+    assert chats["test"]["warm_ask_ratio"] == 1.1 and chats["test"]["questions"] == 240

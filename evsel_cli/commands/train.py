@@ -1,5 +1,6 @@
 # annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -458,6 +459,12 @@ def train_defaults(
         "--warm-ask-ratio", metavar="KIND:METHOD=RATIO",
         help="A candidate's warm ask over a BM25 one measured on that kind's documents (bench/first_hour.py "
              "--warm), e.g. dialogue:hybrid=2.4: over the speed limit (2x) it drops out. Repeatable.")] = None,
+    candidates: Annotated[Optional[List[str]], typer.Option(
+        "--candidate", metavar="KIND:METHOD=FILE",
+        help="A method the fit did not propose, judged by the same rule on FILE, an `evsel eval --methods "
+             "bm25,METHOD --json --per-question` result on that kind's held-out questions, e.g. "
+             "dialogue:hybrid:bm25+dense+dialogue=locomo-fold2.json (its speed: --warm-ask-ratio). Repeatable.")
+    ] = None,
     as_json: JsonOption = False,
 ):
     """Each kind's default method (what ask runs with no --select), kept apart from the fusion's
@@ -481,8 +488,19 @@ def train_defaults(
         if kind not in ("dialogue", "book", "pdf"):
             raise typer.BadParameter(f"{given!r}: the kind is dialogue, book or pdf, e.g. dialogue:hybrid=2.4")
         ratios.setdefault(kind, {})[method] = ratio
+    extra: dict[str, list[tuple[str, dict]]] = {}
+    for given in candidates or ():
+        kind, _, rest = given.partition(":")
+        method, _, file = rest.rpartition("=")
+        if kind not in ("dialogue", "book", "pdf") or not method or not file:
+            raise typer.BadParameter(f"{given!r} is not KIND:METHOD=FILE, e.g. dialogue:hybrid:bm25+dense+dialogue=run.json")
+        try:
+            extra.setdefault(kind, []).append((method, json.loads(Path(file).read_text())))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise InputError(f"--candidate {given}: {file} is not an evsel eval --json result ({error})",
+                             "write it with: evsel eval DATASET --methods bm25,METHOD --json --per-question") from None
     record = write_defaults(source, [entry for file in held_out for entry in _held_out_entries(file)],
-                            Path(out).absolute(), command, ratios)
+                            Path(out).absolute(), command, ratios, extra)
     if as_json:
         print_json(record)
         return
