@@ -85,3 +85,37 @@ def test_states_are_kept_apart_from_unreals_own(tiny_backbone, tmp_path, evsel_h
     assert store.stored_state_hashes(fingerprint, unreal.METHOD, unreal.state_key(3, 2), hashes) == set()
     assert encode_pass.block_state_key(3, 2) != unreal.state_key(3, 2)
     assert qrranker_kv.FORMAT.endswith("/3")
+
+
+@pytest.mark.model
+def test_real_model_one_pass_gives_the_stored_kv_and_the_states_measured(tmp_path):
+    """SmolLM2 with the shipped heads, adapter and UNREAL adapter on the Sherlock Holmes book's first
+    chunks: the pass's KV files are the scorer's own byte for byte (same batches), and its residual
+    states sit as close to UNREAL's own as docs/UNREAL.md states (not closer: they are not UNREAL's)."""
+    from evsel.engine import Engine
+    from evsel.models.selectors import get_selector
+    from evsel.settings import Settings
+    from helpers import shared_data
+
+    book = shared_data("nocha", "books", "the_adventures_of_sherlock_holmes_arthur_conan_doyle.txt")
+    cut = tmp_path / "start.txt"
+    cut.write_text(book.read_text(encoding="utf-8")[:9000], encoding="utf-8")
+    engine = Engine(Settings.resolve().with_(qrranker_kv=True, encode=False))
+    engine.ingest([str(cut)])
+    chunks = engine.store.chunks()
+    alone = get_selector("qrranker", engine.selector_context()).scorer
+    alone.use_kv_files(tmp_path / "alone")
+    assert alone.store_kv([c.text for c in chunks], [c.content_hash for c in chunks]) == len(chunks)
+    shared = get_selector("qrranker", engine.selector_context()).scorer
+    shared.use_kv_files(tmp_path / "shared")
+    config = unreal.adapter_config(engine.backbone)
+    assert encode_pass.BlockPass(shared, config.layer, config.pool).encode_store(chunks) == len(chunks)
+    for chunk in chunks:
+        assert shared.kv_files.files.path(chunk.content_hash).read_bytes() == \
+            alone.kv_files.files.path(chunk.content_hash).read_bytes()
+    selector = get_selector("unreal", engine.selector_context())
+    own = unreal.ChunkEncoder(engine.backbone, [config.layer], config.pool).encode([c.text for c in chunks])[config.layer]
+    _, _, block = encode_pass.BlockPass(shared, config.layer, config.pool).encode([c.text for c in chunks])
+    cosine = torch.nn.functional.cosine_similarity(selector.query.chunk_keys(own), selector.query.chunk_keys(block),
+                                                   dim=-1)
+    assert 0.8 < float(cosine.mean()) < 0.99  # near, and not the same states
