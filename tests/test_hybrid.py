@@ -591,6 +591,7 @@ def test_the_fusion_ranks_with_what_is_ready_and_encodes_nothing_for_the_scope(t
     bm25 = get_selector("bm25", context)
 
     cold = get_selector("hybrid:bm25+dense", context, weights=weights)
+    cold.only_ready = True  # as the default runs it
     ranked = cold.ranking(question, chunks)
     assert ranked.extras["signals"] == {"ran": ["bm25"], "waiting": {"dense": "0 of 5 chunks encoded"}}
     assert [s.chunk.id for s in ranked.scored] == [s.chunk.id for s in bm25.rank(question, chunks)]
@@ -598,10 +599,17 @@ def test_the_fusion_ranks_with_what_is_ready_and_encodes_nothing_for_the_scope(t
 
     assert DenseSelector.ingest_work(chunks, IngestWork(context, None))["dense_encoded"] == 5
     warm = get_selector("hybrid:bm25+dense", context, weights=weights)
+    warm.only_ready = True
     ranked = warm.ranking(question, chunks)
     assert ranked.extras["signals"] == {"ran": ["bm25", "dense"], "waiting": {}}
     dense = get_selector("dense", context)
     assert [s.chunk.id for s in ranked.scored][:1] == [s.chunk.id for s in dense.rank(question, chunks)][:1]
+
+    # asked for by name (--select hybrid), it encodes what it lacks and ranks with every signal
+    others = [replace(c, content_hash="new" + c.content_hash) for c in chunks]
+    named = get_selector("hybrid:bm25+dense", context, weights=weights)
+    assert named.ranking(question, others).extras["signals"] == {"ran": ["bm25", "dense"], "waiting": {}}
+    assert store.db.execute("select count(*) from chunk_states").fetchone()[0] == 10
 
 
 def test_train_defaults_judges_the_fits_candidate_again_and_the_default_reads_its_record(tmp_path, capsys, evsel_home):

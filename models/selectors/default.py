@@ -157,6 +157,8 @@ class DefaultSelector(Selector):
         method = self.chosen[kind_of(kind)][0]
         if method not in self._inners:
             inner = get_selector(method, self.context)
+            if hasattr(inner, "only_ready"):  # the default never waits for an encode (the fusion)
+                inner.only_ready = True
             if method != FALLBACK:
                 try:
                     inner.load()

@@ -58,6 +58,9 @@ class HybridSelector(Selector):
         self.weights_from: str | None = None
         self.missing: dict[str, str] = {}  # group -> why it is not available
         self.signals: dict = {}  # the last scoring's groups: {"ran": [...], "waiting": {group: progress}}
+        # as the default: rank with the signals already encoded for the whole scope, never wait for
+        # an encode; asked for by name (--select hybrid), compute what is missing, as any method does
+        self.only_ready = False
 
     # what scoring uses ---------------------------------------------------------------------
 
@@ -175,16 +178,17 @@ class HybridSelector(Selector):
         return Ranking(ranked, {"signals": self.signals} if self.signals else {})
 
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
-        """The fusion of the signals ready for every chunk of the scope: a group whose states are
-        not all encoded yet sits out (its weights are not fitted on part of a scope), and the
-        weight set fitted without it ranks; with none ready, BM25 alone does. Nothing is encoded
-        for the whole scope now; the QR heads score only the pool, as always."""
+        """With `only_ready` (as the default), the fusion of the signals ready for every chunk of
+        the scope: a group whose states are not all encoded yet sits out (its weights are not
+        fitted on part of a scope), and the weight set fitted without it ranks; with none ready,
+        BM25 alone does. Nothing is encoded for the whole scope then; the QR heads score only the
+        pool, as always. Asked for by name, it encodes what its signals lack first."""
         from evsel.models import hybrid as fusion
 
         if not chunks:
             return []
         self.load()
-        waiting = self.ready_groups(chunks)
+        waiting = self.ready_groups(chunks) if self.only_ready else {}
         weight_set = self.weight_set_for(chunks, set(waiting))
         total = len({c.content_hash for c in chunks})
         self.signals = {"ran": list(weight_set["groups"]),
