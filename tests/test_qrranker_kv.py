@@ -387,8 +387,11 @@ def test_numpys_short_write_on_a_full_disk_is_a_full_disk(gqa_model_dir, tmp_pat
         raise OSError(f"{array.nbytes} requested and 6 written")
 
     monkeypatch.setattr(np.lib.format, "write_array", short)
-    outcome = engine.encode_states()
+    said = []
+    outcome = engine.encode_states(on_event=said.append)
     assert outcome["qrranker_kv"] == 0
+    [warning] = [e["message"] for e in said if e.get("type") == "warning"]
+    assert warning.startswith("QRRanker block KV not written: the disk of") and "is full" in warning
     [note] = qrranker_kv.disk_full_notes()
     assert "is full" in note and "unexpected" not in note
     assert _kv_files(evsel_home) == set() and not list(evsel_home.rglob("*.tmp"))  # no torn file left

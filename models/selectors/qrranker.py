@@ -184,7 +184,8 @@ class QRRankerSelector(Selector):
         except OSError as exc:
             if not qrranker_kv.disk_is_full(exc):
                 raise
-            qrranker_kv.note_disk_full(files.top)
+            # one line now (in-process it was nowhere); daemon status keeps saying it until freed
+            on_event({"type": "warning", "message": qrranker_kv.note_disk_full(files.top)})
             return sum(1 for c in missing if files.has(c.content_hash))
         return len(missing)
 
