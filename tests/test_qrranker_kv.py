@@ -303,8 +303,20 @@ def _kv_files(home: Path) -> set[str]:
     return {p.stem for p in (home / qrranker_kv.FOLDER).rglob("*.npy")} if (home / qrranker_kv.FOLDER).is_dir() else set()
 
 
-def test_ingest_writes_the_files_the_reranker_reads_and_removal_deletes_them(gqa_model_dir, tmp_path, evsel_home):
-    engine = _engine(gqa_model_dir)
+def _defaults_reading_the_qr_heads(folder: Path) -> str:
+    """A defaults record whose book default reads the QR heads' stored KV: an ingest encodes only
+    what the kinds' defaults read, and the tiny model's default is BM25."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "defaults.json").write_text(json.dumps({"format": "evsel-defaults/1", "defaults": {
+        "book": {"method": "hybrid:bm25+qr", "why": "planted: the book default reads the QR heads"}}}))
+    return str(folder)
+
+
+def test_ingest_writes_the_files_the_reranker_reads_and_removal_deletes_them(gqa_model_dir, tmp_path, evsel_home,
+                                                                           exact_bits):
+    engine = _engine(gqa_model_dir, hybrid_weights=_defaults_reading_the_qr_heads(tmp_path / "weights"))
     first, second = _story(tmp_path, "a.md", 10), _story(tmp_path, "b.md", 200)
     engine.ingest([str(first), str(second)])
     chunks = engine.store.chunks()
@@ -428,6 +440,7 @@ def test_background_job_through_a_real_daemon(gqa_model_dir, tmp_path, daemon_ho
     monkeypatch.setenv("EVSEL_ENCODE", "1")
     monkeypatch.setenv("EVSEL_QRRANKER_KV", "1")
     monkeypatch.setenv("EVSEL_QRRANKER_HEADS", HEAD_SETTING)
+    monkeypatch.setenv("EVSEL_HYBRID_WEIGHTS", _defaults_reading_the_qr_heads(tmp_path / "weights"))
     story = _story(tmp_path, "a.md", 10)
     ingested = evsel_json("ingest", str(story))
     assert ingested["files"][0]["states"] == "background"
@@ -443,7 +456,7 @@ def test_background_job_through_a_real_daemon(gqa_model_dir, tmp_path, daemon_ho
 
     wait_for(lambda: not status(daemon_home)["queue"]["background"] and _kv_files(daemon_home) == hashes(),
              timeout=300, what="the background QRRanker KV")
-    result = evsel_json("ask", "--rerank", "qrranker", "--evidence-only", QUESTION)
+    result = evsel_json("ask", "--select", "bm25", "--rerank", "qrranker", "--evidence-only", QUESTION)
     assert result["method"]["rerank"] == "qrranker" and result["evidence"]
     assert _kv_files(daemon_home) == hashes()  # the ask found them all: nothing new written
     assert status(daemon_home)["disk_full"] == []  # the line a full disk would put in `daemon status`
