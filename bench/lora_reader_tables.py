@@ -1,5 +1,5 @@
 """docs/ANSWERS.md's LoRA reader tables from bench/lora_reader.sh's files: per set and answer step,
-F1, right when held (the answer contains the reference, of the questions whose shown evidence
+F1 (LoCoMo's own F1 on LoCoMo), right when held (the answer contains the reference, of the questions whose shown evidence
 holds it), and the printed answers' precision (right: contains the reference; an adversarial
 LoCoMo question's printed answer is wrong) with the share of questions answered."""
 
@@ -14,13 +14,14 @@ def rows(path: Path):
         step = "today's reader" if name.endswith("[short]") else "rules step" if name.endswith("[rules]") \
             else "LoRA reader"
         n = len(records)
-        f1 = sum(r["scores"]["f1"] for r in records) / max(1, n)
+        score = lambda r: r.get("scores", {}).get("locomo_f1", r.get("scores", {}).get("f1", 0.0))  # noqa: E731
+        f1 = sum(score(r) for r in records) / max(1, n)
         held = [r for r in records if r.get("answer_shown")]
-        right_held = sum(r["scores"]["contained"] >= 1.0 for r in held)
+        right_held = sum(r.get("scores", {}).get("contained", 0.0) >= 1.0 for r in held)
         printed = [r for r in records if r.get("answer_kind") != "abstained"]
-        right = [r for r in printed if r.get("group") != "adversarial" and r["scores"]["contained"] >= 1.0]
+        right = [r for r in printed if r.get("group") != "adversarial" and r.get("scores", {}).get("contained", 0.0) >= 1.0]
         answerable = [r for r in records if r.get("group") != "adversarial"]
-        f1_answerable = sum(r["scores"]["f1"] for r in answerable) / max(1, len(answerable))
+        f1_answerable = sum(score(r) for r in answerable) / max(1, len(answerable))
         yield {"set": path.stem.replace("lora-reader-", ""), "step": step, "questions": n, "f1": f1,
                "f1_answerable": f1_answerable, "answerable": len(answerable), "held": len(held),
                "right_held": right_held, "printed": len(printed), "precision": len(right) / max(1, len(printed)),
