@@ -107,6 +107,8 @@ def main() -> int:
     shown = ", ".join(str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p)
                       for p in args.result)
     entry = summarise(record, args.kind, reference, float(margin or 0.0), shown, args.set)
+    if args.candidate != "default":  # the method judged (train defaults applies it to that candidate only)
+        entry["candidate"] = args.candidate
     print(json.dumps(entry, indent=1))
     if args.out:
         entries = json.loads(args.out.read_text()) if args.out.exists() else []

@@ -346,7 +346,10 @@ def write_defaults(weights: Path, held_out: list[dict], out: Path, command: str,
             chosen = rejudge_speed(chosen, (warm_ask_ratios or {}).get(kind, {}))
         new = [e for e in held_out if e["kind"] == kind]
         named = {e["set"] for e in new}
-        chosen["_runs"] = [e for e in fitted.get("held_out", []) if e["set"] not in named] + new
+        runs = [e for e in fitted.get("held_out", []) if e["set"] not in named] + new
+        # a run judged one method (its `candidate`; without one, the fit's own): it says nothing of another
+        judged = fitted.get("candidate")
+        chosen["_runs"] = [e for e in runs if e.get("candidate", judged) == chosen.get("candidate")]
         defaults[kind] = chosen
     apply_held_out(defaults, [e for chosen in defaults.values() for e in chosen.pop("_runs")])
     record = {"format": DEFAULTS_FORMAT, "command": command, "weights": str(weights), "defaults": defaults}
