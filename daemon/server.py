@@ -163,7 +163,7 @@ class Daemon:
         from evsel.models import caches
 
         try:
-            gone = caches.remove_leftover_temps(caches.store_dir_of(self.fast_store), ("qrranker", "blocksearch"))
+            gone = caches.remove_leftover_temps(caches.store_dir_of(self.fast_store))
         except (OSError, EvselError) as exc:
             log.warning("leftover temp files not removed: %s", exc)
             return

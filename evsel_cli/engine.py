@@ -478,6 +478,17 @@ class Engine:
 
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
 
+    def train_defaults(self, out: str, held_out: list[dict], weights: str | None = None, command: str | None = None,
+                       warm_ask_ratios: dict | None = None, candidates: dict | None = None) -> dict:
+        """`evsel train defaults`: each kind's default method in OUT/defaults.json, from the fusion's
+        fit (`weights`, else EVSEL_HYBRID_WEIGHTS's, else the shipped ones) judged again."""
+        from evsel.models import hybrid
+        from evsel.recipes.hybrid import write_defaults
+
+        source = Path(weights or self.settings.hybrid_weights or hybrid.shipped_dir(self.backbone.fingerprint))
+        return write_defaults(source, held_out, Path(writable_folder(out)), command or "", warm_ask_ratios,
+                              candidates)
+
     def train_blocksearch(self, out: str, options: dict | None = None, command: str | None = None,
                           on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
         """`evsel train blocksearch`: train (or resume) BlockSearch's code decoder (OUT/adapter.safetensors)."""

@@ -11,7 +11,6 @@ as always, with its help and its error messages.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from evsel import settings
@@ -96,7 +95,7 @@ def forwarded(args: list[str]) -> int | None:
         parsed, command = parse(args[1:], ASK_OPTIONS, 1), "ask"
     else:
         return None
-    if parsed is None or settings.variables_named(_GLOBAL_VARIABLES) or _COMPLETION_VARIABLE in os.environ:
+    if parsed is None or settings.variables_named(_GLOBAL_VARIABLES + (_COMPLETION_VARIABLE,)):
         return None
     found, values = parsed
     from evsel.daemon.client import DaemonClient

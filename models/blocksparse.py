@@ -653,7 +653,7 @@ def _suffix_states_shared(model, context: Context, suffixes: list[tuple[list[int
     return out
 
 
-def _rope_tables(model, positions):
+def rope_tables(model, positions):
     """float32 cos, sin (T, d) of the model's RoPE at `positions`."""
     import torch
 
@@ -678,9 +678,9 @@ def head_attention(model, context: ReadStates, suffixes: list[SuffixStates], lay
                          "encode with the adapter's layers captured")
     tables = {}
     if adapted:
-        tables["ctx"] = _rope_tables(model, context.positions)
+        tables["ctx"] = rope_tables(model, context.positions)
         for i, s in enumerate(suffixes):
-            tables[i] = _rope_tables(model, s.positions)
+            tables[i] = rope_tables(model, s.positions)
     out: list[dict] = [{} for _ in suffixes]
     for layer in layers:
         scaling = float(inner.layers[layer].self_attn.scaling)

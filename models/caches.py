@@ -286,7 +286,10 @@ def delete_chunk_files(store_dir: str | Path, method: str, hashes) -> int:
     return sum(ArrayCache(folder).delete(hashes) for folder in method_folders(store_dir, method))
 
 
-def remove_leftover_temps(store_dir: str | Path, methods, older_than: float = 60.0) -> int:
+FILE_METHODS = ("qrranker", "blocksearch")  # the methods that keep files beside a store (KV, keys)
+
+
+def remove_leftover_temps(store_dir: str | Path, methods=FILE_METHODS, older_than: float = 60.0) -> int:
     """Delete the temp files a killed writer left in the methods' folders beside a store (called
     as the daemon starts); only those older than `older_than` seconds, as another process may be
     writing one now. Returns the files deleted."""

@@ -67,7 +67,7 @@ class BlockPass:
         from evsel.models.unreal import pool_states
 
         scorer = self.scorer
-        _, blocks, starts = scorer._pieces(texts, None)
+        _, blocks, starts = scorer.pieces(texts, None)
         states = encode_blocks(scorer.model, self.prefix_kv, blocks, scorer.config.batch_tokens,
                                scorer.backbone.tokenizer.pad_token_id or 0, scorer.captured, residual=self.layer)
         kv = [block[: scorer.depth] for block in states.blocks]

@@ -284,9 +284,9 @@ class QRScorer:
         def rope(n: int):
             import torch
 
-            from evsel.models.blocksparse import _rope_tables
+            from evsel.models.blocksparse import rope_tables
 
-            return _rope_tables(self.model, torch.arange(first, first + n, device=param.device))
+            return rope_tables(self.model, torch.arange(first, first + n, device=param.device))
 
         self.kv_files = qrranker_kv.BlockKVFiles(
             root / self.backbone.fingerprint / digest, root, self.depth, kv_heads,
@@ -312,7 +312,7 @@ class QRScorer:
         """Read layers whose k_proj inputs the encoders keep (those the adapter changes)."""
         return tuple(layer for layer in self.layers if self.adapter is not None and self.adapter.has(layer))
 
-    def _pieces(self, texts: list[str], memory: str | None):
+    def pieces(self, texts: list[str], memory: str | None):
         """Prefix, candidate blocks, where each candidate's span starts. Causal encoding puts the
         memory in the prefix, as the seed does; block encoding gives it a block of its own
         (`contexts`), so the candidates' KV stays independent of the memory and cacheable."""
@@ -328,7 +328,7 @@ class QRScorer:
         hit = self.encoded_contexts.get(key)
         if hit is not None:
             return hit
-        prefix, blocks, starts = self._pieces(texts, memory)
+        prefix, blocks, starts = self.pieces(texts, memory)
         block = self.config.encoding == "block"
         memory_ids = self.prompt.memory_block(memory) if memory and block else []
         fixed = len(prefix) + len(memory_ids) + self.prompt.suffix_budget()
@@ -371,7 +371,7 @@ class QRScorer:
         todo = {h: t for h, t in zip(hashes, texts) if not self.kv_files.has(h)}
         if not todo:
             return 0
-        prefix, blocks, _ = self._pieces(list(todo.values()), None)
+        prefix, blocks, _ = self.pieces(list(todo.values()), None)
         prefix_kv = self._block_states(prefix, []).prefix
         states = encode_blocks(self.model, prefix_kv, blocks, self.config.batch_tokens,
                                self.backbone.tokenizer.pad_token_id or 0, self.captured)
@@ -382,7 +382,7 @@ class QRScorer:
     def block_states(self, texts: list[str], memory: str | None = None) -> tuple[BlockStates, list[int]]:
         """Block encoding of `texts` (from the KV cache where it can) and where each block's span
         starts in it; training reads a story's blocks once and picks each question's from them."""
-        prefix, blocks, starts = self._pieces(texts, memory)
+        prefix, blocks, starts = self.pieces(texts, memory)
         return self._block_states(prefix, blocks), starts
 
     def suffixes(self, question: str) -> list[tuple[list[int], int]]:

@@ -1,7 +1,7 @@
 """`evsel train reader --lora`: the LoRA reader (models/lora_reader.py), trained end to end for span
 extraction on two CPU cores, resumable.
 
-Examples are drawn as `evsel train reader` draws them (recipes/reader.py `_examples`: a training
+Examples are drawn as `evsel train reader` draws them (recipes/reader.py `training_examples`: a training
 question with BM25's top 5 passages of its document, the answer located in them; FairytaleQA
 train, and LoCoMo / MuSiQue / HotpotQA on one --fold), plus no-answer examples: a question shown
 the near misses (its top passages without the ones that hold the answer, topped up with BM25's
@@ -81,14 +81,14 @@ def _atomic_json(path: Path, value) -> None:
 
 def build_examples(config: LoraTrainConfig, backbone, data_dir: Path | None, on_event) -> dict:
     """{"train", "dev", "calibration", "described"}; no-answer examples appended to train."""
-    from .reader import TrainConfig, _examples, locate_answer
+    from .reader import TrainConfig, locate_answer, training_examples
 
     base = TrainConfig(out=config.out, sources=config.sources, fold=config.fold, stories=config.stories,
                        questions_per_story=config.questions_per_story, dev_stories=config.dev_stories,
                        dev_questions_per_story=config.dev_questions_per_story,
                        folded_questions=config.folded_questions, calibration_questions=config.calibration_questions,
                        top_n=config.top_n, chunk_tokens=config.chunk_tokens, seed=config.seed)
-    train, dev, calibration, described = _examples(base, backbone, data_dir, on_event)
+    train, dev, calibration, described = training_examples(base, backbone, data_dir, on_event)
     rng = random.Random(config.seed + 7)
     negatives = []
     for item in rng.sample(train, min(len(train), round(config.no_answer_share * len(train)))):

@@ -100,7 +100,7 @@ def locate_answer(passages: list[str], answers: list[str]) -> list[tuple[int, in
     return []
 
 
-def _examples(config: TrainConfig, backbone, data_dir: Path | None, on_event) -> tuple[list, list, list, dict]:
+def training_examples(config: TrainConfig, backbone, data_dir: Path | None, on_event) -> tuple[list, list, list, dict]:
     """(train, dev, calibration, description): examples {"id", "question", "passages", "spans",
     "answers", "dialogue", "unanswerable"}."""
     from evsel.evaluation.runner import build_corpus, gold_units
@@ -552,7 +552,7 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
     data = Path(data_dir) if data_dir else None
     if config.rescore_only:
         return {"rescore": fit_rescoring(config, backbone, data, on_event), "out": str(config.out)}
-    train, dev, calibration, described = _examples(config, backbone, data, on_event)
+    train, dev, calibration, described = training_examples(config, backbone, data, on_event)
     log(f"examples: {len(train)} train, {len(dev)} dev, {len(calibration)} calibration")
     trainer = ReaderTrainer(config, backbone, command or "", on_event, log)
     trainer.setup(train, dev, calibration, described)

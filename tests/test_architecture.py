@@ -137,7 +137,7 @@ NOT_CORE = {
 }
 # engine functions that may name one, and why: training recipes are named for what they train
 NAMING_ALLOWED = {"evsel_cli/engine.py": {"train_convert", "train_unreal", "train_qrranker", "train_blocksearch",
-                                          "train_hybrid"}}
+                                          "train_hybrid", "train_defaults"}}
 
 
 def _named_in(path: Path, names: set[str], allowed: set[str]) -> list[str]:

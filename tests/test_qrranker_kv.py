@@ -139,12 +139,12 @@ def test_files_are_private_atomic_and_sized_as_documented(gqa_model_dir, tmp_pat
     assert files_.bits == qrranker_kv.BITS == (6, 3, 3)
     assert files_.read_keys == [(0, 1), (1, 0), (1, 1), (2, 0)] and files_.other_keys == [(0, 0)]
     assert files_.value_layers == [0, 1]
-    for block in scorer._pieces(TEXTS, None)[1]:
+    for block in scorer.pieces(TEXTS, None)[1]:
         n = len(block)
         read, other, values = 4 * n * 8, 1 * n * 8, 2 * 2 * n * 8  # values stored, head_dim 8
         assert files_.payload_bytes(n) == (-(-read * 6 // 8) + 4 * 8 * 4 + -(-other * 3 // 8) + 1 * 8 * 4
                                            + -(-values * 3 // 8) + 2 * n * 2)
-    payload = sum(files_.payload_bytes(len(b)) for b in scorer._pieces(TEXTS, None)[1])
+    payload = sum(files_.payload_bytes(len(b)) for b in scorer.pieces(TEXTS, None)[1])
     headers = sum(f.stat().st_size for f in files) - payload
     assert 0 < headers < len(files) * 400  # the .npy header and ours: a few hundred bytes a file
 
@@ -251,7 +251,7 @@ def test_the_disk_cap_evicts_the_least_recently_read_files(gqa_model_dir, tmp_pa
     assert content_hash(TEXTS[4]) in left and content_hash(TEXTS[1]) not in left  # the oldest read went
     assert sum(p.stat().st_size for p in folder.glob("*.npy")) <= cap
     # a read makes a file the most recent: it outlives older ones
-    capped.kv_files.load(content_hash(TEXTS[0]), len(capped._pieces(TEXTS[:1], None)[1][0]))
+    capped.kv_files.load(content_hash(TEXTS[0]), len(capped.pieces(TEXTS[:1], None)[1][0]))
     capped.store_kv(TEXTS[6:7])
     left = {p.stem for p in folder.glob("*.npy")}
     assert content_hash(TEXTS[0]) in left and content_hash(TEXTS[3]) not in left

@@ -444,6 +444,7 @@ def train_hybrid(
 
 @app.command("defaults")
 def train_defaults(
+    ctx: typer.Context,
     out: Annotated[str, typer.Option(
         "--out", parser=path(file_okay=False),
         help="Folder to write defaults.json to (the shipped record: models/adapters/<fingerprint>).")],
@@ -473,14 +474,7 @@ def train_defaults(
     Writes OUT/defaults.json (format in docs/FUSION.md); evsel models info shows each kind's and why."""
     import os
 
-    from evsel.models import hybrid
-    from evsel.models.backbone import Backbone
-    from evsel.recipes.hybrid import write_defaults
-    from evsel.settings import Settings
-
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
-    settings = Settings.resolve()
-    source = Path(weights or settings.hybrid_weights or hybrid.shipped_dir(Backbone(settings.model).fingerprint))
     ratios: dict[str, dict[str, float]] = {}
     for given in warm_ask_ratios or ():
         kind, _, rest = given.partition(":")
@@ -499,8 +493,9 @@ def train_defaults(
         except (OSError, UnicodeDecodeError, ValueError) as error:
             raise InputError(f"--candidate {given}: {file} is not an evsel eval --json result ({error})",
                              "write it with: evsel eval DATASET --methods bm25,METHOD --json --per-question") from None
-    record = write_defaults(source, [entry for file in held_out for entry in _held_out_entries(file)],
-                            Path(out).absolute(), command, ratios, extra)
+    engine = engine_from(ctx, no_daemon=True)  # files only: nothing the daemon keeps loaded
+    record = engine.train_defaults(str(Path(out).absolute()), [e for file in held_out for e in _held_out_entries(file)],
+                                   str(Path(weights).absolute()) if weights else None, command, ratios, extra)
     if as_json:
         print_json(record)
         return
