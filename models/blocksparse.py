@@ -512,7 +512,9 @@ def suffix_states(model, context: Context, suffixes: list[tuple[list[int], int]]
     layers (an adapter reads them)."""
     import torch
 
-    shared = leading_shared(suffixes) if SHARE_LEADING else 0
+    # the shared path writes each pass's K/V into one buffer in place: only where nothing is
+    # differentiated (a trained router's loss backpropagates through these passes)
+    shared = leading_shared(suffixes) if SHARE_LEADING and not torch.is_grad_enabled() else 0
     if shared >= 2:
         return _suffix_states_shared(model, context, suffixes, layers, check_rope, capture, shared)
     inner = model.model
