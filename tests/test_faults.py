@@ -303,6 +303,7 @@ def test_a_dropped_bm25_table_is_rebuilt_from_the_chunks(table, tmp_path, capsys
     from evsel.paths import sample_story_path
 
     assert main(["ingest", str(sample_story_path())]) == 0
+    capsys.readouterr()  # the ingest's summary (stdout)
     question = ["ask", "Who killed Ambrose Tenterden?", "--evidence-only", "--json"]
     assert main(question) == 0
     before = json.loads(capsys.readouterr().out)["evidence"]
