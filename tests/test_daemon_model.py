@@ -41,7 +41,7 @@ def sample_ingested(shared_home, model_cache):
     env.pop("EVSEL_NO_DAEMON", None)
     sample = evsel("sample", env=env).stdout.strip()
     result = evsel("ingest", sample, env=env)
-    assert "ingested" in result.stderr
+    assert "ingested" in result.stdout
     return sample
 
 
