@@ -28,6 +28,17 @@ def book_default() -> str:
     return Engine(Settings.resolve()).models_info(load=False)["default_by_kind"]["book"]["method"]
 
 
+def plant_defaults(folder: Path, **methods: str) -> str:
+    """A defaults record naming `methods` by kind (EVSEL_HYBRID_WEIGHTS / hybrid_weights): an
+    ingest encodes only the states the kinds' defaults read, and a tiny model's default is BM25."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "defaults.json").write_text(json.dumps({"format": "evsel-defaults/1", "defaults": {
+        kind: {"method": method, "why": "planted"} for kind, method in methods.items()}}))
+    return str(folder)
+
+
 def write_tiny_llama(folder: Path, vocab: dict[str, int], **config) -> Path:
     """A random-weight Llama (seeded) with a word-level tokenizer over `vocab`, saved in `folder`;
     `config` sets its shape (hidden_size, num_hidden_layers, heads, ...)."""

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import plant_defaults
+
 NOBODY = 65534
 HEAD_SETTING = "0-4,1-0,1-5,2-2"  # heads of the tiny GQA Llama (as tests/test_qrranker_kv.py)
 
@@ -62,6 +64,8 @@ def _story(folder: Path) -> Path:
 
 
 def _tiny_model_env(monkeypatch, model_dir, kv: bool) -> None:
+    if kv:  # a book default that reads the QR heads' stored KV, so an ingest writes it
+        monkeypatch.setenv("EVSEL_HYBRID_WEIGHTS", plant_defaults(Path(tempfile.mkdtemp()), book="hybrid:bm25+qr"))
     monkeypatch.setenv("EVSEL_MODEL", str(model_dir))
     monkeypatch.setenv("EVSEL_DEVICE", "cpu")
     monkeypatch.setenv("EVSEL_ENCODE", "1" if kv else "0")

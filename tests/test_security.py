@@ -468,6 +468,7 @@ def test_a_private_home_still_works(evsel_home, tmp_path, capsys):
     doc = tmp_path / "harbour.txt"
     doc.write_text("The harbour master kept a log of every ship.\n")
     assert main(["ingest", str(doc)]) == 0
+    capsys.readouterr()  # the ingest's summary (stdout)
     assert main(["docs", "list", "--json"]) == 0
     assert [d["path"] for d in json.loads(capsys.readouterr().out)] == [str(doc.resolve())]
 

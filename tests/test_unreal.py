@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from evsel.models import unreal
+from helpers import plant_defaults
 
 WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
          "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil"]
@@ -339,7 +340,8 @@ def test_ingest_computes_states_for_the_adapter_in_use(tiny_engine, tmp_path):
     assert result[0]["status"] == "ingested"
     assert tiny_engine.store.count_states(fingerprint, "unreal") == 0
     _adapter(tiny_engine.backbone, layer=1, readout=[1]).save(tmp_path / "adapter")
-    tiny_engine.settings = tiny_engine.settings.with_(unreal_adapter=str(tmp_path / "adapter"))  # EVSEL_UNREAL_ADAPTER
+    tiny_engine.settings = tiny_engine.settings.with_(  # EVSEL_UNREAL_ADAPTER; a book default that reads UNREAL
+        unreal_adapter=str(tmp_path / "adapter"), hybrid_weights=plant_defaults(tmp_path / "weights", book="unreal"))
     story.write_text(story.read_text(encoding="utf-8") + "\n\nthe end.", encoding="utf-8")
     events = []
     result = tiny_engine.ingest([str(story)], encode=True, on_event=events.append)
