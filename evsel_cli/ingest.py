@@ -245,13 +245,12 @@ class Ingest:
         outcome = {"encoded": 0, "missing_before": 0}
         for hook in ingest_hooks():
             wanted = chunks if reads is None else [c for c in chunks if hook.name in reads[kind_of(c.kind)]]
-            if summaries and len(wanted) < len(chunks):  # summaries were asked for every chunk
+            if summaries and len(wanted) < len(chunks):  # summaries were asked for every chunk, states not
                 outcome.update(hook.ingest_work(chunks, replace(work, states=False)))
-                work_left = replace(work, summaries=False)
+                if wanted:
+                    outcome.update(hook.ingest_work(wanted, replace(work, summaries=False)))
             else:
-                work_left = work
-            if wanted or work_left is work:
-                outcome.update(hook.ingest_work(wanted, work_left))
+                outcome.update(hook.ingest_work(wanted, work))
         return outcome
 
     def _default_reads(self) -> dict[str, set[str]]:

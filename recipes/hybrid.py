@@ -16,6 +16,7 @@ one fold of LoCoMo / MuSiQue / HotpotQA (dev: the other fold; evaluate on it wit
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -297,8 +298,6 @@ def rejudge_speed(fitted: dict, ratios: dict[str, float]) -> dict:
                     f"{candidate['candidate']} is not the default: measured on this kind's documents, its warm ask "
                     f"takes {ratio:.2f}x a BM25 one (limit {limit}x)"))
             elif candidate["method"] != paired.FALLBACK:
-                import re
-
                 candidate["why"] = re.sub(r"warm ask [\d.]+x BM25's", f"warm ask {ratio:.2f}x BM25's on this kind's "
                                           "documents", candidate["why"])
         candidates.append(candidate)

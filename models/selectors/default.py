@@ -104,7 +104,7 @@ def states_read(method: str) -> set[str]:
         return {PARTS[g] for g in groups if g in PARTS}
     if name == "rrf":
         return states_read(argument)
-    return set() if name in ("bm25", FALLBACK) else {name}
+    return set() if name == FALLBACK else {name}
 
 
 def resolve_selects(select: str, settings, kinds: set[str] | None = None) -> list[str]:
@@ -156,9 +156,7 @@ class DefaultSelector(Selector):
         """The selector that ranks documents of `kind` (BM25, said once, where its method cannot run)."""
         method = self.chosen[kind_of(kind)][0]
         if method not in self._inners:
-            inner = get_selector(method, self.context)
-            if hasattr(inner, "only_ready"):  # the default never waits for an encode (the fusion)
-                inner.only_ready = True
+            inner = get_selector(method, self.context, only_ready=True)  # the default never waits for an encode
             if method != FALLBACK:
                 try:
                     inner.load()

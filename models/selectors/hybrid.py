@@ -42,7 +42,8 @@ class HybridSelector(Selector):
                                "dialogue)"),)
     settings_fields = ("hybrid_weights",)
 
-    def __init__(self, context, groups: str | None = None, weights: str | dict | None = None, **_):
+    def __init__(self, context, groups: str | None = None, weights: str | dict | None = None,
+                 only_ready: bool = False, **_):
         from evsel.models import hybrid as fusion
 
         super().__init__(context)
@@ -60,7 +61,7 @@ class HybridSelector(Selector):
         self.signals: dict = {}  # the last scoring's groups: {"ran": [...], "waiting": {group: progress}}
         # as the default: rank with the signals already encoded for the whole scope, never wait for
         # an encode; asked for by name (--select hybrid), compute what is missing, as any method does
-        self.only_ready = False
+        self.only_ready = only_ready
 
     # what scoring uses ---------------------------------------------------------------------
 
