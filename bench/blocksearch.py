@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
     from evsel import chunker
-    from evsel.bm25_index import chunk_tokens, tokenize
+    from evsel.store.bm25_index import chunk_tokens, tokenize
     from evsel.engine import Engine
     from evsel.evaluation.report import run_info
     from evsel.models import blocksearch as bs

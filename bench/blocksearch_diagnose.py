@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from evsel.models import qrranker as qr
     from evsel.models.backbone import Backbone
     from evsel.models.blocksparse import Context, ReadStates, SuffixStates, head_attention, suffix_states
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     backbone = Backbone(threads=int(os.environ.get("EVSEL_THREADS") or 1))
     _ = backbone.model

@@ -206,7 +206,7 @@ DIALOGUE_QUESTIONS = [
 def _records(doc, backbone, start: int, n: int) -> list:
     from evsel.chunker import chunk_document
     from evsel.models.selectors import Scored
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     chunks = list(chunk_document(doc, backbone))[start:start + n]
     return [Scored(ChunkRecord(id=i + 1, doc_id=1, title=doc.title, kind=doc.kind, path="", **c.record()), 1.0, i + 1)

@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     from evsel.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.settings import Settings
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     engine = Engine(Settings.resolve())
     backbone = engine.backbone

@@ -130,7 +130,7 @@ def doc_sha(d: int) -> str:
 
 
 def corpus_rows(n: int, seed: int, words, p, bases, vectors_out: list):
-    from evsel.bm25_index import chunk_tokens
+    from evsel.store.bm25_index import chunk_tokens
 
     for d, texts, vectors in synthetic_docs(n, seed, words, p, bases):
         vectors_out.append(vectors)
@@ -148,7 +148,7 @@ def corpus_rows(n: int, seed: int, words, p, bases, vectors_out: list):
 
 
 def local_store(path: Path, n: int, seed: int, words, p, bases) -> float:
-    from evsel.store import Store, connect
+    from evsel.store.store import Store, connect
 
     store = Store(connect(path))
     cid = store.collection_id("bench", create=True)
@@ -233,7 +233,7 @@ def local_bm25_ask(db: Path, question: str, timing: dict[str, list[float]]) -> l
     top 10); the two times go into `timing`."""
     from evsel.models.selectors import SelectorContext
     from evsel.models.selectors.bm25 import BM25Selector
-    from evsel.store import Store, connect
+    from evsel.store.store import Store, connect
 
     t = time.perf_counter()
     store = Store(connect(db))
@@ -248,7 +248,7 @@ def local_bm25_ask(db: Path, question: str, timing: dict[str, list[float]]) -> l
 
 
 def _queries(out, n, directory, matrix, sizes, work, questions, qvecs, text_index, local) -> dict:
-    from evsel.bm25_index import tokenize
+    from evsel.store.bm25_index import tokenize
     from evsel.corpus.query import open_corpus, question_words
 
     db = work / f"local-{n}.db"

@@ -52,7 +52,7 @@ from evsel import chunker  # noqa: E402
 from evsel.evaluation import metrics  # noqa: E402
 from evsel.evaluation.report import run_info  # noqa: E402
 from evsel.parsers.base import ParsedDocument, Segment  # noqa: E402
-from evsel.store import ChunkRecord  # noqa: E402
+from evsel.store.store import ChunkRecord  # noqa: E402
 
 DEFAULT_LENGTHS = [8_000, 32_000, 128_000, 512_000, 1_000_000]
 SEED = 0

@@ -446,7 +446,7 @@ def word_distribution() -> tuple[list[str], np.ndarray]:
 
 
 def synthetic_chunks(n: int, words: list[str], p: np.ndarray, rng: np.random.Generator, length: int = 100):
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     picks = rng.choice(len(words), size=(n, length), p=p)
     chunks = []
@@ -523,10 +523,10 @@ def bm25_store(sizes: list[int], doc_chunks: int, quick: bool, small_docs: int =
 
     from rank_bm25 import BM25Okapi
 
-    from evsel import bm25_index
-    from evsel.bm25_index import chunk_tokens, tokenize
+    from evsel.store import bm25_index
+    from evsel.store.bm25_index import chunk_tokens, tokenize
     from evsel.models.selectors.bm25 import BM25Selector
-    from evsel.store import Store, connect
+    from evsel.store.store import Store, connect
 
     words, p = word_distribution()
     rng = np.random.default_rng(1)

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from evsel.evaluation.runner import build_corpus
     from evsel.models import unreal
     from evsel.models.selectors import get_selector
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.quick:

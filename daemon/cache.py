@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 
 MAX_ENTRIES = 32  # a book's chunks plus its BM25 index is a few MB
 

@@ -84,7 +84,7 @@ def check_params(method: str, params: dict) -> dict | None:
     try:
         check_methods(method, params)
         if isinstance(params.get("collection"), str):  # before the journal or a store binds it
-            from evsel.store import check_collection_name
+            from evsel.store.store import check_collection_name
 
             check_collection_name(params["collection"])
     except EvselError as exc:

@@ -23,10 +23,10 @@ from typing import Callable
 
 from evsel.engine import DEFAULT_SELECT, Engine, IngestOptions, resume_arguments
 from evsel.errors import EvselError, from_dict, user_message
-from evsel.journal import Journal, PendingEncode
+from evsel.store.journal import Journal, PendingEncode
 from evsel.pipeline import needs_model
 from evsel.settings import Settings
-from evsel.store import Store
+from evsel.store.store import Store
 
 from .cache import ScopeDataCache
 from .checks import check_params

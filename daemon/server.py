@@ -33,10 +33,10 @@ from evsel import __version__, paths
 from evsel import settings as settings_module
 from evsel.engine import REQUESTS, Engine
 from evsel.errors import EvselError, InputError, NotFoundError
-from evsel.journal import Journal
+from evsel.store.journal import Journal
 from evsel.parsers import collect_files
 from evsel.settings import Settings
-from evsel.store import DEFAULT_COLLECTION, Store
+from evsel.store.store import DEFAULT_COLLECTION, Store
 
 from . import runtime, watcher
 from .cache import ScopeDataCache

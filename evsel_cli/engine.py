@@ -22,12 +22,12 @@ from .chunker import DEFAULT_CHUNK_TOKENS
 from .defaults import DATASETS
 from .errors import EmptyStoreError, EvselError, NotFoundError
 from .ingest import Ingest, IngestOptions, IngestOutcome, resume_arguments
-from .journal import Journal, PendingEncode, PendingIngest
+from .store.journal import Journal, PendingEncode, PendingIngest
 from .parsers import KINDS
 from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order
 from .provenance import evidence_label
 from .settings import Settings
-from .store import DEFAULT_COLLECTION, ChunkRecord, Store
+from .store.store import DEFAULT_COLLECTION, ChunkRecord, Store
 from .windows import neighbours_of
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
@@ -145,7 +145,7 @@ class Engine:
         if self._eval_states is None:
             from evsel import paths
             from evsel.models.statecache import StateCache
-            from evsel.store import connect
+            from evsel.store.store import connect
 
             self._eval_states = StateCache(Store(connect(paths.eval_cache_path())))
         return self._eval_states

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from . import chunker
 from .defaults import DEFAULT_COLLECTION
 from .errors import EvselError, InputError, UnsafeHomeError, known_error
-from .journal import PendingEncode, PendingIngest
+from .store.journal import PendingEncode, PendingIngest
 from .parsers import collect_files, parse_file, read_file
 
 if TYPE_CHECKING:

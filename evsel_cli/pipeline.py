@@ -14,7 +14,7 @@ from evsel.models.selectors import DEFAULT, MethodSpec, Ranking, Scored, build
 
 from .defaults import RERANK_TOP  # defined there for the CLI's options
 from .errors import EvselError
-from .store import ChunkRecord
+from .store.store import ChunkRecord
 
 
 @dataclass(frozen=True)

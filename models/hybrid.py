@@ -12,7 +12,7 @@ import numpy as np
 
 from evsel.errors import EvselError, ModelError
 from evsel.models.trained_files import read_json, reading
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 
 
 FORMAT = "evsel-hybrid/1"

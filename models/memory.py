@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from evsel.store import ChunkRecord, Store
+from evsel.store.store import ChunkRecord, Store
 
 BLOCK_CHUNKS = 20  # consecutive chunks per prose block (the seed's memory granularity)
 MEMORY_TOKENS = 512  # the memory prefix's budget in the reranking prompt

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from evsel.store import ChunkRecord, Store
+from evsel.store.store import ChunkRecord, Store
 
 # encode(texts) -> {config: array (len(texts), ...)}; one pass may produce several configs
 Encoder = Callable[[list[str]], dict[str, np.ndarray]]

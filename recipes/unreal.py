@@ -47,7 +47,7 @@ class InvertedBM25:
     scores all documents per query with one numpy scatter per query term."""
 
     def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75):
-        from evsel.bm25_index import lucene_idf, term_scores, tokenize
+        from evsel.store.bm25_index import lucene_idf, term_scores, tokenize
 
         self.tokenize = tokenize
         postings: dict[str, dict[int, int]] = defaultdict(dict)

@@ -11,7 +11,7 @@ import pytest
 from evsel import grounding
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 
 
 def _chunk(text: str, id: int = 1, speakers=(), time_start=None, char_start=0) -> ChunkRecord:

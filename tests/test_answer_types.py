@@ -12,7 +12,7 @@ from evsel import grounding
 from evsel.evaluation import metrics
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 
 
 def _chunk(text: str, id: int = 1, speakers=(), char_start=0) -> ChunkRecord:

@@ -201,7 +201,7 @@ def test_the_store_imports_no_model_code():
     store needs no model module."""
     import ast
 
-    tree = ast.parse((ROOT / "evsel_cli" / "store.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "evsel_cli" / "store" / "store.py").read_text(encoding="utf-8"))
     modules = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in modules if m.startswith("evsel.models") or m == "models"]
@@ -394,9 +394,9 @@ def test_the_settings_check_finds_each_way_of_reading(tmp_path):
         assert env_reads(planted) == lines, code
 
 
-# One BM25: its scoring is defined in evsel_cli/bm25_index.py only; the local index, the corpus and
+# One BM25: its scoring is defined in evsel_cli/store/bm25_index.py only; the local index, the corpus and
 # the recipes call it.
-BM25_MODULE = "evsel_cli/bm25_index.py"
+BM25_MODULE = "evsel_cli/store/bm25_index.py"
 
 
 def bm25_definitions(path: Path) -> list[str]:

@@ -14,7 +14,7 @@ import pymupdf
 import pytest
 
 from evsel.cli import main
-from evsel.store import Store
+from evsel.store.store import Store
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -444,7 +444,7 @@ def _mount_tmpfs(folder: Path, size: str) -> str | None:
 def test_a_full_disk_is_one_line_and_nothing_is_stored_half_way(disk, tmp_path, good, monkeypatch, capsys):
     """tmpfs: a real 2 MB file system that fills up (needs root). max_page_count: SQLite's own cap on
     the store's size, which raises the same SQLITE_FULL ("database or disk is full") anywhere."""
-    from evsel import store
+    from evsel.store import store
 
     small = tmp_path / "small"
     if disk == "tmpfs":
@@ -490,7 +490,7 @@ def test_a_store_locked_too_long_is_one_line_and_nothing_is_stored(tmp_path, goo
     """Another connection holds the write lock; the wait is shortened from a minute (BUSY_TIMEOUT_S)."""
     import sqlite3
 
-    from evsel import store
+    from evsel.store import store
 
     assert run(capsys, "ingest", str(good))[0] == 0
     other = tmp_path / "other.txt"

@@ -536,7 +536,7 @@ def test_removing_a_document_deletes_exactly_its_orphaned_key_files(capsys):
     engine does)."""
     from evsel.cli import main
     from evsel.models.selectors import register_cleanups
-    from evsel.store import Store
+    from evsel.store.store import Store
 
     register_cleanups()
 
@@ -577,7 +577,7 @@ def test_removing_a_document_deletes_exactly_its_orphaned_key_files(capsys):
 
 
 def _records(texts):
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     return [ChunkRecord(id=i + 1, doc_id=1, seq=i, text=t, content_hash=content_hash(t), n_tokens=len(t.split()),
                         char_start=0, char_end=len(t)) for i, t in enumerate(texts)]
@@ -586,7 +586,7 @@ def _records(texts):
 def test_selector_is_registered_and_caches_keys_beside_the_store(backbone, tmp_path):
     from evsel.models.selectors import SelectorContext, available, get_selector, listing
     from evsel.models.statecache import StateCache
-    from evsel.store import Store, connect
+    from evsel.store.store import Store, connect
 
     assert "blocksearch" in available() and "blocksearch" in dict(listing())
     store = Store(connect(tmp_path / "evsel.db"))
@@ -617,7 +617,7 @@ def test_selector_is_registered_and_caches_keys_beside_the_store(backbone, tmp_p
 def test_selector_for_eval_caches_beside_evals_db_or_in_memory(backbone, tmp_path):
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.models.statecache import StateCache
-    from evsel.store import Store, connect
+    from evsel.store.store import Store, connect
 
     (tmp_path / "cache").mkdir()
     states = StateCache(Store(connect(tmp_path / "cache" / "eval.db")))
@@ -649,7 +649,7 @@ def test_real_model_routes_the_sample_story(tmp_path):
     from evsel.models.statecache import StateCache
     from evsel.parsers import parse_file
     from evsel.paths import sample_story_path
-    from evsel.store import ChunkRecord, Store, connect
+    from evsel.store.store import ChunkRecord, Store, connect
 
     backbone = Backbone(threads=int(os.environ.get("EVSEL_THREADS") or 1))
     [doc] = parse_file(sample_story_path())

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from evsel import bm25_index
-from evsel import migrations
-from evsel.bm25_index import chunk_tokens, tokenize
+from evsel.store import bm25_index
+from evsel.store import migrations
+from evsel.store.bm25_index import chunk_tokens, tokenize
 from evsel.models.selectors import SelectorContext, get_selector
-from evsel.migrations import MIGRATIONS
-from evsel.store import Store
+from evsel.store.migrations import MIGRATIONS
+from evsel.store.store import Store
 
 WORDS = ("king queen fox wolf river ring key golden old woman son youngest hide found forest castle "
          "letter letters killed kill bridge miller daughter gold silver horse").split()

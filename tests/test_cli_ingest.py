@@ -10,7 +10,7 @@ import pytest
 
 from evsel.cli import main
 from evsel.paths import sample_story_path
-from evsel.store import Store
+from evsel.store.store import Store
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:

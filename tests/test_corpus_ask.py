@@ -142,7 +142,7 @@ def test_bm25_top10_equals_local_ingest(world):
 
 def test_bm25_capped_candidates_is_a_first_stage(world):
     """EVSEL_CORPUS_BM25_CANDIDATES rescores only Lance's top N matches: the best chunk stays."""
-    from evsel.bm25_index import tokenize
+    from evsel.store.bm25_index import tokenize
     from evsel.corpus.query import open_corpus, question_words
 
     corpus = open_corpus(world["corpus"]["all"])

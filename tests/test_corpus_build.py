@@ -352,7 +352,7 @@ def test_the_corpus_equals_a_local_ingest(scenario, evsel_home):
     terms the local index counts, and dense states within DENSE_ATOL of the local ones."""
     import numpy as np
 
-    from evsel.bm25_index import chunk_tokens
+    from evsel.store.bm25_index import chunk_tokens
     from evsel.corpus import schema
     from evsel.engine import Engine
     from evsel.models.selectors import get_selector
@@ -465,7 +465,7 @@ def test_indexes_ivf_at_enough_rows(tmp_path, monkeypatch):
     import lance
     import numpy as np
 
-    from evsel.bm25_index import chunk_tokens
+    from evsel.store.bm25_index import chunk_tokens
     from evsel.corpus import rows, schema
 
     rng = np.random.default_rng(0)

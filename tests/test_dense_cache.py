@@ -26,7 +26,7 @@ def minilm_installed():
 def _chunks():
     import hashlib
 
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     return [ChunkRecord(id=i + 1, doc_id=1, seq=i, text=t, content_hash=hashlib.sha256(t.encode()).hexdigest(),
                         n_tokens=0, char_start=0, char_end=0) for i, t in enumerate(TEXTS)]
@@ -45,7 +45,7 @@ def _context(store):
 def test_dense_embeddings_are_cached_in_the_store(minilm_installed, tmp_path, monkeypatch):
     from evsel.models.selectors import get_selector
     from evsel.models.selectors import dense
-    from evsel.store import Store, connect
+    from evsel.store.store import Store, connect
 
     calls: list[list[str]] = []
     original = dense.MiniLM.encode
@@ -86,7 +86,7 @@ def test_dense_embeddings_are_cached_in_the_store(minilm_installed, tmp_path, mo
 
 def test_one_encoder_per_context(minilm_installed, tmp_path):
     from evsel.models.selectors import get_selector
-    from evsel.store import Store, connect
+    from evsel.store.store import Store, connect
 
     context = _context(Store(connect(tmp_path / "states.db")))
     a, b = get_selector("dense", context), get_selector("rrf:dense", context)

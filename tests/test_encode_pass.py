@@ -73,7 +73,7 @@ def test_residual_states_are_those_of_the_block_after_the_prefix(tiny_backbone, 
 
 def test_states_are_kept_apart_from_unreals_own(tiny_backbone, tmp_path, evsel_home):
     from evsel.models.statecache import StateCache
-    from evsel.store import Store
+    from evsel.store.store import Store
 
     store = Store()
     scorer = _scorer(tiny_backbone, tmp_path)

@@ -9,7 +9,7 @@ import pytest
 from evsel.errors import EvselError
 from evsel.models.selectors import available
 from evsel.models.selectors import get_selector as _get_selector
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 
 
 def get_selector(name, **kwargs):

@@ -83,7 +83,7 @@ def test_removing_a_watch_cancels_its_queued_and_running_jobs(tmp_path):
     from evsel.daemon.server import Daemon
     from evsel.daemon.watcher import Watcher
     from evsel.engine import Engine
-    from evsel.store import Store
+    from evsel.store.store import Store
 
     folder, other = tmp_path / "a", tmp_path / "b"
     folder.mkdir()
@@ -262,9 +262,9 @@ def test_document_ids_are_never_reused(tmp_path, capsys):
 
 
 def test_the_migration_keeps_documents_chunks_and_the_bm25_index(monkeypatch):
-    from evsel import store as store_module
+    from evsel.store import store as store_module
 
-    from evsel import migrations
+    from evsel.store import migrations
 
     old = [m for m in migrations.MIGRATIONS if m[0] < "m006"]
     monkeypatch.setattr(migrations, "MIGRATIONS", old)
@@ -362,7 +362,7 @@ def test_a_file_rewritten_during_ingest_is_stored_with_the_hash_of_the_text_stor
     import hashlib
 
     from evsel.engine import Engine
-    from evsel.store import Store
+    from evsel.store.store import Store
 
     versions = [f"Version {name}. The keeper of Gull Point was {name}.\n".encode() * 200 for name in ("Ann", "Bo")]
     sha = {hashlib.sha256(v).hexdigest(): v.decode() for v in versions}
@@ -403,7 +403,7 @@ def _stored(home):
 
 
 def test_a_cancel_during_the_store_write_leaves_the_old_version(evsel_home, tmp_path, monkeypatch, backbone_tokenizer):
-    from evsel import store as store_module
+    from evsel.store import store as store_module
     from evsel.engine import Engine, IngestOptions
 
     monkeypatch.setattr(store_module, "WRITE_BATCH", 20)
@@ -437,10 +437,10 @@ def test_the_daemon_reports_a_cancel_in_the_store_write_as_cancelled_and_stores_
     import logging
     import queue
 
-    from evsel import store as store_module
+    from evsel.store import store as store_module
     from evsel.daemon.scheduler import Job
     from evsel.daemon.server import Daemon
-    from evsel.store import Store
+    from evsel.store.store import Store
 
     monkeypatch.setattr(store_module, "WRITE_BATCH", 20)
     path, long_text = _two_versions(tmp_path)
@@ -505,8 +505,8 @@ def test_a_stopping_daemon_drops_the_pending_rows_of_an_ingest_it_abandons(evsel
     from evsel.daemon import scheduler
     from evsel.daemon.scheduler import Job
     from evsel.daemon.server import Daemon
-    from evsel.journal import Journal
-    from evsel.store import Store
+    from evsel.store.journal import Journal
+    from evsel.store.store import Store
 
     path = tmp_path / "a.md"
     path.write_text("# A\n\nThe keeper lit the lamp.\n")

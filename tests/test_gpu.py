@@ -25,7 +25,7 @@ def cuda():
 
 
 def _chunks(texts):
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     return [ChunkRecord(id=i + 1, doc_id=1, seq=i, text=t, content_hash=hashlib.sha256(t.encode()).hexdigest(),
                         n_tokens=0, char_start=0, char_end=0) for i, t in enumerate(texts)]

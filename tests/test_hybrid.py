@@ -10,7 +10,7 @@ import pytest
 from evsel.models.selectors import SelectorContext, get_selector
 from evsel.errors import ModelError
 from evsel.models import hybrid as hy
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 
 
 def planted(n_questions: int, pool: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -586,7 +586,7 @@ def test_the_fusion_ranks_with_what_is_ready_and_encodes_nothing_for_the_scope(t
     from evsel.models.selectors import IngestWork
     from evsel.models.selectors.dense import DenseSelector
     from evsel.models.statecache import StateCache
-    from evsel.store import Store, connect
+    from evsel.store.store import Store, connect
 
     store = Store(connect(tmp_path / "evsel.db"))
     context = SelectorContext(load_backbone=lambda: None, states=StateCache(store), store=store)

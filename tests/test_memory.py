@@ -13,7 +13,7 @@ import torch
 from evsel.errors import EvselError
 from evsel.models import memory as mem
 from evsel.models import qrranker as qr
-from evsel.store import ChunkRecord, Store
+from evsel.store.store import ChunkRecord, Store
 
 from daemon_helpers import daemon_home, evsel, evsel_json, status, wait_for  # noqa: F401  (fixture)
 from test_qrranker import (HEADS, QUESTION, TEXTS, _block_reference, _eager, _reference_attention,
@@ -80,7 +80,7 @@ def test_summaries_are_cached_and_deleted_with_the_last_chunk_holding_them(tmp_p
 def _db(path):
     import sqlite_utils
 
-    from evsel.store import migrate
+    from evsel.store.store import migrate
 
     db = sqlite_utils.Database(path)
     migrate(db)

@@ -324,7 +324,7 @@ def test_selector_reranks_with_heads_from_the_settings(gqa_model_dir):
     from evsel.models.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.settings import Settings
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     backbone = Backbone(str(gqa_model_dir), "cpu")
     context = SelectorContext(load_backbone=lambda: backbone, states=None,
@@ -497,7 +497,7 @@ def test_an_adapter_leaves_the_answering_backbone_untouched(gqa_model_dir, tmp_p
     from evsel.models.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.settings import Settings
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     backbone = Backbone(str(gqa_model_dir), "cpu")
     backbone.model.float()

@@ -11,7 +11,7 @@ import sys
 import pytest
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 
 DISTRACTORS = [
     "The harbour was quiet that morning. Fishing boats rocked at their moorings while gulls argued over "

@@ -118,7 +118,7 @@ def test_home_and_store_files_are_private_in_process(evsel_home, tmp_path, umask
 
 
 def test_store_files_are_private_even_with_umask_0(tmp_path):
-    from evsel import store
+    from evsel.store import store
 
     old = os.umask(0)
     try:

@@ -102,7 +102,7 @@ def test_ingest_hooks_run_by_their_order_then_the_registrys():
 
 
 def test_importing_the_registry_registers_no_cleanup_and_register_cleanups_does():
-    code = ("import evsel.models.selectors as s; s.available(); s.listing(); from evsel.store import Store; "
+    code = ("import evsel.models.selectors as s; s.available(); s.listing(); from evsel.store.store import Store; "
             "before = len(Store._chunk_cleanups); s.register_cleanups(); s.register_cleanups(); "
             "print(before, len(Store._chunk_cleanups))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from evsel import migrations
-from evsel import store as store_module
+from evsel.store import migrations
+from evsel.store import store as store_module
 from evsel.engine import Engine
 from evsel.errors import StoreError
-from evsel.journal import Journal
-from evsel.migrations import MIGRATIONS, migrate
+from evsel.store.journal import Journal
+from evsel.store.migrations import MIGRATIONS, migrate
 from evsel.paths import db_path, sample_story_path
-from evsel.store import Store, connect
+from evsel.store.store import Store, connect
 
 
 def rows(db, table: str) -> list[tuple]:
@@ -437,7 +437,7 @@ def test_m009_reads_the_old_bit_flag_as_named_booleans(monkeypatch):
 
 
 def test_pending_work_round_trips_with_named_fields():
-    from evsel.journal import PendingEncode, PendingIngest
+    from evsel.store.journal import PendingEncode, PendingIngest
     from evsel.settings import Settings
 
     store = Store()
@@ -478,7 +478,7 @@ def test_unreadable_pending_rows():
 
 def test_resume_arguments_keep_the_requests_options():
     from evsel.engine import resume_arguments
-    from evsel.journal import PendingIngest
+    from evsel.store.journal import PendingIngest
 
     pending = PendingIngest("/books/a.md", "books", "book", 100, {"resolve_links": False, "from_the_future": 1},
                             encode=True, summaries=True)

@@ -13,11 +13,11 @@ import textwrap
 
 import pytest
 
-from evsel import bm25_index
-from evsel import store as store_module
+from evsel.store import bm25_index
+from evsel.store import store as store_module
 from evsel.engine import Engine, IngestOptions
 from evsel.paths import sample_story_path
-from evsel.store import Store
+from evsel.store.store import Store
 
 from test_store import assert_consistent
 
@@ -179,7 +179,7 @@ KILLABLE = textwrap.dedent(
             return result
 
     sqlite3.connect = functools.partial(sqlite3.connect, factory=Connection)
-    from evsel import bm25_index, store
+    from evsel.store import bm25_index, store
     store.WRITE_BATCH = 20
     bm25_index.MERGE_BATCH = 50
     from evsel.cli import main

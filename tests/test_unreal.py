@@ -168,7 +168,7 @@ def test_missing_adapter_says_how_to_get_one(tiny_engine, tmp_path):
 
 
 def test_cache_hits_skip_encoding(tiny_engine, monkeypatch):
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     calls = []
     original = unreal.ChunkEncoder.encode

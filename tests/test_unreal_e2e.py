@@ -14,7 +14,7 @@ pytestmark = pytest.mark.model
 def test_ingest_encodes_then_ask_select_unreal_cites_evidence(capsys, monkeypatch):
     from evsel.cli import main
     from evsel.models import unreal
-    from evsel.store import Store
+    from evsel.store.store import Store
 
     assert main(["ingest", "--encode", "--json", str(sample_story_path())]) == 0
     ingested = json.loads(capsys.readouterr().out)
@@ -51,7 +51,7 @@ def test_ingest_encodes_then_ask_select_unreal_cites_evidence(capsys, monkeypatc
 
 def test_ask_select_unreal_without_states_encodes_lazily(capsys, tmp_path):
     from evsel.cli import main
-    from evsel.store import Store
+    from evsel.store.store import Store
 
     short = tmp_path / "opening.txt"  # the story's first pages: a few chunks keep this quick
     short.write_text(sample_story_path().read_text(encoding="utf-8")[:4000], encoding="utf-8")

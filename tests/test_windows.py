@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 from evsel.windows import neighbours_of, reading_windows
 from test_reader import DISTRACTORS
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evsel.bm25_index import B, EPSILON, K1
+from evsel.store.bm25_index import B, EPSILON, K1
 from evsel.errors import EvselError, InputError
 
 from . import schema
@@ -169,13 +169,13 @@ class Corpus:
     def average_idf(self) -> float:
         """rank-bm25's average idf over the whole vocabulary (the floor of negative idf)."""
         if self._average_idf is None:
-            from evsel.bm25_index import average_idf
+            from evsel.store.bm25_index import average_idf
 
             self._average_idf = average_idf(self.n_chunks, list(self.df().values()))
         return self._average_idf
 
     def idf(self, term: str) -> float:
-        from evsel.bm25_index import okapi_idf
+        from evsel.store.bm25_index import okapi_idf
 
         df = self.df().get(term)
         if not df:
@@ -192,7 +192,7 @@ class Corpus:
         `column`: the full-text index to read (default `fts_column`)."""
         import lance.query as lq
 
-        from evsel.bm25_index import query_scores
+        from evsel.store.bm25_index import query_scores
 
         if not query:
             return []
@@ -317,7 +317,7 @@ def index_terms(directory: str | Path) -> None:
 
 def question_words(question: str) -> list[str]:
     """The question's words as BM25 reads them before stemming (stop words left out)."""
-    from evsel.bm25_index import words
+    from evsel.store.bm25_index import words
 
     return words(question)
 
@@ -325,7 +325,7 @@ def question_words(question: str) -> list[str]:
 def chunk_record(row: dict):
     """A corpus row as the pipeline's ChunkRecord: the chunk id and the document's sha256 (its
     first 12 hex digits) stand where the local store has integer ids."""
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
     return ChunkRecord(
         id=row["chunk_id"], doc_id=row["doc_sha256"][:12], seq=int(row["seq"]), text=row["text"],
@@ -441,7 +441,7 @@ class CorpusStage:
             return self._ranking(question, top_n or 10)
 
     def _ranking(self, question: str, depth: int):
-        from evsel.bm25_index import tokenize
+        from evsel.store.bm25_index import tokenize
         from evsel.models.selectors import Ranking
 
         if self.name == "bm25":
@@ -461,7 +461,7 @@ class CorpusStage:
     def unreal(self, question: str, depth: int) -> list[Hit]:
         """Exact MaxSim (the local selector's score) over the multivector search's candidates."""
         import numpy as np
-        from evsel.bm25_index import tokenize
+        from evsel.store.bm25_index import tokenize
 
         self.load()
         selector = self._unreal

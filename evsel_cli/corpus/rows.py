@@ -20,7 +20,7 @@ from pathlib import Path, PurePath
 from typing import Iterable, Iterator
 
 from evsel import chunker
-from evsel.bm25_index import chunk_tokens
+from evsel.store.bm25_index import chunk_tokens
 from evsel.errors import InputError
 from evsel.parsers import collect_files, parse_file, read_file
 

@@ -23,7 +23,7 @@ from evsel.errors import EvselError, ModelError
 from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, methods_with_memory
 from evsel.pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order
 from evsel.windows import neighbours_of
-from evsel.store import ChunkRecord
+from evsel.store.store import ChunkRecord
 
 from . import metrics
 from .datasets import EvalDataset, EvalQuestion

@@ -95,7 +95,7 @@ def register_cleanups() -> None:
     """Register with the store each selector's cleanup of what it keeps beside a store (the files
     of chunks no longer held, `Selector.on_chunks_deleted`). Every process that deletes chunks
     calls it (the engine does, when built); registering twice is a no-op."""
-    from evsel.store import Store
+    from evsel.store.store import Store
 
     for cls in selectors():
         if cls.on_chunks_deleted.__func__ is not Selector.on_chunks_deleted.__func__:

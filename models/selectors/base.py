@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Callable
 from evsel.settings import Settings
 
 if TYPE_CHECKING:
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
     from evsel.models.backbone import Backbone
     from evsel.models.statecache import StateCache
-    from evsel.store import Store
+    from evsel.store.store import Store
 
 EventSink = Callable[[dict], None]
 

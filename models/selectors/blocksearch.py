@@ -32,7 +32,7 @@ from . import base, register
 from .base import Selector
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
-    from evsel.store import ChunkRecord, Store
+    from evsel.store.store import ChunkRecord, Store
 
 
 TOP_B = {"top16": 16, "top32": 32, "top64": 64, "top128": 128, "top256": 256, "top512": 512}

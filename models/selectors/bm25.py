@@ -14,7 +14,7 @@ from . import register
 from .base import Ranking, Selector
 
 if TYPE_CHECKING:
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
     from rank_bm25 import BM25Okapi
 
 __all__ = ["BM25Selector", "STOPWORDS", "tokenize"]
@@ -53,7 +53,7 @@ class BM25Selector(Selector):
     def build(self, chunks: list[ChunkRecord]) -> BM25Okapi:
         from rank_bm25 import BM25Okapi
 
-        from evsel.bm25_index import chunk_tokens
+        from evsel.store.bm25_index import chunk_tokens
 
         return BM25Okapi([chunk_tokens(c.text) for c in chunks], k1=self.k1, b=self.b)
 
@@ -63,7 +63,7 @@ class BM25Selector(Selector):
     def scores(self, question: str, chunks: list[ChunkRecord]) -> list[float]:
         from rank_bm25 import BM25Okapi
 
-        from evsel.bm25_index import tokenize
+        from evsel.store.bm25_index import tokenize
 
         query = tokenize(question)
         if not query:
@@ -79,7 +79,7 @@ class BM25Selector(Selector):
     def ranking(self, question: str, chunks: list[ChunkRecord], top_n: int | None = None) -> Ranking:
         """When no word of the question is in any ranked passage, every score is 0 (or, in a scope
         of a document or two, negative idf) and the passages are not evidence: "no_match" says so."""
-        from evsel.bm25_index import tokenize
+        from evsel.store.bm25_index import tokenize
 
         ranked = self.rank(question, chunks, top_n)
         if ranked and all(s.score <= 0 for s in ranked):
@@ -93,7 +93,7 @@ def __getattr__(name: str):
     # bm25_index's names (numpy at import), re-exported when first read: the CLI's request checks
     # load this module to know the selector names
     if name in ("STOPWORDS", "chunk_tokens", "tokenize"):
-        from evsel import bm25_index
+        from evsel.store import bm25_index
 
         return getattr(bm25_index, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

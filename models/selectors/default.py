@@ -18,7 +18,7 @@ from .base import Ranking, Selector
 from ..paired import KINDS
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
 FALLBACK = "bm25"
 DEFAULTS_FILE = "defaults.json"  # each kind's method and why, apart from the fusion's weights

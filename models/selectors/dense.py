@@ -16,7 +16,7 @@ from . import register
 from .base import IngestWork, Selector, SelectorContext, timed_slices
 
 if TYPE_CHECKING:  # numpy is imported where vectors are made: the CLI's request checks load this module
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
     import numpy as np
 
 MAX_TOKENS = 256  # the model's max_seq_length; longer texts are truncated as sentence-transformers does

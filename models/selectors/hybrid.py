@@ -24,7 +24,7 @@ from . import get_selector, register
 from .base import Ranking, Selector
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
 PARTS = {"dense": "dense", "unreal": "unreal", "qr": "qrranker"}  # group -> the selector that scores it
 

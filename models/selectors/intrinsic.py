@@ -9,7 +9,7 @@ from . import register
 from .base import Selector
 
 if TYPE_CHECKING:  # numpy is imported where scores are made: the CLI's request checks load this module
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
     import numpy as np
 
 

@@ -17,7 +17,7 @@ from . import base, register
 from .base import IngestWork, Ranking, Selector, timed_slices
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
-    from evsel.store import ChunkRecord, Store
+    from evsel.store.store import ChunkRecord, Store
 
 MAX_CANDIDATES = 400  # more than this is a first stage's job: it would take minutes per question
 VARIANTS = ("untrained", "memory", "causal")

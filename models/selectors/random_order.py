@@ -11,7 +11,7 @@ from . import register
 from .base import Selector
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
 DEFAULT_SEED = 0
 

@@ -12,7 +12,7 @@ from . import get_selector, register
 from .base import Selector
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
 K = 60  # the constant of Cormack et al. (2009)
 

@@ -11,7 +11,7 @@ from . import get_selector, register
 from .base import IngestWork, Selector, timed_slices
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
-    from evsel.store import ChunkRecord
+    from evsel.store.store import ChunkRecord
 
 
 MAX_QUERIES = 4096  # query vectors kept per selector (~9 KB each)

@@ -1,7 +1,7 @@
 """SQLite store (sqlite-utils, WAL): collections, documents, chunks, per-chunk states and summaries.
 
-The schema is evsel/migrations.py's; the daemon's watch list and pending work, in the same database,
-are evsel/journal.py's."""
+The schema is evsel/store/migrations.py's; the daemon's watch list and pending work, in the same database,
+are evsel/store/journal.py's."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
-from . import paths
-from .defaults import DEFAULT_COLLECTION  # defined there for the CLI's options
-from .errors import InputError, NotFoundError, StoreError, known_error
+from .. import paths
+from ..defaults import DEFAULT_COLLECTION  # defined there for the CLI's options
+from ..errors import InputError, NotFoundError, StoreError, known_error
 from .migrations import migrate, rollback
 
 if TYPE_CHECKING:  # imported where a store is opened: the CLI's client path never opens one

@@ -9,8 +9,8 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 
-from .errors import EvselError
-from .settings import Settings
+from ..errors import EvselError
+from ..settings import Settings
 from .store import Store
 
 

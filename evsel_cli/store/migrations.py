@@ -1,5 +1,5 @@
 """The store's schema, grown by numbered migrations (sqlite-utils), each applied once in its own
-transaction and recorded in `_evsel_migrations`. `evsel.store.connect` runs `migrate` on every open."""
+transaction and recorded in `_evsel_migrations`. `evsel.store.store.connect` runs `migrate` on every open."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sqlite3
 import time
 from typing import TYPE_CHECKING, Callable
 
-from .errors import StoreError
+from ..errors import StoreError
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -102,7 +102,7 @@ def m003_chunk_states(db: sqlite_utils.Database) -> None:
 
 @migration
 def m004_bm25_index(db: sqlite_utils.Database) -> None:
-    # BM25's per-document postings and vocabulary (evsel/bm25_index.py), written by replace_file in
+    # BM25's per-document postings and vocabulary (evsel/store/bm25_index.py), written by replace_file in
     # the same transaction as the chunks, so an ask reads its scope's statistics instead of
     # tokenizing every chunk. Documents stored before this migration are indexed here.
     from . import bm25_index
