@@ -1,0 +1,338 @@
+"""Every engine request declared once: one frozen dataclass per request, its fields with their
+types, defaults, help and which of them are paths (field metadata, read with `spec`).
+
+The Typer commands build their options from these fields (commands/options.py), the daemon's
+client checks a request against its declaration before it contacts a daemon and the daemon
+checks it again from the same declaration (daemon/checks.py), and the engine takes the request
+(`Engine.ask(AskRequest)`). `REQUEST` names them: the `Engine` method each one calls and how the
+daemon treats it. This module imports no engine, store or model code, so the client can check a
+request at start-up.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cached_property
+from typing import Any, Callable
+
+from .defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, DEFAULT_SELECT, KINDS, RERANK_TOP, STYLES
+
+__all__ = [
+    "REQUEST", "REQUESTS", "AskRequest", "CorpusAddRequest", "CorpusRmRequest", "DocsListRequest",
+    "DocsRmRequest", "DocsShowRequest", "EncodeStatesRequest", "EvalRequest", "FieldSpec", "IngestRequest",
+    "ModelsInfoRequest", "Request", "TrainBlocksearchRequest", "TrainConvertRequest", "TrainHybridRequest",
+    "TrainQrrankerRequest", "TrainReaderRequest", "TrainUnrealRequest", "WatchAddRequest", "WatchListRequest",
+    "WatchRemoveRequest", "methods", "select_help", "spec",
+]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What a request field means beyond its type and default.
+
+    `help`: its --help text (a callable gives it on first use: the selector registry's);
+    `flag`: its option's spelling when not `--` + the field's name with dashes (`--doc` for
+    doc_ids, `--encode/--no-encode`); `metavar`: the value's name in help; `choices`: the values
+    it takes; `path`: the client makes it absolute where the user typed it (the daemon runs in /);
+    `argument`: a positional argument, not an option; `cli`: False for what no option sets (the
+    command fills it in)."""
+
+    help: str | Callable[[], str] | None = None
+    flag: str | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    path: bool = False
+    argument: bool = False
+    cli: bool = True
+
+    @property
+    def help_text(self) -> str | None:
+        return self.help() if callable(self.help) else self.help
+
+
+def _field(default: Any = MISSING, **meta: Any) -> Any:
+    """A request field with its `FieldSpec`; a list default is built fresh for each request."""
+    return field(default=default, metadata={"evsel": FieldSpec(**meta)})
+
+
+def spec(request: type, name: str) -> FieldSpec:
+    """The `FieldSpec` of a request class's field."""
+    for f in fields(request):
+        if f.name == name:
+            return f.metadata.get("evsel", FieldSpec())
+    raise KeyError(f"{request.__name__} has no field {name!r}")
+
+
+def select_help() -> str:
+    """`--select`'s help text, from the selector registry."""
+    from evsel.models.selectors import select_help as help_text
+
+    return help_text()
+
+
+def methods() -> list[tuple[str, str]]:
+    """What `select`/`rerank` accept: every method with what it does (the selector registry's)."""
+    from evsel.models.selectors import listing
+
+    return listing()
+
+
+_CHUNK_TOKENS_HELP = "Target chunk size in backbone tokens."
+_OUT_HELP = "The output folder."
+
+
+@dataclass(frozen=True)
+class IngestRequest:
+    targets: list[str] = _field(path=True, argument=True, metavar="PATHS...")
+    collection: str = _field(DEFAULT_COLLECTION, metavar="NAME", help="Collection to add the documents to.")
+    kind: str = _field("auto", choices=KINDS, help="How to read the files: auto picks by extension and content.")
+    chunk_tokens: int = _field(DEFAULT_CHUNK_TOKENS, help=_CHUNK_TOKENS_HELP)
+    encode: bool | None = _field(
+        None, flag="--encode/--no-encode",
+        help="Compute the chunks' UNREAL states now, so the first ask needs no encoding "
+             "(default: on; env EVSEL_ENCODE=0 turns it off).")
+    resolve_links: bool = _field(True, cli=False)
+    summaries: bool = _field(
+        False, help="Also write the summaries QRRanker's --memory reads (one per 20 chunks, or per dialogue "
+                    "session; by the backbone; in the daemon, in the background).")
+
+
+@dataclass(frozen=True)
+class EncodeStatesRequest:
+    doc_ids: list[int] | None = _field(None, cli=False)
+    batch: int = _field(64, cli=False)
+    states: bool = _field(True, cli=False)
+    summaries: bool = _field(False, cli=False)
+    slice_s: float | None = _field(None, cli=False)
+
+
+@dataclass(frozen=True)
+class AskRequest:
+    question: str = _field(argument=True)
+    doc_ids: list[int] | None = _field(None, flag="--doc", metavar="ID",
+                                       help="Ask about this document only (repeatable). See: evsel docs list.")
+    collection: str | None = _field(None, metavar="NAME", help="Restrict to one collection.")
+    top_n: int = _field(5, help="How many evidence passages to use.")
+    select: str = _field(DEFAULT_SELECT, metavar="METHOD", help=select_help)
+    evidence_only: bool = _field(False, help="Print the evidence without generating an answer.")
+    max_new_tokens: int = _field(96, help="Longest answer, in tokens.")
+    rerank: str | None = _field(
+        None, metavar="METHOD",
+        help="Rerank the first stage's top candidates with this selector (any --select method).")
+    rerank_top: int = _field(RERANK_TOP, metavar="N", help="How many first-stage candidates the reranker re-scores.")
+    style: str = _field(
+        "short", choices=STYLES,
+        help="short: a short answer grounded in one evidence sentence, or none when the evidence does not "
+             "support one; span: always the exact evidence text; sentence: free-form from all passages.")
+    memory: bool = _field(
+        False, help="With --rerank qrranker: give the reranker the summaries of the blocks (or dialogue "
+                    "sessions) holding its candidates, up to 512 tokens; missing ones are written first "
+                    "(see ingest --summaries).")
+    corpus: str | None = _field(
+        None, path=True, metavar="DIR",
+        help="Ask a corpus built by evsel corpus build instead of the local store: its full-text and "
+             "vector indexes give the first stage (--select bm25, dense or unreal); reranking and the "
+             "answer run here.")
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    dataset: str = _field(argument=True)
+    methods: list[str] = _field(
+        metavar="LIST",
+        help="Comma-separated methods: any selector (bm25, dense, random, ...), rrf:OTHER (BM25 fused "
+             "with OTHER), FIRST>RERANKER (e.g. bm25>qrranker, bm25>qrranker:untrained, bm25>qrranker:memory), "
+             "full (whole document to the generator; needs --generate), or oracle (the gold evidence itself: "
+             "what the answer step makes of perfect selection; needs --generate).")
+    ks: list[int] | None = _field(None, flag="--k", metavar="LIST", help="Cut-offs for recall@k.")
+    generate: bool = _field(False, help="Also answer each question with the backbone and score the answers.")
+    limit: int | None = _field(None, metavar="N", help="Evaluate N questions, evenly spaced over the dataset.")
+    split: str | None = _field(None, metavar="NAME", help="FairytaleQA split: val (default) or train.")
+    concat: int = _field(
+        0, metavar="N", help="FairytaleQA: join every N stories into one long document (0: each story alone).")
+    fold: int | None = _field(
+        None, metavar="N",
+        help="LoCoMo, MuSiQue, HotpotQA: only fold 1 or 2 of the fixed cross-fold split (train on one, "
+             "evaluate on the other).")
+    data_dir: str | None = _field(
+        None, path=True,
+        help="Folder with the benchmark data (env EVSEL_DATA; default ../shared/data beside the checkout).")
+    top_n: int = _field(5, help="Passages given to the generator.")
+    chunk_tokens: int = _field(DEFAULT_CHUNK_TOKENS, help=_CHUNK_TOKENS_HELP)
+    max_new_tokens: int = _field(32, help="Longest answer, in tokens.")
+    per_question: bool = _field(False, help="Include every question's record in the --json output.")
+    rerank_top: int = _field(RERANK_TOP, metavar="N",
+                             help="How many first-stage candidates a FIRST>RERANKER method re-scores.")
+    answer_style: str = _field(
+        "short",
+        help="With --generate: the answer step, as evsel ask --style (short, rules, span, sentence); several, "
+             "comma-separated, answer each method's evidence with each (rows 'METHOD [STYLE]').")
+    memory: bool = _field(
+        False, help="Every FIRST>qrranker method reads its candidates' summaries (as qrranker:memory); "
+                    "missing summaries are written into eval's own cache first.")
+    reader: str | None = _field(
+        None, path=True, metavar="DIR",
+        help="The reader of --answer-style short: a folder written by evsel train reader (default: the "
+             "model's shipped one).")
+
+
+# the train requests: the commands gather their many recipe options into `options` (a dict the
+# recipe's config reads) and record the command line in `command`
+@dataclass(frozen=True)
+class TrainConvertRequest:
+    out: str = _field(path=True, help=_OUT_HELP)
+    options: dict = _field(cli=False)
+    data_dir: str | None = _field(None, path=True, cli=False)
+
+
+@dataclass(frozen=True)
+class TrainUnrealRequest:
+    out: str = _field(path=True, help=_OUT_HELP)
+    recipe_name: str = _field("full", cli=False)
+    data: str | None = _field(None, path=True, cli=False)
+    sources: list[str] | None = _field(None, cli=False)
+    options: dict | None = _field(None, cli=False)
+    command: str | None = _field(None, cli=False)
+
+
+@dataclass(frozen=True)
+class TrainQrrankerRequest:
+    out: str = _field(path=True, help=_OUT_HELP)
+    detect_heads: bool = _field(False, cli=False)
+    options: dict | None = _field(None, cli=False)
+    command: str | None = _field(None, cli=False)
+    recipe_name: str = _field("full", cli=False)
+
+
+@dataclass(frozen=True)
+class TrainBlocksearchRequest:
+    out: str = _field(path=True, help=_OUT_HELP)
+    options: dict | None = _field(None, cli=False)
+    command: str | None = _field(None, cli=False)
+    recipe_name: str = _field("full", cli=False)
+
+
+@dataclass(frozen=True)
+class TrainHybridRequest:
+    out: str = _field(path=True, help=_OUT_HELP)
+    options: dict | None = _field(None, cli=False)
+    command: str | None = _field(None, cli=False)
+    recipe_name: str = _field("full", cli=False)
+
+
+@dataclass(frozen=True)
+class TrainReaderRequest:
+    out: str = _field(path=True, help=_OUT_HELP)
+    options: dict | None = _field(None, cli=False)
+    command: str | None = _field(None, cli=False)
+    recipe_name: str = _field("full", cli=False)
+
+
+@dataclass(frozen=True)
+class DocsListRequest:
+    collection: str | None = _field(None, metavar="NAME", help="Restrict to one collection.")
+
+
+@dataclass(frozen=True)
+class DocsShowRequest:
+    doc_id: int = _field(argument=True, metavar="ID")
+    with_chunks: bool = _field(False, flag="--chunks", help="Include every chunk with its provenance.")
+
+
+@dataclass(frozen=True)
+class DocsRmRequest:
+    doc_ids: list[int] = _field(argument=True, metavar="ID...")
+
+
+@dataclass(frozen=True)
+class WatchAddRequest:
+    path: str = _field(path=True, argument=True)
+    collection: str = _field(DEFAULT_COLLECTION, metavar="NAME")
+
+
+@dataclass(frozen=True)
+class WatchRemoveRequest:
+    path: str = _field(path=True)
+
+
+@dataclass(frozen=True)
+class WatchListRequest:
+    pass
+
+
+@dataclass(frozen=True)
+class ModelsInfoRequest:
+    load: bool = _field(True, cli=False)
+
+
+@dataclass(frozen=True)
+class CorpusAddRequest:
+    corpus: str = _field(path=True, argument=True, metavar="DIR", help="A corpus directory (evsel corpus build --out).")
+    targets: list[str] = _field(path=True, argument=True, metavar="FILES...", help="Files or folders to add.")
+
+
+@dataclass(frozen=True)
+class CorpusRmRequest:
+    corpus: str = _field(path=True, argument=True, metavar="DIR", help="A corpus directory (evsel corpus build --out).")
+    docs: list[str] = _field(argument=True)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One engine request: its name (the `Engine` method it calls), its declaration, whether the
+    daemon answers it at once on the connection's own thread (`fast`: it never waits behind model
+    work), and whether it may run beside model work when its method needs no model (`light`: an
+    evidence-only ask with a light selector)."""
+
+    name: str
+    declaration: type
+    fast: bool = False
+    light: bool = False
+
+    @property
+    def fields(self) -> tuple:
+        return fields(self.declaration)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The fields that hold paths (absolute on the wire)."""
+        return tuple(f.name for f in self.fields if f.metadata.get("evsel", FieldSpec()).path)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields if f.default is MISSING and f.default_factory is MISSING)
+
+    def defaults(self) -> dict:
+        """{field: default} for every field that has one."""
+        return {f.name: f.default for f in self.fields if f.default is not MISSING}
+
+    @cached_property
+    def types(self) -> dict:
+        """{field: type}, the annotations resolved."""
+        return typing.get_type_hints(self.declaration)
+
+
+# The engine methods a client may call (the daemon's requests; `DaemonClient` proxies these).
+REQUEST: dict[str, Request] = {r.name: r for r in (
+    Request("ingest", IngestRequest),
+    Request("encode_states", EncodeStatesRequest),
+    Request("ask", AskRequest, light=True),
+    Request("docs_list", DocsListRequest, fast=True),
+    Request("docs_show", DocsShowRequest, fast=True),
+    Request("docs_rm", DocsRmRequest, fast=True),
+    Request("models_info", ModelsInfoRequest),
+    Request("eval", EvalRequest),
+    Request("train_convert", TrainConvertRequest),
+    Request("train_unreal", TrainUnrealRequest),
+    Request("train_qrranker", TrainQrrankerRequest),
+    Request("train_blocksearch", TrainBlocksearchRequest),
+    Request("train_hybrid", TrainHybridRequest),
+    Request("train_reader", TrainReaderRequest),
+    Request("watch_add", WatchAddRequest, fast=True),
+    Request("watch_remove", WatchRemoveRequest, fast=True),
+    Request("watch_list", WatchListRequest, fast=True),
+    Request("corpus_add", CorpusAddRequest),
+    Request("corpus_rm", CorpusRmRequest),
+)}
+REQUESTS = tuple(REQUEST)
