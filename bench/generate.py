@@ -44,7 +44,7 @@ QUESTIONS = [
 def evidence_prompts(backbone, n_passages: int, questions: list[str]) -> list[list[dict]]:
     """Chat messages as `evsel ask` builds them: `n_passages` chunks (~140 tokens, evsel's own
     chunker on the bundled sample), a different window of the story for each question."""
-    from evsel.answer import build_messages
+    from evsel.answer.step import build_messages
     from evsel.chunker import chunk_document
     from evsel.parsers.text import parse_book
     from evsel.paths import sample_story_path

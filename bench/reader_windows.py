@@ -1,4 +1,4 @@
-"""How much text beside each shown passage the reader should read (evsel/windows.py BESIDE_WORDS),
+"""How much text beside each shown passage the reader should read (evsel/answer/windows.py BESIDE_WORDS),
 in one run: answer F1 and the answer step's time, on the held-out novel questions
 (bench/questions/sherlock.jsonl, gatsby.jsonl) with BM25's top 5 as `ask` shows them.
 
@@ -59,7 +59,7 @@ def main() -> None:
 
 
 def run(questions: list[dict], settings: list[int]) -> dict:
-    from evsel import windows
+    from evsel.answer import windows
     from evsel.engine import Engine
     from evsel.evaluation.metrics import contained, token_f1
     from evsel.pipeline import Pipeline, PipelineSpec, answer, in_document_order

@@ -16,7 +16,7 @@ from evsel.models.selectors import DEFAULT as DEFAULT_SELECT
 from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, Scored, register_cleanups
 
 from . import chunker
-from .answer import STYLES
+from .answer.step import STYLES
 from .api import REQUESTS
 from .chunker import DEFAULT_CHUNK_TOKENS
 from .defaults import DATASETS
@@ -28,7 +28,7 @@ from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_or
 from .provenance import evidence_label
 from .settings import Settings
 from .store.store import DEFAULT_COLLECTION, ChunkRecord, Store
-from .windows import neighbours_of
+from .answer.windows import neighbours_of
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_METHODS", "DEFAULT_SELECT", "KINDS",

@@ -134,10 +134,10 @@ def answer(backbone, question: str, evidence: list, max_new_tokens: int, style: 
     """The answer step on the evidence (Scored, in the order shown): text (None when it abstains),
     how it was found, the supporting span (`passage`: 1-based index into `evidence`, offsets into
     that passage and into its document), token counts and seconds. `beside` ((doc_id, seq) ->
-    chunk, evsel/windows.py): the reader reads each prose passage with the chunks beside it; an
+    chunk, evsel/answer/windows.py): the reader reads each prose passage with the chunks beside it; an
     answer found in one that is not shown has `passage` None and the chunk as `span["beside"]`."""
-    from .answer import STYLES, build_messages, grounded_answer
-    from .windows import reading_windows
+    from .answer.step import STYLES, build_messages, grounded_answer
+    from .answer.windows import reading_windows
 
     if style not in STYLES:
         raise EvselError(f"unknown answer style {style!r}", f"choose one of: {', '.join(STYLES)}")

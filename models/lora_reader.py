@@ -96,7 +96,7 @@ def encode(tokenizer, bos_id: int, question: str, passages: list[str], config: L
     newline = plain("\n")
     for label, (p_ids, spans, ok_start, ok_end), n in zip(labels, encoded, share):
         # a passage over its share keeps its middle: a shown chunk read with the text beside it
-        # (evsel/windows.py) sits in the middle of its window
+        # (evsel/answer/windows.py) sits in the middle of its window
         a = (len(p_ids) - n) // 2
         ids += label
         starts.append(len(ids))

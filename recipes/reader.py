@@ -79,7 +79,7 @@ def locate_answer(passages: list[str], answers: list[str]) -> list[tuple[int, in
     the best near-copy (token F1 >= LOCATE_F1) of the first reference that has one."""
     import re
 
-    from evsel import grounding
+    from evsel.answer import grounding
 
     found = []
     for answer in answers:
@@ -385,12 +385,12 @@ MIN_GROUP_QUESTIONS = 10  # dev questions a group needs to get its own weights
 
 def rescore_examples(config: TrainConfig, backbone, trained_on: dict, data_dir: Path | None, on_event) -> list[dict]:
     """Held-out questions of every source the head was trained on, each with BM25's top passages
-    as `evsel ask` reads them (prose widened by the chunks beside them, evsel/windows.py): FairytaleQA's held-out train stories, LoCoMo's held-out conversation
+    as `evsel ask` reads them (prose widened by the chunks beside them, evsel/answer/windows.py): FairytaleQA's held-out train stories, LoCoMo's held-out conversation
     (answerable questions), and the fold's MuSiQue / HotpotQA questions the head never trained on.
     {"id", "source", "question", "answers", "chunks"}."""
     from evsel.evaluation.runner import build_corpus
     from evsel.models.selectors import SelectorContext, get_selector
-    from evsel.windows import neighbours_of, reading_windows
+    from evsel.answer.windows import neighbours_of, reading_windows
 
     bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
     rng = random.Random(config.seed + 1)
@@ -423,8 +423,8 @@ def candidate_table(reader, backbone, examples: list[dict], cache_dir: Path, on_
     token F1 to the references, as the answer step sees them. Each example's reading (the span
     log-probabilities, one backbone pass) is cached under cache_dir, so the candidates and the
     weights can be chosen again at no backbone cost."""
-    from evsel import grounding
-    from evsel.answer import candidate_spans, reader_answers
+    from evsel.answer import grounding
+    from evsel.answer.step import candidate_spans, reader_answers
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -468,7 +468,7 @@ def _f1_per_weights(rows: list[dict], grid: list[dict]):
     then over sources (so a source with many questions does not choose for the others)."""
     import numpy as np
 
-    from evsel.answer import UNREAD_LOGP
+    from evsel.answer.step import UNREAD_LOGP
 
     names = list(RESCORE_GRID)
     weights = np.array([[w[n] for n in names] for w in grid])  # (G, F)

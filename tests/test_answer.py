@@ -8,7 +8,7 @@ import random
 from datetime import date
 
 import pytest
-from evsel import grounding
+from evsel.answer import grounding
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer
 from evsel.store.store import ChunkRecord

@@ -8,7 +8,7 @@ import json
 import random
 
 import pytest
-from evsel import grounding
+from evsel.answer import grounding
 from evsel.evaluation import metrics
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer

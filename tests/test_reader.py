@@ -210,8 +210,8 @@ class _Reading:
 
 
 def test_a_name_in_the_supporting_sentence_beats_the_readers_favourite_when_weighed():
-    from evsel import grounding
-    from evsel.answer import candidate_spans
+    from evsel.answer import grounding
+    from evsel.answer.step import candidate_spans
 
     texts = [DISTRACTORS[1], PLANTED]
     chunks = [_chunk(t, i + 1) for i, t in enumerate(texts)]

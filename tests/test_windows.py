@@ -1,4 +1,4 @@
-"""Reading windows (evsel/windows.py): the shown passages widened by the chunks beside them, merged
+"""Reading windows (evsel/answer/windows.py): the shown passages widened by the chunks beside them, merged
 where they meet, offsets mapped back to the chunk that holds an answer; and with the shipped reader
 on the real model, an answer planted in the chunk after a shown passage is found and cited there."""
 
@@ -8,7 +8,7 @@ import pytest
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer
 from evsel.store.store import ChunkRecord
-from evsel.windows import neighbours_of, reading_windows
+from evsel.answer.windows import neighbours_of, reading_windows
 from test_reader import DISTRACTORS
 
 

@@ -2,7 +2,7 @@
 dialogues), the sentence that supports an answer, a generated phrase snapped back onto the exact
 evidence text, relative dates resolved against a dialogue's timestamps, and the abstention checks.
 
-Everything here is plain text and offsets, no model: `evsel.answer` runs the generator and
+Everything here is plain text and offsets, no model: `evsel.answer.step` runs the generator and
 decides with these.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from itertools import pairwise
 
-from .bm25_index import stem
-from .chunker import split_sentences
+from ..store.bm25_index import stem
+from ..chunker import split_sentences
 
 WORD = re.compile(r"\w+(?:['\u2019-]\w+)*")
 STOPWORDS = frozenset(

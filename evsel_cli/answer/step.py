@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass
 
 from . import grounding
-from .defaults import STYLES  # defined there for the CLI's options
-from .provenance import describe
+from ..defaults import STYLES  # defined there for the CLI's options
+from ..provenance import describe
 
 SYSTEM = (
     "You answer questions about documents. Use only the numbered passages below. "

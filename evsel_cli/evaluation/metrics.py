@@ -12,7 +12,7 @@ import re
 import string
 from collections import Counter
 
-from evsel.grounding import STOPWORDS
+from evsel.answer.grounding import STOPWORDS
 
 
 def dedupe_units(units: list[set[int]]) -> list[set[int]]:

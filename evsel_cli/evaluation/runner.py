@@ -22,7 +22,7 @@ from evsel import chunker
 from evsel.errors import EvselError, ModelError
 from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, methods_with_memory
 from evsel.pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order
-from evsel.windows import neighbours_of
+from evsel.answer.windows import neighbours_of
 from evsel.store.store import ChunkRecord
 
 from . import metrics
@@ -193,7 +193,7 @@ def _oracle_evidence(question: EvalQuestion, units: list[set[int]], chunks: list
 
 def _fits(engine, question: EvalQuestion, chunks: list[ChunkRecord], max_new_tokens: int) -> bool:
     """Does the whole scope, as one prompt, fit the backbone's window? (tokens counted, not guessed)"""
-    from evsel.answer import build_messages
+    from evsel.answer.step import build_messages
     from evsel.models.selectors import Scored
 
     window = engine.backbone.config.max_position_embeddings
