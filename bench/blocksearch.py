@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     from evsel.store.bm25_index import chunk_tokens, tokenize
     from evsel.engine import Engine
     from evsel.evaluation.report import run_info
-    from evsel.models import blocksearch as bs
+    from evsel.models.blocksearch import routing as bs
     from evsel.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.settings import Settings

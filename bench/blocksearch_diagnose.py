@@ -55,11 +55,11 @@ def main(argv=None) -> int:
     from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.gold import resolve
     from evsel.evaluation.report import run_info
-    from evsel.models import blocksearch as bs
-    from evsel.models.blocksearch_scoring import head_logits
-    from evsel.models import qrranker as qr
-    from evsel.models.backbone import Backbone
-    from evsel.models.blocksparse import Context, ReadStates, SuffixStates, head_attention, suffix_states
+    from evsel.models.blocksearch import routing as bs
+    from evsel.models.blocksearch.scoring import head_logits
+    from evsel.models.qrranker import rerank as qr
+    from evsel.models.runtime.backbone import Backbone
+    from evsel.models.shared.blocksparse import Context, ReadStates, SuffixStates, head_attention, suffix_states
     from evsel.store.store import ChunkRecord
 
     backbone = Backbone(threads=int(os.environ.get("EVSEL_THREADS") or 1))

@@ -47,8 +47,9 @@ def main(argv=None) -> int:
         import torch
         from evsel.engine import Engine
         from evsel.evaluation.report import run_info
-        from evsel.models import blocksparse, qrranker_kv
-        from evsel.models import qrranker as qr_model
+        from evsel.models.shared import blocksparse
+        from evsel.models.qrranker import kv as qrranker_kv
+        from evsel.models.qrranker import rerank as qr_model
         from evsel.models.selectors import IngestWork, get_selector
         from evsel.models.selectors.qrranker import QRRankerSelector
         from evsel.settings import Settings

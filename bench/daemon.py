@@ -258,7 +258,7 @@ def main() -> int:
 def versus_row(args, env: dict, record: dict) -> None:
     """Warm daemon asks with each `--select METHOD` (comma-separated) against `--select bm25` on the
     book, alternating in the same run: each ratio of medians is what `evsel train hybrid
-    --warm-ask-ratio METHOD=RATIO` takes (the default rule's speed condition, models/paired.py)."""
+    --warm-ask-ratio METHOD=RATIO` takes (the default rule's speed condition, models/fusion/paired.py)."""
     start_warm_daemon(env)
     # as a user would: ingest through the daemon, whose background work stores what the selectors
     # read (UNREAL states, QRRanker's block KV), and ask once it is done

@@ -54,7 +54,9 @@ def main(argv=None) -> int:
         import torch
         from evsel.engine import Engine
         from evsel.evaluation.report import run_info
-        from evsel.models import encode_pass, qrranker_kv, unreal
+        from evsel.models import encode_pass
+        from evsel.models.qrranker import kv as qrranker_kv
+        from evsel.models.unreal import selection as unreal
         from evsel.models.selectors import IngestWork, get_selector
         from evsel.models.selectors.base import timed_slices
         from evsel.models.selectors.qrranker import QRRankerSelector

@@ -381,7 +381,7 @@ def _damage_json(path: Path, how: str) -> None:
 def trained_part_faults(tmp: Path, env: dict) -> list[dict]:
     """Damaged copies of the shipped UNREAL adapter, BlockSearch router and hybrid weights, each
     named by its setting to `evsel ask`: one line naming the file, never "unexpected"."""
-    from evsel.models.trained_files import SHIPPED
+    from evsel.models.shared.trained_files import SHIPPED
     from evsel.paths import sample_story_path
 
     shipped = next(SHIPPED.iterdir())  # the bundled backbone's folder
@@ -469,7 +469,7 @@ from pathlib import Path
 import lance
 from evsel.corpus import rows, schema
 from evsel.corpus.build import drop_lost_fragments
-from evsel.models.backbone import Backbone
+from evsel.models.runtime.backbone import Backbone
 source, out = Path(sys.argv[1]), Path(sys.argv[2])
 backbone = Backbone()
 manifest = schema.new_manifest(backbone=backbone.fingerprint, chunk_tokens=140, source=str(source), methods=["bm25"],
@@ -709,7 +709,7 @@ def round_four_faults(tmp: Path, env: dict) -> list[dict]:
     """Issue 48's surfaces: fusion weights that are not finite, damaged thread records, a
     collection name that is not UTF-8, and stdout faults (closed pipe, full, ASCII-only) through
     the daemon's fast path and the Typer app alike. Its own home and daemon."""
-    from evsel.models.trained_files import SHIPPED
+    from evsel.models.shared.trained_files import SHIPPED
     from evsel.paths import sample_story_path
 
     home = tmp / "r4-home"
@@ -784,8 +784,8 @@ def round_four_faults(tmp: Path, env: dict) -> list[dict]:
                       "detail": f"exit {done.returncode}, ASCII {done.stdout.isascii()}, JSON {parsed}"})
 
     # a damaged thread record: measured again, never "unexpected" (the model's own cache, put back after)
-    from evsel.models import cpu_threads
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime import cpu_threads
+    from evsel.models.runtime.backbone import Backbone
 
     record = Backbone(None, "cpu").cache_dir / cpu_threads.RECORD
     saved = record.read_bytes() if record.exists() else None

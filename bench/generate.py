@@ -117,7 +117,7 @@ def timed_answer(backbone, messages, max_new: int) -> tuple[float, dict]:
 
 
 def speed(args) -> dict:
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     hf = Backbone(generator="transformers", threads=args.threads)
     ll = Backbone(generator="llama-cpp", threads=args.threads)
@@ -217,7 +217,7 @@ def grounded(args) -> dict:
     """Whole answer step (`evsel.pipeline.answer`) on the same 5-passage evidence, in one process,
     variants alternating: free-form (--style sentence, the old default) vs grounded short answers,
     on the bundled story (prose) and on a LoCoMo conversation (dialogue, when ../shared is there)."""
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.pipeline import answer
@@ -252,7 +252,7 @@ def grounded(args) -> dict:
 # part 2: per model and backend, each in its own process
 def child(args) -> int:
     """One (model, backend): load, answer the evsel-shaped prompts, print JSON."""
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     started = time.perf_counter()
     bb = Backbone(args.model or None, threads=args.threads, generator=args.child)
@@ -295,7 +295,7 @@ def run_child(model: str | None, backend: str, args, cache: str) -> dict:
 def dense_copy_s(model: str | None, args) -> float:
     """The one-time dense copy transformers needs of a GGUF file, timed in an empty model cache."""
     with tempfile.TemporaryDirectory(prefix="evsel-bench-gen-") as cache:
-        code = ("import sys,time; from evsel.models.backbone import Backbone; "
+        code = ("import sys,time; from evsel.models.runtime.backbone import Backbone; "
                 "b=Backbone(sys.argv[1] or None, threads=int(sys.argv[2])); _=b.tokenizer; t=time.perf_counter(); "
                 "b._dequantize_gguf(b.cache_dir / 'dense'); print(time.perf_counter()-t)")
         done = subprocess.run([sys.executable, "-c", code, model or "", str(args.threads)], check=False, capture_output=True,
@@ -307,7 +307,7 @@ def dense_copy_s(model: str | None, args) -> float:
 
 def models(args) -> list[dict]:
     import platformdirs
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     cache = os.environ.get("EVSEL_MODEL_CACHE") or str(Path(platformdirs.user_data_dir("evsel")) / "models")
     out = []
@@ -353,7 +353,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "bench"))
     from common import load_1m, write_result
     from evsel.evaluation.report import run_info
-    from evsel.models import llamacpp
+    from evsel.models.runtime import llamacpp
 
     if args.grounded_only:
         record = json.loads(args.out.read_text()) if args.out.is_file() else {}

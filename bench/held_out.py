@@ -9,7 +9,7 @@ where the target is missed.
 Reads an `evsel eval --json --per-question` result holding `default`, `bm25` and the target's
 reference method, and appends to --out (a JSON list) one entry: the headline questions (the
 dataset's separately reported groups left out, as eval's own figures do), each method's recall@3
-and MRR, the paired sign-flip test of `default` against BM25 on recall@3 (models/paired.py), how
+and MRR, the paired sign-flip test of `default` against BM25 on recall@3 (models/fusion/paired.py), how
 many questions moved either way, the target and by how much it was met or missed. Several
 results (one per novel, with the candidate named, e.g. --candidate hybrid) count as one set:
 
@@ -51,7 +51,7 @@ def merged(records: list[dict], candidate: str) -> dict:
 def summarise(record: dict, kind: str, reference: str, margin: float, results: str = "", name: str = "") -> dict:
     import numpy as np
 
-    from evsel.models import paired
+    from evsel.models.fusion import paired
 
     for method in ("default", "bm25", reference):
         if method not in record.get("per_question", {}):
@@ -77,7 +77,7 @@ def summarise(record: dict, kind: str, reference: str, margin: float, results: s
         entry[f"{key}mrr"] = round(float(column(method, "mrr").mean()), 4)
     entry.update({
         "p": round(paired.sign_flip_p(candidate, base), 4),
-        "test": f"paired sign-flip randomisation, one-sided (models/paired.py, {paired.RESAMPLES} flips, seed 0)",
+        "test": f"paired sign-flip randomisation, one-sided (models/fusion/paired.py, {paired.RESAMPLES} flips, seed 0)",
         "better": int((candidate > base).sum()), "worse": int((candidate < base).sum()),
         "target": f"recall@3 >= {reference}'s + {margin:g} ({target:.3f})" if margin else
                   f"recall@3 >= {reference}'s ({target:.3f})",

@@ -13,8 +13,8 @@ def main(run: str, readers: list[str]) -> None:
     import torch
 
     from evsel.evaluation import metrics
-    from evsel.models.backbone import Backbone
-    from evsel.models.reader import Reader, reader_for
+    from evsel.models.runtime.backbone import Backbone
+    from evsel.models.reader.span_head import Reader, reader_for
 
     torch.set_num_threads(1)
     backbone = Backbone(device="cpu", threads=1)

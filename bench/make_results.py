@@ -297,7 +297,7 @@ def encode_variants_section(result: dict) -> list[str]:
         measured = ", ".join(f"{n} thread(s) {v:,.0f}" for n, v in choice["measure_tokens_per_s"].items())
         out += [f"The same path (today's 2,560-token budget, {choice['chunks']} chunks, {choice['tokens']:,} tokens) at "
                 f"torch's default thread count (one per CPU: {choice['default_threads']}, what evsel ran with "
-                "EVSEL_THREADS unset) and at the count `models/cpu_threads.py` measures at a model's first load on "
+                "EVSEL_THREADS unset) and at the count `models/runtime/cpu_threads.py` measures at a model's first load on "
                 f"the machine and records (measured again in this run, in {choice['measure_s']:.1f} s: {measured} "
                 f"tokens/s on its short pass; it chose {choice['chosen']}), alternated in {enc['rounds']} rounds; "
                 "the states are bit for bit the same (tests/test_cpu_threads.py):", "",

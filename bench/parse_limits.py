@@ -30,7 +30,7 @@ PARAGRAPH = "<p>The keeper of Gull Point was Silas Quint, and he kept the light 
 CHUNK_UNPUNCTUATED = r"""
 import json, random, resource, sys, time
 from evsel.chunker import chunk_document
-from evsel.models.backbone import Backbone
+from evsel.models.runtime.backbone import Backbone
 from evsel.parsers.base import ParsedDocument, TextBuilder
 
 def doc(text):

@@ -62,7 +62,7 @@ def ingest_kv(args, argv) -> int:
         os.environ["EVSEL_HOME"] = home
         from evsel.engine import Engine
         from evsel.evaluation.report import run_info
-        from evsel.models import qrranker_kv
+        from evsel.models.qrranker import kv as qrranker_kv
         from evsel.settings import Settings
 
         settings = Settings.resolve().with_(qrranker_kv=True, encode=False, no_daemon=True)
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.report import run_info
     from evsel.evaluation.runner import build_corpus, gold_units, select_questions
-    from evsel.models import qrranker as qr
+    from evsel.models.qrranker import rerank as qr
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.parsers import parse_file
     from evsel.paths import sample_story_path

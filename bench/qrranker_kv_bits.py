@@ -1,4 +1,4 @@
-"""Which bit layouts of QRRanker's stored KV (models/qrranker_kv.py) keep scores within 1e-2 of a
+"""Which bit layouts of QRRanker's stored KV (models/qrranker/kv.py) keep scores within 1e-2 of a
 fresh encode, with the same top 10: the Sherlock Holmes book, BM25's top 50 of three questions, the
 shipped heads and adapter. Each block goes through the files' own codec (`BlockKVFiles.encode`
 then `decode`: keys before RoPE per head and channel, values turned per token and layer, the
@@ -51,7 +51,7 @@ def main() -> int:
     os.environ["EVSEL_HOME"] = tempfile.mkdtemp(prefix="evsel-bench-kvbits-")
     from evsel.chunker import content_hash
     from evsel.engine import Engine
-    from evsel.models import qrranker as qr
+    from evsel.models.qrranker import rerank as qr
     from evsel.models.selectors import get_selector
     from evsel.settings import Settings
 

@@ -426,7 +426,7 @@ def run_build(args) -> None:
                     "docs": args.docs, "states": args.states, "load_1m_start": load_1m()}
     # the local encoder, in this process: the same rows and states the build's workers make
     from evsel.corpus import rows as corpus_rows
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     t = time.perf_counter()
     backbone = Backbone(threads=1)

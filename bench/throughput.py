@@ -23,7 +23,7 @@
    compile time), the other dtype (fp32 where evsel runs bf16), int8 dynamic quantisation of the
    linear layers; today's at 2 threads too; each one's deviation from today's states. The real
    ChunkEncoder path on the Sherlock Holmes book's chunks at three batch budgets (padding share);
-   the same path at torch's default thread count against the one models/cpu_threads.py measures per
+   the same path at torch's default thread count against the one models/runtime/cpu_threads.py measures per
    machine; and a profile of where the time goes.
 """
 
@@ -207,12 +207,12 @@ def op_breakdown(run, x) -> dict:
 
 def thread_choice(backbone, texts: list[str], real_tokens: int, rounds: int) -> dict | None:
     """The real encode path (ChunkEncoder to layer 20, today's budget) at torch's default thread count
-    (one per CPU: what evsel ran before, EVSEL_THREADS unset) and at the count models/cpu_threads.py
+    (one per CPU: what evsel ran before, EVSEL_THREADS unset) and at the count models/runtime/cpu_threads.py
     measures and records at the first load on this machine (measured again here, in this run),
     alternated in rounds. The states are the same (tests/test_cpu_threads.py)."""
-    from evsel.models import cpu_threads
-    from evsel.models.backbone import probe_pass
-    from evsel.models.unreal import ChunkEncoder
+    from evsel.models.runtime import cpu_threads
+    from evsel.models.runtime.backbone import probe_pass
+    from evsel.models.unreal.selection import ChunkEncoder
 
     cpus = cpu_threads.usable_cpus()
     if cpus < 2:
@@ -245,8 +245,8 @@ def encode_variants(quick: bool, thread_counts: list[int]) -> dict:
     most). Then the real encode path (ChunkEncoder, the Sherlock Holmes book's chunks, sorted into
     length buckets by `sink_batches`) at today's and larger batch budgets, its padding share, and a
     profile of where one batch's time goes, eager and compiled."""
-    from evsel.models.backbone import Backbone, run_layers
-    from evsel.models.unreal import ChunkEncoder, pool_states
+    from evsel.models.runtime.backbone import Backbone, run_layers
+    from evsel.models.unreal.selection import ChunkEncoder, pool_states
 
     from common import load_1m
 
@@ -714,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out = args.out or HERE / "results" / "throughput.json"
 
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5, 10**6]
     started = time.perf_counter()

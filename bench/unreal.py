@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.report import run_info
     from evsel.evaluation.runner import build_corpus
-    from evsel.models import unreal
+    from evsel.models.unreal import selection as unreal
     from evsel.models.selectors import get_selector
     from evsel.store.store import ChunkRecord
 

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.metrics import ranking_metrics
     from evsel.evaluation.runner import build_corpus, gold_units, select_questions
-    from evsel.models import unreal
+    from evsel.models.unreal import selection as unreal
     from evsel.models.selectors import get_selector
 
     def parse(spec):

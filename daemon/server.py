@@ -160,7 +160,7 @@ class Daemon:
 
     def _remove_leftover_temps(self) -> None:
         """Temp files of stored KV and keys that a killed writer left (a kill -9 mid-write)."""
-        from evsel.models import caches
+        from evsel.models.shared import caches
 
         try:
             gone = caches.remove_leftover_temps(caches.store_dir_of(self.fast_store))
@@ -520,7 +520,7 @@ class Daemon:
         return rows
 
     def status(self) -> dict:
-        from evsel.models import qrranker_kv
+        from evsel.models.qrranker import kv as qrranker_kv
 
         with self.status_lock:
             docs = self.status_store.totals()

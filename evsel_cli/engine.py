@@ -126,7 +126,7 @@ class Engine:
     @property
     def backbone(self):
         if self._backbone is None:
-            from evsel.models.backbone import Backbone
+            from evsel.models.runtime.backbone import Backbone
 
             self._backbone = Backbone(self.settings.model, self.settings.device, threads=self.settings.threads,
                                       model_as_given=self.settings.model_as_given)
@@ -135,7 +135,7 @@ class Engine:
     @property
     def states(self):
         """Per-chunk states in the user's store (filled at ingest, read by ask)."""
-        from evsel.models.statecache import StateCache
+        from evsel.models.shared.statecache import StateCache
 
         return StateCache(self.store)
 
@@ -144,7 +144,7 @@ class Engine:
         """Eval's own state cache (EVSEL_HOME/cache/eval.db): eval never writes into the user's store."""
         if self._eval_states is None:
             from evsel import paths
-            from evsel.models.statecache import StateCache
+            from evsel.models.shared.statecache import StateCache
             from evsel.store.store import connect
 
             self._eval_states = StateCache(Store(connect(paths.eval_cache_path())))
@@ -186,7 +186,7 @@ class Engine:
         `defer`.) Each file is stored under its resolved path (symlinks followed); with
         `resolve_links` off, under its absolute path as found (a watched folder tracks a link by
         its own name, so deleting the link removes the document). With `summaries`, QRRanker's
-        memory summaries (models/memory.py) are written after the states."""
+        memory summaries (models/qrranker/memory.py) are written after the states."""
         options = IngestOptions(collection, kind, chunk_tokens, encode, resolve_links, summaries)
         return self.ingest_files(targets, options, on_event).files
 
@@ -482,7 +482,7 @@ class Engine:
                        warm_ask_ratios: dict | None = None, candidates: dict | None = None) -> dict:
         """`evsel train defaults`: each kind's default method in OUT/defaults.json, from the fusion's
         fit (`weights`, else EVSEL_HYBRID_WEIGHTS's, else the shipped ones) judged again."""
-        from evsel.models import hybrid
+        from evsel.models.fusion import hybrid
         from evsel.recipes.hybrid import write_defaults
 
         source = Path(weights or self.settings.hybrid_weights or hybrid.shipped_dir(self.backbone.fingerprint))
@@ -567,7 +567,7 @@ class Engine:
         info["default_method"], info["default_why"] = default_method(backbone, self.settings)
         info["default_by_kind"] = {kind: {"method": method, "why": why}
                                    for kind, (method, why) in default_methods(backbone, self.settings).items()}
-        from evsel.models.reader import describe, reader_for
+        from evsel.models.reader.span_head import describe, reader_for
 
         info["reader"] = describe(reader_for(backbone)) if load else None
         return info

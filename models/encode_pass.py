@@ -1,7 +1,7 @@
 """One backbone pass per chunk for every per-chunk state that reads the chunk in QRRanker's block
 context (issue 45's shared encode pass; bench/encode.py times it against the separate passes).
 
-The pass is QRRanker's block encoding (models/blocksparse.py's `encode_blocks`: each chunk as its
+The pass is QRRanker's block encoding (models/shared/blocksparse.py's `encode_blocks`: each chunk as its
 "\\n\\n[1] text" block after QRRanker's prefix, batched by length, to the depth the states need), and
 from that one forward it keeps:
 - the block KV that QRRanker's stored files hold (`QRScorer.store_kv` computes exactly this: the same
@@ -11,7 +11,7 @@ from that one forward it keeps:
   under its own config (`block_state_key`).
 
 What it does not give: UNREAL's chunk states as UNREAL defines and was trained on them. UNREAL
-encodes a chunk alone after a BOS sink ([BOS] + text, models/unreal.py); here the same text sits
+encodes a chunk alone after a BOS sink ([BOS] + text, models/unreal/selection.py); here the same text sits
 after QRRanker's 30-token chat prefix and the block label, and the residual at UNREAL's layer 24
 differs: on the Sherlock Holmes book's first 150 chunks, pooled states' cosine 0.99 raw but 0.92
 standardized (min 0.64), and UNREAL's scores over them rank with Spearman 0.95-0.97 against the own
@@ -54,7 +54,7 @@ class BlockPass:
 
     @property
     def prefix_kv(self) -> list[tuple]:
-        from evsel.models.blocksparse import encode_prefix
+        from evsel.models.shared.blocksparse import encode_prefix
 
         if self._prefix_kv is None:
             self._prefix_kv = encode_prefix(self.scorer.model, self.scorer.prompt.prefix(None), self.depth)
@@ -63,8 +63,8 @@ class BlockPass:
     def encode(self, texts: list[str]) -> tuple[list, list, np.ndarray]:
         """(per text its block KV of the scorer's depth, per text the captured k_proj inputs, the
         pooled residuals (N, pool, hidden) float16), from one forward."""
-        from evsel.models.blocksparse import encode_blocks
-        from evsel.models.unreal import pool_states
+        from evsel.models.shared.blocksparse import encode_blocks
+        from evsel.models.unreal.selection import pool_states
 
         scorer = self.scorer
         _, blocks, starts = scorer.pieces(texts, None)
@@ -92,7 +92,7 @@ class BlockPass:
         if files is not None:
             files.store({c.content_hash: (kv[i], inputs[i]) for i, c in enumerate(chunks)})
         if states is not None:
-            from evsel.models.unreal import METHOD
+            from evsel.models.unreal.selection import METHOD
 
             states.store.put_states(self.scorer.backbone.fingerprint, METHOD, block_state_key(self.layer, self.pool),
                                     {c.content_hash: pooled[i] for i, c in enumerate(chunks)})

@@ -1,5 +1,5 @@
 """`evsel train blocksearch --router`: BlockSearch's router (issue 22). A LoRA on q_proj / k_proj
-of the `lora_layers` layers up to the routing layer L (models/blockrouter.py), trained on the
+of the `lora_layers` layers up to the routing layer L (models/blocksearch/trained_router.py), trained on the
 routing score itself with QRRanker's listwise loss (the seed trains the layers below L with an
 attention loss): per question, its gold chunks (at most `gold_per_question`) and `negatives`
 others of its story, the hardest first (BM25's top non-gold chunks, then random ones), scored as
@@ -76,8 +76,8 @@ class RouterTrainer(AdapterTrainer):
 
     def setup(self, train: list[dict], dev: list[dict], described: dict | None = None) -> None:
         import torch
-        from evsel.models import blockrouter as br
-        from evsel.models.blocksearch import BlockSearch
+        from evsel.models.blocksearch import trained_router as br
+        from evsel.models.blocksearch.routing import BlockSearch
 
         cfg = self.config
         if cfg.threads:
@@ -123,8 +123,8 @@ class RouterTrainer(AdapterTrainer):
         return q, chosen, list(range(len(gold)))
 
     def loss_of(self, step: int, k: int):
-        from evsel.models import blockrouter as br
-        from evsel.models.qrranker import listwise_loss
+        from evsel.models.blocksearch import trained_router as br
+        from evsel.models.qrranker.rerank import listwise_loss
 
         q, chosen, gold = self.instance(step, k)
         texts = [self.train[self.schedule[step * self.config.batch + k][0]]["texts"][c] for c in chosen]
@@ -155,7 +155,7 @@ class RouterTrainer(AdapterTrainer):
     def router(self):
         """The router as `blocksearch:router` runs it with the current adapter (keys in memory,
         keyed by the adapter's digest)."""
-        from evsel.models.blocksearch import BlockSearch
+        from evsel.models.blocksearch.routing import BlockSearch
 
         return BlockSearch(self.backbone, adapter=self.adapter)
 

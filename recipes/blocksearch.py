@@ -10,7 +10,7 @@ is teacher-forced cross-entropy on the gold chunk's code plus λ times the on-po
 prefix matches, replay), λ ramped in linearly over `aux_warmup` steps. The teacher's relevance is
 1 + `gold_margin` for gold chunks and the chunk's BM25 rank within its story (in [0, 1]) for the
 rest. What trains is the decoder's LoRA on q_proj / v_proj, read by the query block only
-(models/blockdecoder.py). Dev recall is the beam search's on held-out FairytaleQA train stories.
+(models/blocksearch/decoder.py). Dev recall is the beam search's on held-out FairytaleQA train stories.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ class DecoderTrainer(AdapterTrainer):
 
     def setup(self, train: list[dict], dev: list[dict], described: dict | None = None) -> None:
         import torch
-        from evsel.models import blockdecoder as bd
-        from evsel.models.blocksparse import BlockStateCache
+        from evsel.models.blocksearch import decoder as bd
+        from evsel.models.shared.blocksparse import BlockStateCache
 
         cfg = self.config
         if cfg.threads:
@@ -125,7 +125,7 @@ class DecoderTrainer(AdapterTrainer):
 
     def context_for(self, key: tuple, code_seed: int):
         """The context of a schedule round: its stories' chunks, fresh random codes."""
-        from evsel.models import blockdecoder as bd
+        from evsel.models.blocksearch import decoder as bd
 
         if self._context_key != key:
             groups = key[0]
@@ -140,7 +140,7 @@ class DecoderTrainer(AdapterTrainer):
         return self._context
 
     def question_loss(self, ctx, offset: int, q: dict, aux_weight: float, rng):
-        from evsel.models import blockdecoder as bd
+        from evsel.models.blocksearch import decoder as bd
 
         cfg = self.config
         n = len(ctx.codes)
@@ -191,7 +191,7 @@ class DecoderTrainer(AdapterTrainer):
         """Beam-search recall@1/5 and MRR on the dev stories, each its own context, codes as at
         inference (from the chunks' content hashes); BM25's in the same questions."""
         from evsel.evaluation.metrics import ranking_metrics
-        from evsel.models import blockdecoder as bd
+        from evsel.models.blocksearch import decoder as bd
         from evsel.chunker import content_hash
 
         rows, bm25 = [], []

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from evsel.errors import InputError
-from evsel.models.lora import ADAPTER_FILE
+from evsel.models.shared.lora import ADAPTER_FILE
 
 SOURCES = ("fairytaleqa-train", "musique", "hotpotqa", "locomo")
 # Their questions are the ones `evsel eval` scores: they train only on one fixed fold

@@ -6,7 +6,7 @@ skips the questions already there; the features do not depend on the weights). F
 seconds: one weight set per group of signals (all of them, and fallbacks without the LLM's parts),
 the ablation (each group left out), dev metrics of the pool's order beside BM25's, and the method
 `default` should run for the source's kind of document (hybrid only when it passes
-models/paired.py's rule on the dev questions, with and without the position prior, else bm25), all
+models/fusion/paired.py's rule on the dev questions, with and without the position prior, else bm25), all
 in OUT/hybrid.json with the command that made it.
 
 Sources are training splits only: FairytaleQA train (dev: every DEV_EVERY-th story, held out), or
@@ -25,8 +25,8 @@ import numpy as np
 from evsel.chunker import DEFAULT_CHUNK_TOKENS
 from evsel.errors import InputError
 from evsel.models.selectors import SelectorContext, get_selector
-from evsel.models import hybrid as hy
-from evsel.models import paired
+from evsel.models.fusion import hybrid as hy
+from evsel.models.fusion import paired
 
 from .common import ignore_event, pick_recipe
 
@@ -200,7 +200,7 @@ def warm_ask_ratios(given) -> dict[str, float]:
 def choose_default(sets: list[dict], ablation: dict, dev_rows: list[dict], dev_name: str,
                    warm_ask_ratio) -> dict:
     """The default for the dev questions' kind of document: each candidate weight set (`candidates`)
-    against BM25 on the same pools by models/paired.py's rule, at a level divided among the
+    against BM25 on the same pools by models/fusion/paired.py's rule, at a level divided among the
     candidates (Bonferroni: several are tested), and the passing one with the best dev recall@3.
     A prior on where the gold sits in a document is a property of the training set's questions, not
     evidence: a candidate must also beat BM25 on recall@3 with that prior left out.
@@ -263,7 +263,7 @@ def apply_held_out(defaults: dict, held_out: list[dict]) -> dict:
 
 
 def eval_candidate(method: str, record: dict, warm_ask_ratio: float | None, alpha: float) -> dict:
-    """A candidate the fit did not propose, judged by models/paired.py's rule on an `evsel eval
+    """A candidate the fit did not propose, judged by models/fusion/paired.py's rule on an `evsel eval
     --per-question` result holding it and BM25 (held-out questions of one kind, the dataset's
     separately reported groups left out, as eval's headline does)."""
     separate = set(record["dataset"].get("separate_groups") or [])
@@ -364,7 +364,7 @@ def fit_by_kind(runs: list[dict], available: list[str], warm_ask_ratio) -> dict:
     """Weight sets and defaults over one or more sources: one pooled model over every source's
     training questions, and where the sources hold several kinds of document, one model per kind,
     kept for a kind only when it beats the pooled one on that kind's dev recall@3. Then each kind's
-    default by models/paired.py's rule, with the kind's chosen sets on its dev questions."""
+    default by models/fusion/paired.py's rule, with the kind's chosen sets on its dev questions."""
     train_all = [r for run in runs for r in run["train"]]
     dev_all = [r for run in runs for r in run["dev"]]
     sets, ablation = fit_sets(train_all, dev_all, available)

@@ -1,4 +1,4 @@
-"""`evsel train reader --lora`: the LoRA reader (models/lora_reader.py), trained end to end for span
+"""`evsel train reader --lora`: the LoRA reader (models/reader/lora.py), trained end to end for span
 extraction on two CPU cores, resumable.
 
 Examples are drawn as `evsel train reader` draws them (recipes/reader.py `training_examples`: a training
@@ -114,7 +114,7 @@ class StateCache:
         folder.mkdir(parents=True, exist_ok=True)
 
     def sequence(self, item: dict):
-        from evsel.models.lora_reader import encode
+        from evsel.models.reader.lora import encode
 
         return encode(self.backbone.tokenizer, self.backbone.bos_id(), item["question"], item["passages"],
                       self.reader.config)
@@ -145,7 +145,7 @@ class LoraReaderTrainer:
 
         import torch
 
-        from evsel.models.lora_reader import LoraReader, LoraReaderConfig
+        from evsel.models.reader.lora import LoraReader, LoraReaderConfig
 
         self.config, self.backbone, self.command, self.on_event, self.log = config, backbone, command, on_event, log
         self.out = Path(config.out)
@@ -184,7 +184,7 @@ class LoraReaderTrainer:
     def scores(self, item: dict, grad: bool):
         import torch
 
-        from evsel.models.lora_reader import span_mask
+        from evsel.models.reader.lora import span_mask
 
         lower, seq = self.cache.get(item)
         allowed = span_mask(seq, self.reader.config.max_span)
@@ -195,7 +195,7 @@ class LoraReaderTrainer:
     def loss_of(self, item: dict):
         import torch
 
-        from evsel.models.lora_reader import gold_mask
+        from evsel.models.reader.lora import gold_mask
 
         spans, null, seq, allowed = self.scores(item, True)
         everything = torch.cat([spans.reshape(-1), null[None]])
@@ -232,7 +232,7 @@ class LoraReaderTrainer:
 
     def predictions(self, items: list[dict]) -> list[dict]:
         """Per item: the best span's text, its log-probability, the null's (as `ask` reads it)."""
-        from evsel.models.lora_reader import LoraReading
+        from evsel.models.reader.lora import LoraReading
 
         out = []
         for i, item in enumerate(items):
@@ -344,7 +344,7 @@ class LoraReaderTrainer:
         return summary
 
     def calibrate_best(self) -> dict:
-        from evsel.models.lora_reader import LoraReader
+        from evsel.models.reader.lora import LoraReader
 
         current = self.reader
         best = LoraReader.load(self.out, self.backbone.model)

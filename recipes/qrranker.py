@@ -107,7 +107,7 @@ def detect(config: DetectConfig, backbone, data_dir: Path | None = None,
     """Every head's QR score on the seed set, per encoding; the result (heads.json's content).
     `items` replaces the seed set drawn from `config.sources` (tests)."""
     import torch
-    from evsel.models import qrranker as qr
+    from evsel.models.qrranker import rerank as qr
 
     started = time.perf_counter()
     if config.threads:
@@ -252,8 +252,8 @@ class ListwiseTrainer(AdapterTrainer):
     def setup(self, train: list[dict], dev: list[dict], heads: list[tuple[int, int]], heads_data: dict | None,
               described: dict | None = None) -> None:
         import torch
-        from evsel.models import qrranker as qr
-        from evsel.models.blocksparse import BlockStateCache
+        from evsel.models.qrranker import rerank as qr
+        from evsel.models.shared.blocksparse import BlockStateCache
 
         cfg = self.config
         if cfg.encoding != "block":
@@ -307,7 +307,7 @@ class ListwiseTrainer(AdapterTrainer):
         """One block encoding of the group's candidate chunks; per question its token index into
         it, its candidate spans, and its two suffix passes (question and null query)."""
         import torch
-        from evsel.models.blocksparse import read_states
+        from evsel.models.shared.blocksparse import read_states
 
         scorer = self.scorer
         used = sorted({c for q in group["questions"] for c in q["candidates"]})
@@ -339,8 +339,8 @@ class ListwiseTrainer(AdapterTrainer):
     def scores(self, q: dict):
         """(K,) float32 scores of a question's candidates with the adapter (differentiable)."""
         import torch
-        from evsel.models import qrranker as qr
-        from evsel.models.blocksparse import head_attention
+        from evsel.models.qrranker import rerank as qr
+        from evsel.models.shared.blocksparse import head_attention
 
         read, parts = self.features[q["id"]]
         out = [None] * len(q["candidates"])
@@ -353,7 +353,7 @@ class ListwiseTrainer(AdapterTrainer):
         return torch.stack(out)
 
     def loss(self, q: dict):
-        from evsel.models import qrranker as qr
+        from evsel.models.qrranker import rerank as qr
 
         return qr.listwise_loss(self.scores(q), q["gold"])
 
@@ -416,7 +416,7 @@ class ListwiseTrainer(AdapterTrainer):
 
     def save_best(self, dev: dict) -> None:
         """OUT/adapter.safetensors, adapter.json, heads.json and metrics.json: what EVSEL_QRRANKER_HEADS=OUT uses."""
-        from evsel.models import qrranker as qr
+        from evsel.models.qrranker import rerank as qr
 
         extra = {"backbone": self.backbone.name, "fingerprint": self.backbone.fingerprint, "step": self.step}
         self.adapter.save(self.out, extra)
@@ -440,7 +440,7 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
                  data_dir: str | None = None, on_event: Callable[[dict], None] = ignore_event) -> dict:
     """`evsel train qrranker`: the recipe's settings with the given options over them; build the
     listwise instances, then train (or resume). Log lines go to `on_event` as {"type": "log"}."""
-    from evsel.models import qrranker as qr
+    from evsel.models.qrranker import rerank as qr
 
     config = config_of(TrainConfig, out, train_recipe(recipe_name), options)
     check_sources(config.sources, config.fold)  # before the backbone loads

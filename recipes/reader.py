@@ -1,4 +1,4 @@
-"""`evsel train reader`: the answer-span head (models/reader.py) on the frozen backbone's states.
+"""`evsel train reader`: the answer-span head (models/reader/span_head.py) on the frozen backbone's states.
 
 Each training example is what `evsel ask` shows the reader: a question and BM25's top passages
 over evsel's own chunks of its document (the other passages are the negatives: the span
@@ -226,7 +226,7 @@ class StateCache:
         import torch
         from safetensors.torch import load_file, save_file
 
-        from evsel.models.reader import backbone_states, encode
+        from evsel.models.reader.span_head import backbone_states, encode
 
         encoded = encode(self.backbone.tokenizer, self.backbone.bos_id(), item["question"], item["passages"])
         path = self.folder / f"{self.key(item)}.safetensors"
@@ -253,7 +253,7 @@ class ReaderTrainer(AdapterTrainer):
     def setup(self, train: list, dev: list, calibration: list, described: dict) -> None:
         import torch
 
-        from evsel.models.reader import Reader, ReaderConfig
+        from evsel.models.reader.span_head import Reader, ReaderConfig
 
         cfg = self.config
         if not train:
@@ -281,7 +281,7 @@ class ReaderTrainer(AdapterTrainer):
     def loss_of(self, item: dict):
         import torch
 
-        from evsel.models.reader import gold_targets, span_mask
+        from evsel.models.reader.span_head import gold_targets, span_mask
 
         states, mask, encoded = self.cache.get(item)
         allowed = span_mask(encoded, states.shape[1], self.adapter.config.max_span)
@@ -309,7 +309,7 @@ class ReaderTrainer(AdapterTrainer):
         """(text, probability) of the head's best span of each item, as `evsel ask` reads it."""
         import torch
 
-        from evsel.models.reader import Reading, span_mask
+        from evsel.models.reader.span_head import Reading, span_mask
 
         self.adapter.head.eval()
         out = []
@@ -361,7 +361,7 @@ class ReaderTrainer(AdapterTrainer):
 
     def calibrate_best(self) -> dict:
         """Calibrate the best head (the one written to OUT) and record its threshold there."""
-        from evsel.models.reader import Reader
+        from evsel.models.reader.span_head import Reader
 
         current = self.adapter
         best = Reader.load(self.out, current.d_model)
@@ -449,7 +449,7 @@ def candidate_table(reader, backbone, examples: list[dict], cache_dir: Path, on_
 def _cached_reading(reader, backbone, question: str, passages: list[str], cache_dir: Path):
     import torch
 
-    from evsel.models.reader import Encoded, Reading
+    from evsel.models.reader.span_head import Encoded, Reading
 
     blob = json.dumps([backbone.fingerprint, reader.meta.get("dev"), question, passages])
     path = cache_dir / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.pt"
@@ -519,7 +519,7 @@ def choose_rescoring(rows: list[dict], min_group: int = MIN_GROUP_QUESTIONS) -> 
 def fit_rescoring(config: TrainConfig, backbone, data_dir: Path | None, on_event) -> dict:
     """Choose the answer step's weights for the reader in OUT on held-out questions; recorded in
     OUT/reader.json as "rescore"."""
-    from evsel.models.reader import Reader
+    from evsel.models.reader.span_head import Reader
 
     out = Path(config.out)
     reader = Reader.load(out, backbone.model.config.hidden_size)

@@ -244,7 +244,7 @@ class TrainConfig:
     init: str | None = None  # start from this adapter folder (fine-tuning) instead of a fresh one
 
     def unreal_config(self):
-        from evsel.models.unreal import UnrealConfig
+        from evsel.models.unreal.selection import UnrealConfig
 
         return UnrealConfig(layer=self.layer, pool=self.pool, retrieval_tokens=self.retrieval_tokens,
                             groups=self.groups, c0=self.c0, readout=self.readout, tau=self.tau)
@@ -302,7 +302,7 @@ class Trainer(AdapterTrainer):
     def setup(self, chunks: list[dict], train: list[dict], dev: list[dict]) -> None:
         import torch
 
-        from evsel.models import unreal
+        from evsel.models.unreal import selection as unreal
 
         cfg = self.config
         if cfg.threads:
@@ -348,7 +348,7 @@ class Trainer(AdapterTrainer):
     def _new_adapter(self, chunks: list[dict], device):
         """The adapter a run starts from: --init's (its shape and temperature kept), else a fresh
         one initialised from the backbone and calibrated on a sample of the chunks."""
-        from evsel.models import unreal
+        from evsel.models.unreal import selection as unreal
 
         cfg = self.config
         if cfg.init:
@@ -405,7 +405,7 @@ class Trainer(AdapterTrainer):
         first softmax is neither flat nor a hard max (the scale of residual states is arbitrary)."""
         import torch
 
-        from evsel.models.unreal import maxsim_torch
+        from evsel.models.unreal.selection import maxsim_torch
 
         spreads = []
         items = self.train[:n]
@@ -437,7 +437,7 @@ class Trainer(AdapterTrainer):
         queries run as one padded batch (one graph, one backward)."""
         import torch
 
-        from evsel.models.unreal import maxsim_torch
+        from evsel.models.unreal.selection import maxsim_torch
 
         cfg = self.config
         pool = list(dict.fromkeys(c for q in batch for c in self._candidates_of(q)))

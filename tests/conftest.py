@@ -35,7 +35,7 @@ def backbone_tokenizer(model_cache):
     previous = os.environ.get("EVSEL_MODEL_CACHE")
     os.environ["EVSEL_MODEL_CACHE"] = str(model_cache)
     try:
-        from evsel.models.backbone import Backbone
+        from evsel.models.runtime.backbone import Backbone
 
         backbone = Backbone()
         _ = backbone.tokenizer

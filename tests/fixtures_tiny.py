@@ -31,7 +31,7 @@ def gqa_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny_backbone(gqa_model_dir):
     """That model through the real Backbone, in float32 (hand computations compare to 1e-5)."""
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     backbone = Backbone(str(gqa_model_dir), "cpu")
     backbone.model.float()

@@ -129,7 +129,7 @@ def test_unknown_style_is_an_error():
 @pytest.fixture(scope="module")
 def tiny_backbone(tmp_path_factory):
     from helpers import write_tiny_llama
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from transformers import PreTrainedTokenizerFast
 
     words = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "system", "user", "assistant", ":", ".", ",", "?", "!", "Passage", "Question", "Answer", "the", "a", "in", "on", "of", "and", "keeper", "lighthouse", "lamp", "went", "out", "storm", "night", "Roland", "Pryce", "killed", "Ambrose", "Tenterden", "who", "what", "where", "when", "why", "library", "tower", "said", "boat", "rocks", "light", "was", "were", "he", "she", "it"]

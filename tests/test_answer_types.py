@@ -99,7 +99,7 @@ def test_abstains_when_the_evidence_has_no_phrase_of_the_asked_kind():
 @pytest.fixture(scope="module")
 def tiny_backbone(tmp_path_factory):
     from helpers import write_tiny_llama
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from transformers import PreTrainedTokenizerFast
 
     words = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "system", "user", "assistant", ":", ".", ",",

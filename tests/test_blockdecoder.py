@@ -13,9 +13,10 @@ import random
 import numpy as np
 import pytest
 import torch
-from evsel.models import blockdecoder as bd
-from evsel.models import blocksparse, lora
-from evsel.models import qrranker as qr
+from evsel.models.blocksearch import decoder as bd
+from evsel.models.shared import blocksparse
+from evsel.models.shared import lora
+from evsel.models.qrranker import rerank as qr
 
 from test_qrranker import QUESTION, _text, trained_looking
 
@@ -241,7 +242,7 @@ def test_ask_select_blocksearch_trained_decodes_codes_of_the_sample(capsys):
     """The shipped decoder end to end: the routing's top 64 of the sample story decoded by beam
     search; every decoded code names one of those chunks, and they lead the evidence."""
     from evsel.cli import main
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.paths import sample_story_path
 
     backbone = Backbone()
@@ -256,7 +257,7 @@ def test_ask_select_blocksearch_trained_decodes_codes_of_the_sample(capsys):
     assert len(result["evidence"]) == 8 and all(e["text"] and e["doc_id"] for e in result["evidence"])
     # the same decode by hand: the beam's codes, in order, are the evidence's leading chunks
     from evsel.chunker import chunk_document
-    from evsel.models.blocksearch import BlockSearch, BlockSearchConfig
+    from evsel.models.blocksearch.routing import BlockSearch, BlockSearchConfig
     from evsel.parsers import parse_file
 
     [doc] = parse_file(sample_story_path())

@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from evsel.models import blockrouter as br
-from evsel.models import lora
-from evsel.models.blocksearch import BlockSearch, BlockSearchConfig
+from evsel.models.blocksearch import trained_router as br
+from evsel.models.shared import lora
+from evsel.models.blocksearch.routing import BlockSearch, BlockSearchConfig
 
 from test_qrranker import QUESTION, _text, trained_looking
 
@@ -115,7 +115,7 @@ def test_train_cli_router_smoke_and_the_selector_loads_it(gqa_model_dir, tmp_pat
     assert main(args[:-1] + ["--aux-weight", "1"]) == 1  # a decoder option the router has no use for
     capsys.readouterr()
 
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.settings import Settings
 
@@ -134,7 +134,7 @@ def test_train_cli_router_smoke_and_the_selector_loads_it(gqa_model_dir, tmp_pat
 
 
 def test_the_default_uses_a_router_where_one_is_set_and_untrained_never(gqa_model_dir, tmp_path):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.settings import Settings
 
@@ -203,7 +203,7 @@ def test_train_cli_router_on_a_locomo_fold_reads_that_fold_only(gqa_model_dir, t
 
 
 def test_shipped_names_the_shipped_router_even_where_another_is_set(gqa_model_dir, tmp_path, monkeypatch):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.settings import Settings
 

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 from evsel.chunker import content_hash
-from evsel.models import blocksearch as bs
-from evsel.models import blocksparse
-from evsel.models.caches import ArrayCache, store_dir_of
+from evsel.models.blocksearch import routing as bs
+from evsel.models.shared import blocksparse
+from evsel.models.shared.caches import ArrayCache, store_dir_of
 
 WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
          "wind", "wave", "door", "key", "letter", "knife", "blood", "clock", "window", "stair", "rope", "oil",
@@ -43,7 +43,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def backbone(tiny_dir):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     b = Backbone(str(tiny_dir), "cpu")
     b.model.float()  # fp32: hand computations compare to 1e-5
@@ -585,7 +585,7 @@ def _records(texts):
 
 def test_selector_is_registered_and_caches_keys_beside_the_store(backbone, tmp_path):
     from evsel.models.selectors import SelectorContext, available, get_selector, listing
-    from evsel.models.statecache import StateCache
+    from evsel.models.shared.statecache import StateCache
     from evsel.store.store import Store, connect
 
     assert "blocksearch" in available() and "blocksearch" in dict(listing())
@@ -616,7 +616,7 @@ def test_selector_is_registered_and_caches_keys_beside_the_store(backbone, tmp_p
 
 def test_selector_for_eval_caches_beside_evals_db_or_in_memory(backbone, tmp_path):
     from evsel.models.selectors import SelectorContext, get_selector
-    from evsel.models.statecache import StateCache
+    from evsel.models.shared.statecache import StateCache
     from evsel.store.store import Store, connect
 
     (tmp_path / "cache").mkdir()
@@ -644,9 +644,9 @@ def test_selector_for_eval_caches_beside_evals_db_or_in_memory(backbone, tmp_pat
 def test_real_model_routes_the_sample_story(tmp_path):
     """The bundled story's ~115 chunks, no ingest: the untrained router over the whole scope."""
     from evsel import chunker
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
-    from evsel.models.statecache import StateCache
+    from evsel.models.shared.statecache import StateCache
     from evsel.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.store.store import ChunkRecord, Store, connect
@@ -727,11 +727,12 @@ def test_the_spec_names_the_variants():
 
 
 def test_the_qr_heads_are_qrrankers_shipped_block_heads():
-    """The router reads QRRanker's shipped head list with QRRanker's reader (models/qr_heads.py): the
+    """The router reads QRRanker's shipped head list with QRRanker's reader (models/shared/qr_heads.py): the
     same list QRRanker gives for its block encoding; none for an unknown backbone."""
-    from evsel.models import qr_heads, qrranker
+    from evsel.models.shared import qr_heads
+    from evsel.models.qrranker import rerank as qrranker
 
-    [folder] = [p for p in (Path(bs.__file__).parent / "adapters").iterdir() if (p / "qrranker" / "heads.json").is_file()]
+    [folder] = [p for p in (Path(bs.__file__).parent.parent / "adapters").iterdir() if (p / "qrranker" / "heads.json").is_file()]
     fingerprint = folder.name + "0" * 48
     heads, where = qr_heads.shipped_heads(fingerprint, "block")
     assert heads == qrranker.heads_of(qrranker.load_head_file(qrranker.shipped_heads_dir(fingerprint)), "block")

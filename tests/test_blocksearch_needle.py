@@ -27,7 +27,7 @@ NEEDLES = [
 @pytest.fixture(scope="module")
 def story():
     from evsel import chunker
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.parsers import parse_file
     from evsel.paths import sample_story_path
 
@@ -40,7 +40,7 @@ def story():
 
 
 def _routed_rank(backbone, texts, needle, question, spec="blocksearch") -> tuple[int, int]:
-    from evsel.models import blocksearch as bs
+    from evsel.models.blocksearch import routing as bs
     from evsel.models.selectors import SelectorContext, get_selector
 
     selector = get_selector(spec, SelectorContext(load_backbone=lambda: backbone, states=None))

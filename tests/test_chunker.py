@@ -206,7 +206,7 @@ def test_segments_must_tile_the_text(backbone_tokenizer):
 _UNPUNCTUATED_RSS = r"""
 import random, resource, sys
 from evsel.chunker import chunk_document
-from evsel.models.backbone import Backbone
+from evsel.models.runtime.backbone import Backbone
 from evsel.parsers.base import ParsedDocument, TextBuilder
 
 def doc(text):

@@ -509,7 +509,7 @@ def test_unreal_states_equal_the_local_ones(tmp_path, evsel_home):
 
     from evsel.corpus import rows
     from evsel.engine import Engine
-    from evsel.models import unreal
+    from evsel.models.unreal import selection as unreal
 
     files = write_stories(tmp_path / "src", 2)
     engine = Engine()

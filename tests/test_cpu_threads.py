@@ -1,4 +1,4 @@
-"""The thread count measured per machine at the first model load (models/cpu_threads.py): it is
+"""The thread count measured per machine at the first model load (models/runtime/cpu_threads.py): it is
 recorded and read back, EVSEL_THREADS and a count this process already set win over it, and it
 changes no state: chunk states at every candidate count match one thread's within the tolerance
 the compiled path is held to (2% relative L2 per pooled vector, the same top 3), on the tiny
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from evsel.models import cpu_threads, unreal
+from evsel.models.runtime import cpu_threads
+from evsel.models.unreal import selection as unreal
 
 from fixtures_tiny import WORDS
 
@@ -55,7 +56,7 @@ def _cpus_or_skip() -> int:
 
 
 def test_states_match_one_thread_at_every_candidate_count_tiny(gqa_model_dir, torch_threads):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     backbone = Backbone(str(gqa_model_dir), "cpu", threads=1)
     counts = cpu_threads.candidates(max(2, cpu_threads.usable_cpus()))
@@ -64,7 +65,7 @@ def test_states_match_one_thread_at_every_candidate_count_tiny(gqa_model_dir, to
 
 
 def test_first_load_measures_records_and_later_loads_read_it(gqa_model_dir, torch_threads):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     cpus = _cpus_or_skip()
     torch.set_num_threads(cpus)  # as torch starts: one per CPU, nothing set by the process
@@ -94,7 +95,7 @@ def test_first_load_measures_records_and_later_loads_read_it(gqa_model_dir, torc
 
 
 def test_evsel_threads_and_a_count_already_set_win_over_the_measure(gqa_model_dir, torch_threads):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     cpus = _cpus_or_skip()
     torch.set_num_threads(cpus)
@@ -116,7 +117,7 @@ def test_real_model_states_and_unreal_top3_match_one_thread(torch_threads):
     pool: pooled states within 2% of one thread's at every candidate count, the same top 3 by the
     adapter's own scoring of a question about the story."""
     from evsel import chunker
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.parsers import parse_file
     from evsel.paths import sample_story_path
 
@@ -159,7 +160,7 @@ def test_a_recorded_count_above_the_usable_cpus_is_clamped(tmp_path):
 
 
 def test_evsel_threads_above_the_usable_cpus_is_clamped(gqa_model_dir, torch_threads):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     _ = Backbone(str(gqa_model_dir), "cpu", threads=100000).model  # EVSEL_THREADS=100000
     assert torch.get_num_threads() == cpu_threads.usable_cpus()

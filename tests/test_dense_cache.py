@@ -34,7 +34,7 @@ def _chunks():
 
 def _context(store):
     from evsel.models.selectors import SelectorContext
-    from evsel.models.statecache import StateCache
+    from evsel.models.shared.statecache import StateCache
 
     def no_backbone():
         raise AssertionError("the dense selector must not load the backbone")

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 from evsel.chunker import content_hash
-from evsel.models import encode_pass, qrranker_kv, unreal
-from evsel.models import qrranker as qr
-from evsel.models.backbone import run_layers
+from evsel.models import encode_pass
+from evsel.models.qrranker import kv as qrranker_kv
+from evsel.models.unreal import selection as unreal
+from evsel.models.qrranker import rerank as qr
+from evsel.models.runtime.backbone import run_layers
 
 from fixtures_tiny import WORDS
 
@@ -72,7 +74,7 @@ def test_residual_states_are_those_of_the_block_after_the_prefix(tiny_backbone, 
 
 
 def test_states_are_kept_apart_from_unreals_own(tiny_backbone, tmp_path, evsel_home):
-    from evsel.models.statecache import StateCache
+    from evsel.models.shared.statecache import StateCache
     from evsel.store.store import Store
 
     store = Store()

@@ -51,7 +51,7 @@ def test_generator_setting_is_checked(monkeypatch):
 def test_hf_folder_generates_with_transformers_and_without_a_chat_template(tiny_model):
     """An HF folder: transformers generates (llama.cpp reads GGUF only). The tiny model has no chat
     template, so the messages go in as plain text and the answer ends at the end of its line."""
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     backbone = Backbone(str(tiny_model), "cpu", generator="auto")
     assert backbone.generation.backend == "transformers"
@@ -66,7 +66,7 @@ def test_hf_folder_generates_with_transformers_and_without_a_chat_template(tiny_
 
 def test_asking_for_llama_cpp_on_an_hf_folder_is_one_line(tiny_model):
     from evsel.errors import ModelError
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     with pytest.raises(ModelError, match="needs a GGUF file") as err:
         _ = Backbone(str(tiny_model), "cpu", generator="llama-cpp").generation
@@ -80,7 +80,7 @@ def other_gguf(tmp_path, monkeypatch):
     which has the same fingerprint."""
     import shutil
 
-    from evsel.models.backbone import default_model_path
+    from evsel.models.runtime.backbone import default_model_path
 
     monkeypatch.setenv("EVSEL_MODEL_CACHE", str(tmp_path / "model-cache"))
     return shutil.copy(default_model_path(), tmp_path / "other-model.Q4_1.gguf")
@@ -94,7 +94,7 @@ WHO_KILLED = [{"role": "system", "content": "Answer in a few words."},
 
 @needs_smollm2
 def test_bundled_model_is_planned_for_transformers():
-    from evsel.models.backbone import BUNDLED_REASON, Backbone
+    from evsel.models.runtime.backbone import BUNDLED_REASON, Backbone
 
     plan = Backbone(device="cpu", generator="auto").generation
     assert plan.backend == "transformers" and plan.reason == BUNDLED_REASON
@@ -103,7 +103,7 @@ def test_bundled_model_is_planned_for_transformers():
 @needs_smollm2
 @pytest.mark.model
 def test_bundled_model_generates_with_transformers():
-    from evsel.models.backbone import BUNDLED_REASON, Backbone
+    from evsel.models.runtime.backbone import BUNDLED_REASON, Backbone
 
     backbone = Backbone(device="cpu", generator="auto")
     out = backbone.generate(WHO_KILLED, 12)
@@ -115,8 +115,8 @@ def test_bundled_model_generates_with_transformers():
 @needs_smollm2
 def test_falls_back_to_transformers_when_llama_cpp_does_not_import(no_llama_cpp, other_gguf):
     from evsel.engine import Engine
-    from evsel.models import llamacpp
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime import llamacpp
+    from evsel.models.runtime.backbone import Backbone
 
     assert llamacpp.importable()[0] is False
     plan = Backbone(str(other_gguf), "cpu", generator="auto").generation
@@ -130,7 +130,7 @@ def test_falls_back_to_transformers_when_llama_cpp_does_not_import(no_llama_cpp,
 @needs_smollm2
 def test_forcing_llama_cpp_without_it_says_how_to_install(no_llama_cpp):
     from evsel.errors import ModelError
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     with pytest.raises(ModelError, match=r"pip install 'evsel\[llama\]'"):
         _ = Backbone(device="cpu", generator="llama-cpp").generation
@@ -166,7 +166,7 @@ def test_both_backends_give_the_same_greedy_answer():
     answers agree. The weights differ only by rounding (Q4_1 blocks in llama.cpp, bf16 of their
     dequantized values in transformers), which can flip a near-tie late in a long answer, so the
     check is a short one."""
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     hf = Backbone(device="cpu", generator="transformers").generate(WHO_KILLED, 12)
     ll = Backbone(device="cpu", generator="llama-cpp").generate(WHO_KILLED, 12)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from evsel.models import unreal
+from evsel.models.unreal import selection as unreal
 from test_unreal import _text, _training_folder, tiny_model_dir  # noqa: F401  (tiny_model_dir: a fixture)
 
 

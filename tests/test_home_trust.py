@@ -119,9 +119,9 @@ def test_a_planted_qrranker_link_is_refused_and_nothing_is_written_through_it(op
 
 def test_a_planted_level_inside_our_qrranker_folder_is_refused(open_root, gqa_model_dir, monkeypatch, capsys):
     """Deeper than the home's own entries: the folder of the backbone's KV files, made by another user
-    while the home was open, is refused by the KV files' own check (models/caches.py)."""
+    while the home was open, is refused by the KV files' own check (models/shared/caches.py)."""
     from evsel.cli import main
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     _tiny_model_env(monkeypatch, gqa_model_dir, kv=False)
     story = _story(open_root)

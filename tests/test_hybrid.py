@@ -9,7 +9,7 @@ import pytest
 
 from evsel.models.selectors import SelectorContext, get_selector
 from evsel.errors import ModelError
-from evsel.models import hybrid as hy
+from evsel.models.fusion import hybrid as hy
 from evsel.store.store import ChunkRecord
 
 
@@ -294,7 +294,7 @@ def test_recall_counts_the_gold_the_pool_missed():
     assert both["questions"] == 2 and both["recall@1"] == 0.25 and both["mrr"] == 0.5
 
 
-# the default per kind of document (models/paired.py): a paired test against BM25 on the same questions
+# the default per kind of document (models/fusion/paired.py): a paired test against BM25 on the same questions
 
 def _pools(n: int, hybrid_rank, bm25_rank) -> tuple[list, list, list, list]:
     """n one-gold pools of 10 whose gold sits at the given (0-based, or None: not in the pool) rank
@@ -319,7 +319,7 @@ def _pools(n: int, hybrid_rank, bm25_rank) -> tuple[list, list, list, list]:
 
 
 def test_the_paired_rule_refuses_a_method_better_on_recall_at_3_but_worse_on_mrr():
-    from evsel.models import paired
+    from evsel.models.fusion import paired
 
     # the fusion finds the gold in its top 3 for every question, but at rank 3; BM25 has it first
     # for 60% of them and beyond the top 3 for the rest
@@ -332,7 +332,7 @@ def test_the_paired_rule_refuses_a_method_better_on_recall_at_3_but_worse_on_mrr
 
 
 def test_the_paired_rule_takes_a_method_only_with_enough_questions_a_test_and_speed():
-    from evsel.models import paired
+    from evsel.models.fusion import paired
 
     # better on both: gold first for 70% of the questions against 50% for BM25 (else rank 5)
     hybrid, bm25, gold, totals = _pools(300, lambda i: 0 if i % 10 < 7 else 5, lambda i: 0 if i % 10 < 5 else 5)
@@ -352,7 +352,7 @@ def test_the_paired_rule_takes_a_method_only_with_enough_questions_a_test_and_sp
 
 
 def test_sign_flip_p_values():
-    from evsel.models import paired
+    from evsel.models.fusion import paired
 
     ten_wins = paired.sign_flip_p(np.ones(10), np.zeros(10))
     assert abs(ten_wins - 1 / 1024) < 0.001  # only the all-positive flip is as extreme
@@ -585,7 +585,7 @@ def test_the_fusion_ranks_with_what_is_ready_and_encodes_nothing_for_the_scope(t
 
     from evsel.models.selectors import IngestWork
     from evsel.models.selectors.dense import DenseSelector
-    from evsel.models.statecache import StateCache
+    from evsel.models.shared.statecache import StateCache
     from evsel.store.store import Store, connect
 
     store = Store(connect(tmp_path / "evsel.db"))

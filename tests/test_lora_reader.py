@@ -1,4 +1,4 @@
-"""The LoRA reader (models/lora_reader.py, recipes/lora_reader.py) on the tiny random Llama: the
+"""The LoRA reader (models/reader/lora.py, recipes/lora_reader.py) on the tiny random Llama: the
 adapted upper pass from the cut layer equals the backbone's own pass with the deltas, only the
 deltas and the head get gradients, the backbone is untouched afterwards, save/load keeps the
 scores, and a stopped run resumes to the same weights as one that was not stopped. With the real
@@ -16,7 +16,7 @@ PASSAGES = ["the storm came at night and the lamp went out", "the keeper was kil
 
 
 def _config(**over):
-    from evsel.models.lora_reader import LoraReaderConfig
+    from evsel.models.reader.lora import LoraReaderConfig
 
     return LoraReaderConfig(**{"cut": 1, "deepest": 3, "rank": 2, "max_tokens": 64, "max_span": 4, **over})
 
@@ -33,8 +33,8 @@ def _examples() -> list[dict]:
 def test_the_adapted_pass_from_the_cut_equals_the_backbones_own_pass_with_the_deltas(tiny_backbone):
     import torch
 
-    from evsel.models.backbone import run_layers
-    from evsel.models.lora_reader import LoraReader, encode, run_upper
+    from evsel.models.runtime.backbone import run_layers
+    from evsel.models.reader.lora import LoraReader, encode, run_upper
 
     model = tiny_backbone.model
     reader = LoraReader.for_model(model, _config())
@@ -58,7 +58,7 @@ def test_the_adapted_pass_from_the_cut_equals_the_backbones_own_pass_with_the_de
 def test_only_the_deltas_and_the_head_learn_and_save_load_keeps_the_scores(tiny_backbone, tmp_path):
     import torch
 
-    from evsel.models.lora_reader import LoraReader, encode, gold_mask, span_mask
+    from evsel.models.reader.lora import LoraReader, encode, gold_mask, span_mask
 
     model = tiny_backbone.model
     reader = LoraReader.for_model(model, _config())
@@ -91,7 +91,7 @@ def test_only_the_deltas_and_the_head_learn_and_save_load_keeps_the_scores(tiny_
 
 def test_a_reader_for_another_backbone_shape_is_refused(tiny_backbone, tmp_path):
     from evsel.errors import ModelError
-    from evsel.models.lora_reader import LoraReader
+    from evsel.models.reader.lora import LoraReader
 
     reader = LoraReader.for_model(tiny_backbone.model, _config())
     reader.save(tmp_path)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from evsel.errors import EvselError
-from evsel.models import memory as mem
-from evsel.models import qrranker as qr
+from evsel.models.qrranker import memory as mem
+from evsel.models.qrranker import rerank as qr
 from evsel.store.store import ChunkRecord, Store
 
 from daemon_helpers import daemon_home, evsel, evsel_json, status, wait_for  # noqa: F401  (fixture)
@@ -113,9 +113,9 @@ def test_causal_memory_goes_into_the_prefix(tiny_backbone):
 
 
 def test_the_selector_writes_each_summary_once_and_reads_them(gqa_model_dir, tmp_path):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
-    from evsel.models.statecache import StateCache
+    from evsel.models.shared.statecache import StateCache
     from evsel.settings import Settings
 
     backbone = Backbone(str(gqa_model_dir), "cpu")

@@ -12,8 +12,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from evsel.models import blocksparse, lora
-from evsel.models import qrranker as qr
+from evsel.models.shared import blocksparse
+from evsel.models.shared import lora
+from evsel.models.qrranker import rerank as qr
 
 from fixtures_tiny import WORDS
 
@@ -312,7 +313,7 @@ def test_detect_cli_writes_a_head_list_and_refuses_eval_sets(gqa_model_dir, tmp_
         assert main(args[:-1] + ["--source", source]) == 1
         assert "refusing" in capsys.readouterr().err
     # the selector reads a heads.json given by EVSEL_QRRANKER_HEADS
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     backbone = Backbone(str(gqa_model_dir), "cpu")
     heads, where = qr.resolve_heads(backbone, str(out), "block")
@@ -321,7 +322,7 @@ def test_detect_cli_writes_a_head_list_and_refuses_eval_sets(gqa_model_dir, tmp_
 
 
 def test_selector_reranks_with_heads_from_the_settings(gqa_model_dir):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.settings import Settings
     from evsel.store.store import ChunkRecord
@@ -494,7 +495,7 @@ def test_training_resumes_from_its_checkpoint_and_writes_an_adapter(tiny_backbon
 
 
 def test_an_adapter_leaves_the_answering_backbone_untouched(gqa_model_dir, tmp_path):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.settings import Settings
     from evsel.store.store import ChunkRecord
@@ -533,7 +534,7 @@ def test_building_a_pipeline_loads_nothing_and_load_loads_the_model_and_adapter(
                                                                                 monkeypatch):
     """ask times `Pipeline.load()` as "loading the model": the reranker's backbone weights and
     adapter are read there, once, not when the pipeline is built."""
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext
     from evsel.pipeline import Pipeline, PipelineSpec
     from evsel.settings import Settings
@@ -583,7 +584,7 @@ def test_training_runs_on_cuda_with_the_backbone(gqa_model_dir, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: torch.cuda.is_available() is False on this machine, so GPU training "
                     "cannot run here")
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     backbone = Backbone(str(gqa_model_dir), "cuda")
     trainer = _trainer(backbone, tmp_path / "gpu", steps=2)

@@ -1,4 +1,4 @@
-"""QRRanker's block KV files (models/qrranker_kv.py): scores read from them (8-bit K/V) stay within
+"""QRRanker's block KV files (models/qrranker/kv.py): scores read from them (8-bit K/V) stay within
 a stated tolerance of scores computed fresh, with the same ranking; the files are private, keyed
 so that another backbone, encoding or head set never reads them, checked by a header and digest
 (a damaged one is deleted with a warning and encoded again), capped on disk, and deleted with the
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 from evsel.chunker import content_hash
-from evsel.models import qrranker as qr
-from evsel.models import qrranker_kv
+from evsel.models.qrranker import rerank as qr
+from evsel.models.qrranker import kv as qrranker_kv
 
 from daemon_helpers import daemon_home  # noqa: F401  (a fixture)
 from fixtures_tiny import WORDS
@@ -48,7 +48,7 @@ TEXTS = [_text(1, 9), _text(2, 4), _text(3, 13), _text(4, 6), _text(5, 1), _text
 
 
 def _backbone(gqa_model_dir, dtype: str):
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     backbone = Backbone(str(gqa_model_dir), "cpu")
     backbone.model.to(getattr(torch, dtype))
@@ -56,7 +56,7 @@ def _backbone(gqa_model_dir, dtype: str):
 
 
 def _adapter(backbone):
-    from evsel.models.lora import LoRAAdapter
+    from evsel.models.shared.lora import LoRAAdapter
 
     adapter = qr.new_adapter(backbone.model, HEADS, rank=4, alpha=8.0, seed=0)
     with torch.no_grad():

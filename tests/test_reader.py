@@ -1,4 +1,4 @@
-"""The reader (models/reader.py): token offsets that land on the exact words, the span targets the
+"""The reader (models/reader/span_head.py): token offsets that land on the exact words, the span targets the
 recipe trains on, a planted answer found among distractor passages with the shipped head on the
 real model, abstention in dialogues, the smoke recipe end to end (and its resume from the state
 cache), and eval's reader recall beside the rules step in one run."""
@@ -35,14 +35,14 @@ def _chunk(text: str, id: int, speakers=(), time_start=None, char_start=0) -> Ch
 
 @pytest.fixture(scope="module")
 def real_backbone():
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     return Backbone(device="cpu")
 
 
 @pytest.fixture(scope="module")
 def shipped(real_backbone):
-    from evsel.models.reader import reader_for
+    from evsel.models.reader.span_head import reader_for
 
     reader = reader_for(real_backbone)
     assert reader is not None, "the default model ships a trained reader (models/adapters/<fingerprint>/reader)"
@@ -50,7 +50,7 @@ def shipped(real_backbone):
 
 
 def test_encoded_offsets_are_the_exact_words(backbone_tokenizer):
-    from evsel.models.reader import encode, gold_targets, span_mask
+    from evsel.models.reader.span_head import encode, gold_targets, span_mask
 
     text = PLANTED + "\nCaroline: We paid £4 a week, in 1890."
     encoded = encode(backbone_tokenizer.tokenizer, 0, "Who kept the lighthouse?", [text])
@@ -144,7 +144,7 @@ def test_the_rules_style_stays_available(real_backbone):
 def test_train_reader_smoke_on_the_real_model_resumes_from_its_state_cache(tmp_path, capsys, monkeypatch):
     from helpers import shared_data
     from evsel.cli import main
-    from evsel.models.reader import CONFIG_FILE, HEAD_FILE, Reader
+    from evsel.models.reader.span_head import CONFIG_FILE, HEAD_FILE, Reader
 
     shared_data("fairytaleqa", "questions", "train")
     out = tmp_path / "reader"
@@ -200,7 +200,7 @@ class _Reading:
         self.logps = logps  # (passage, start, end) -> log-probability
 
     def top(self, k: int):
-        from evsel.models.reader import Found
+        from evsel.models.reader.span_head import Found
 
         best = sorted(self.logps.items(), key=lambda kv: -kv[1])[:k]
         return [Found(p, a, b, self.passages[p][a:b], 2.718281828 ** v) for (p, a, b), v in best]

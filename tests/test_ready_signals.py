@@ -26,8 +26,8 @@ def plant_defaults(tmp_path, monkeypatch, **methods) -> None:
     import json
     import shutil
 
-    from evsel.models import hybrid
-    from evsel.models.backbone import Backbone
+    from evsel.models.fusion import hybrid
+    from evsel.models.runtime.backbone import Backbone
 
     weights = tmp_path / "weights"
     shutil.copytree(hybrid.shipped_dir(Backbone(None).fingerprint), weights)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from evsel.cli import main
-from evsel.models.trained_files import SHIPPED
+from evsel.models.shared.trained_files import SHIPPED
 
 FINGERPRINT = "b179c9523d0e6a0f"  # the bundled SmolLM2's
 
@@ -128,7 +128,7 @@ def test_a_damaged_trained_part_is_one_line_naming_the_file(part, name, damage, 
 
 
 def test_a_damaged_shipped_file_says_to_reinstall(tmp_path):
-    from evsel.models.trained_files import remedy
+    from evsel.models.shared.trained_files import remedy
 
     assert "reinstall evsel" in remedy(SHIPPED / FINGERPRINT / "unreal" / "config.json", "evsel train unreal")
     assert "train it again" in remedy(tmp_path / "config.json", "evsel train unreal")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from evsel.models import unreal
+from evsel.models.unreal import selection as unreal
 from helpers import plant_defaults
 
 WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",

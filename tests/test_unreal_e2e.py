@@ -13,7 +13,7 @@ pytestmark = pytest.mark.model
 
 def test_ingest_encodes_then_ask_select_unreal_cites_evidence(capsys, monkeypatch):
     from evsel.cli import main
-    from evsel.models import unreal
+    from evsel.models.unreal import selection as unreal
     from evsel.store.store import Store
 
     assert main(["ingest", "--encode", "--json", str(sample_story_path())]) == 0

@@ -84,7 +84,7 @@ ANSWERED = ("For forty years it was kept by Bartholomew Quill, who rowed to the 
 
 @pytest.mark.model
 def test_an_answer_in_the_chunk_after_a_shown_passage_is_found_and_cited_there():
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     backbone = Backbone(device="cpu")
     chunks = _book(DISTRACTORS[:2] + [ASKED, ANSWERED] + DISTRACTORS[2:], gap=1)

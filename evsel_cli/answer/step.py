@@ -1,7 +1,7 @@
 """Evidence to an answer: the prompts, and the grounded answer step.
 
 Styles:
-- `short` (default): the trained reader (models/reader.py) when the backbone has one: a span head
+- `short` (default): the trained reader (models/reader/span_head.py) when the backbone has one: a span head
   on the backbone's own states scores every whole-word span of every shown passage in one softmax,
   and the likeliest is the answer, with its exact offsets. Yes/no questions in prose and
   when-questions in dialogues keep the steps below (the LLM's calibrated yes/no; the turn's time
@@ -105,8 +105,8 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
     dialogue = any(s.chunk.speakers for s in evidence)
     asked = grounding.answer_type(question)
     if style == "short":
-        from evsel.models.lora_reader import LoraReader
-        from evsel.models.reader import reader_for
+        from evsel.models.reader.lora import LoraReader
+        from evsel.models.reader.span_head import reader_for
 
         reader = reader_for(backbone, reader_dir) if Scorer(backbone).ready else None
         # an either/or question ("... a beach or the mountains?") reads as yes/no: the LoRA reader
@@ -198,7 +198,7 @@ def _typed_span(asked: str, spans: list, texts: list[str]):
 
 def _option_span(question: str, reading, texts: list[str]):
     """For a choice question, the option the reader finds likeliest where the passages name it."""
-    from evsel.models.reader import Found
+    from evsel.models.reader.span_head import Found
 
     hits = []
     for option in grounding.options(question):
@@ -212,7 +212,7 @@ def _option_span(question: str, reading, texts: list[str]):
 
 
 def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
-    from evsel.models.reader import Reader
+    from evsel.models.reader.span_head import Reader
 
     if not isinstance(reader, Reader):
         return _lora_answer(backbone, reader, question, evidence, asked, dialogue)

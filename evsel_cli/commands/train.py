@@ -538,7 +538,7 @@ def train_reader(
         "--rescore-only", help="Keep the reader in OUT; choose only the answer step's weights (reader.json: rescore).")
     ] = False,
     lora: Annotated[bool, typer.Option(
-        "--lora", help="Train the LoRA reader (models/lora_reader.py): deltas on the upper layers, the question "
+        "--lora", help="Train the LoRA reader (models/reader/lora.py): deltas on the upper layers, the question "
                        "and all passages in one sequence, a no-answer span.")] = False,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue the LoRA reader run in OUT (its examples, cached states, checkpoint).")] = False,
@@ -555,7 +555,7 @@ def train_reader(
     as_json: JsonOption = False,
 ):
     """The reader (the answer step of --style short): a span head on the frozen backbone's states
-    that finds the answer's words across all shown passages (models/reader.py).
+    that finds the answer's words across all shown passages (models/reader/span_head.py).
 
     Each example is a training question with BM25's top 5 passages of its document, the answer
     located in them. Training splits only: FairytaleQA train (dev: held-out train stories), and

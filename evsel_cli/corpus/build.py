@@ -72,7 +72,7 @@ class CorpusWorker:
 
     def _setup(self, uri: str, chunk_tokens: int, states: list[str], dense_dim: int, unreal_hidden: int,
                pid_dir: str | None = None):
-        from evsel.models.backbone import Backbone
+        from evsel.models.runtime.backbone import Backbone
         from evsel.settings import Settings
 
         settings = Settings()
@@ -209,8 +209,8 @@ class _DeferredInterrupt:
 
 def _expected_configs(settings, states: list[str]) -> tuple[str, dict, dict]:
     """(backbone fingerprint, configs, dims) the workers will produce, known without loading a model."""
-    from evsel.models import unreal
-    from evsel.models.backbone import Backbone, fingerprint
+    from evsel.models.unreal import selection as unreal
+    from evsel.models.runtime.backbone import Backbone, fingerprint
     from evsel.models.selectors import dense
 
     backbone = Backbone(settings.model, settings.device, model_as_given=settings.model_as_given)

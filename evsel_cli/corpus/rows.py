@@ -143,7 +143,7 @@ class StateEncoder:
 
             self.minilm = MiniLM()
         if unreal:
-            from evsel.models import unreal as unreal_model
+            from evsel.models.unreal import selection as unreal_model
 
             self.unreal_config = unreal_model.adapter_config(backbone, adapter)
             if self.unreal_config is not None:
@@ -161,7 +161,7 @@ class StateEncoder:
 
             out["dense"] = {"model": self.minilm.fingerprint, "config": dense.CONFIG}
         if self._chunk_encoder is not None:
-            from evsel.models import unreal as unreal_model
+            from evsel.models.unreal import selection as unreal_model
 
             out["unreal"] = {"model": self.backbone.fingerprint,
                              "config": unreal_model.state_key(self.unreal_config.layer, self.unreal_config.pool)}

@@ -168,7 +168,7 @@ m007_document_ids_never_reused.without_foreign_keys = True  # type: ignore[attr-
 
 @migration
 def m008_summaries(db: sqlite_utils.Database) -> None:
-    # Block and session summaries for QRRanker's memory prefix (models/memory.py), keyed by the
+    # Block and session summaries for QRRanker's memory prefix (models/qrranker/memory.py), keyed by the
     # block's chunks' content, the writer's fingerprint and the summary config; `first_hash` (the
     # block's first chunk) lets a delete drop the summaries no chunk holds any more. A background
     # encode records whether it also writes summaries.

@@ -12,8 +12,8 @@ from evsel.settings import Settings
 
 if TYPE_CHECKING:
     from evsel.store.store import ChunkRecord
-    from evsel.models.backbone import Backbone
-    from evsel.models.statecache import StateCache
+    from evsel.models.runtime.backbone import Backbone
+    from evsel.models.shared.statecache import StateCache
     from evsel.store.store import Store
 
 EventSink = Callable[[dict], None]

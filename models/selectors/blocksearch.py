@@ -1,16 +1,16 @@
 """BlockSearch (seed 001): ranks the whole scope by the backbone's own routing score at a middle
-layer (models/blocksearch.py): by default the query span's calibrated attention through the QR
+layer (models/blocksearch/routing.py): by default the query span's calibrated attention through the QR
 heads of that layer; `blocksearch:seed` is the seed's QK-MaxSim of the query block's last position,
 summed over heads. Each chunk's keys at that layer are cached as files beside the store the
 chunks come from (the user's store for ask, eval's cache for eval), or in memory when there is none.
 
 `blocksearch:trained`: the routing's top-B chunks (B = 256, or `topN`) go on to the trained code
-decoder (models/blockdecoder.py): each carries a four-digit code, the query block reads them all at
+decoder (models/blocksearch/decoder.py): each carries a four-digit code, the query block reads them all at
 every layer and the digit beam search returns codes, best first. Those chunks lead the ranking in
 beam order, then the rest by routing score. `blocksearch:decode`: the same with the untouched
 backbone decoding the codes (no adapter), the decoder's untrained baseline.
 
-`blocksearch:router`: routing through the trained router (models/blockrouter.py: a LoRA on q/k of
+`blocksearch:router`: routing through the trained router (models/blocksearch/trained_router.py: a LoRA on q/k of
 the layers up to L, from `evsel train blocksearch --router --out DIR`; EVSEL_BLOCKSEARCH_ROUTER=DIR,
 else the one shipped for the backbone); its keys are cached apart from the untrained ones. The
 plain `blocksearch` uses that router too when one is there (EVSEL_BLOCKSEARCH_ROUTER or shipped) and
@@ -83,8 +83,8 @@ class BlockSearchSelector(Selector):
     def on_chunks_deleted(cls, store: Store, hashes: list[str]) -> None:
         """The routing keys cached beside a store for content hashes no chunk holds any more, under
         every model and config (an in-memory store has no files)."""
-        from evsel.models import blocksearch as bs
-        from evsel.models.caches import store_dir_of
+        from evsel.models.blocksearch import routing as bs
+        from evsel.models.shared.caches import store_dir_of
 
         folder = store_dir_of(store)
         if folder is not None:
@@ -100,7 +100,7 @@ class BlockSearchSelector(Selector):
         seed); `ssmax`: SSMax's s log N (N: the scope's tokens) on the query's scores (changes the
         ranking of mass only; `ssmax_s` its s, `:ssmax8k` the s with s log N = 1 at 8K tokens);
         `trained`: the top-B go on to the trained code decoder."""
-        from evsel.models import blocksearch as bs
+        from evsel.models.blocksearch import routing as bs
 
         super().__init__(context)
         scoring: dict = {}
@@ -167,7 +167,7 @@ class BlockSearchSelector(Selector):
     def scoring_options(config) -> list[str]:
         """The spec's options that give `config`'s scoring: "seed" when it is the seed's, else each
         setting that differs from the default."""
-        from evsel.models import blocksearch as bs
+        from evsel.models.blocksearch import routing as bs
 
         default = bs.BlockSearchConfig()
         fields = ("variant", "query_tokens", "calibrate", "heads", "skip_tokens")
@@ -189,9 +189,9 @@ class BlockSearchSelector(Selector):
     @property
     def router(self):
         """Built on first use (building the pipeline does not load the model)."""
-        from evsel.models import blocksearch as bs
-        from evsel.models.blocksparse import BlockStateCache
-        from evsel.models.caches import store_dir_of
+        from evsel.models.blocksearch import routing as bs
+        from evsel.models.shared.blocksparse import BlockStateCache
+        from evsel.models.shared.caches import store_dir_of
 
         if self._router is None:
             context = self.context
@@ -211,7 +211,7 @@ class BlockSearchSelector(Selector):
         if self.use_router:
             return self.router_adapter()
         if self.use_router is None:  # the default: the router when one is set or ships
-            from evsel.models.lora import ADAPTER_FILE
+            from evsel.models.shared.lora import ADAPTER_FILE
 
             folder, named = self.router_folder()
             return self.router_adapter() if named or (folder / ADAPTER_FILE).is_file() else None
@@ -220,7 +220,7 @@ class BlockSearchSelector(Selector):
     def router_folder(self) -> tuple[Path, bool]:
         """(where the trained router is, whether EVSEL_BLOCKSEARCH_ROUTER named it). `:shipped`
         reads the shipped one even when the variable is set, so both compare in one run."""
-        from evsel.models import blockrouter as br
+        from evsel.models.blocksearch import trained_router as br
 
         setting = self.context.settings.blocksearch_router
         if setting and not self.shipped:
@@ -230,8 +230,8 @@ class BlockSearchSelector(Selector):
     def router_adapter(self):
         """The trained router: EVSEL_BLOCKSEARCH_ROUTER's folder, else the one shipped for the backbone."""
         from evsel.errors import ModelError
-        from evsel.models import blockrouter as br
-        from evsel.models.lora import ADAPTER_FILE
+        from evsel.models.blocksearch import trained_router as br
+        from evsel.models.shared.lora import ADAPTER_FILE
 
         folder, _ = self.router_folder()
         if not (folder / ADAPTER_FILE).is_file():
@@ -245,8 +245,8 @@ class BlockSearchSelector(Selector):
         """The trained code decoder: EVSEL_BLOCKSEARCH_DECODER's adapter, else the one shipped for
         the backbone; its coded blocks' KV is shared through the engine's resources."""
         from evsel.errors import ModelError
-        from evsel.models import blockdecoder as bd
-        from evsel.models.lora import ADAPTER_FILE
+        from evsel.models.blocksearch import decoder as bd
+        from evsel.models.shared.lora import ADAPTER_FILE
 
         if self._decoder is None and self.decode:  # the untouched backbone decodes
             self._decoder = bd.Decoder(self.context.backbone, None, kv_cache=self._decoder_kv())
@@ -266,7 +266,7 @@ class BlockSearchSelector(Selector):
     def _decoder_kv(self):
         """The coded blocks' KV cache, shared by the engine's decoders (the frozen backbone's KV:
         the same whichever adapter reads it)."""
-        from evsel.models.blocksparse import BlockStateCache
+        from evsel.models.shared.blocksparse import BlockStateCache
 
         context = self.context
         with context.resources_lock:

@@ -2,7 +2,7 @@
 evaluates. For each kind of document (chats, books, PDFs) it is the method measured best on that
 kind's questions for this backbone, as its defaults record says (defaults.json, written by
 `evsel train defaults` from the fusion's fit and the runs no fit looked at; an older record lives
-in hybrid.json's "defaults"; each chosen by the paired test of models/paired.py; docs/FUSION.md);
+in hybrid.json's "defaults"; each chosen by the paired test of models/fusion/paired.py; docs/FUSION.md);
 with no such record, or when the named method's trained parts are missing here, it is BM25, and
 the request says so once. A scope of several kinds has each kind ranked by its own method, merged
 on BM25's scale over the whole scope (the score shown is BM25's)."""
@@ -29,11 +29,11 @@ NO_RECORD = "no measured default ships for this backbone: BM25 (words), the best
 def default_methods(backbone, settings=None) -> dict[str, tuple[str, str]]:
     """{kind: (method, why)} for every kind of document: what the shipped (or
     EVSEL_HYBRID_WEIGHTS) hybrid.json records as measured best for that kind ("defaults", chosen
-    by the paired test of models/paired.py; an older record's one "default" serves every kind),
+    by the paired test of models/fusion/paired.py; an older record's one "default" serves every kind),
     else BM25. Reads the file only (no weights, no model)."""
     from pathlib import Path
 
-    from evsel.models import hybrid
+    from evsel.models.fusion import hybrid
 
     setting = getattr(settings, "hybrid_weights", None)
     where = Path(setting) if setting else hybrid.shipped_dir(backbone.fingerprint)
@@ -64,7 +64,7 @@ def defaults_file(weights: Path, shipped: bool) -> Path:
 
 
 def read_defaults(path: Path) -> dict:
-    from evsel.models.trained_files import read_json
+    from evsel.models.shared.trained_files import read_json
 
     data = read_json(path, "the defaults record", "evsel train defaults")
     if data.get("format") != DEFAULTS_FORMAT or not isinstance(data.get("defaults"), dict):
@@ -98,7 +98,7 @@ def states_read(method: str) -> set[str]:
 
     name, _, argument = method.partition(":")
     if name == "hybrid":
-        from evsel.models import hybrid
+        from evsel.models.fusion import hybrid
 
         groups = hybrid.parse_groups(argument) or list(hybrid.GROUPS)
         return {PARTS[g] for g in groups if g in PARTS}
@@ -113,7 +113,7 @@ def resolve_selects(select: str, settings, kinds: set[str] | None = None) -> lis
     ask needs the model); any other name as given."""
     if select != "default":
         return [select]
-    from evsel.models.backbone import Backbone
+    from evsel.models.runtime.backbone import Backbone
 
     return sorted(methods_for(default_methods(Backbone(settings.model, settings.device), settings), kinds))
 

@@ -51,11 +51,11 @@ class MiniLM:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoModel, AutoTokenizer
 
-        from evsel.models.backbone import fingerprint, quiet_transformers
+        from evsel.models.runtime.backbone import fingerprint, quiet_transformers
 
         quiet_transformers()  # no weight-loading bars on stderr
 
-        from evsel.models.backbone import LOADING
+        from evsel.models.runtime.backbone import LOADING
 
         path = model_dir()
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # annotations only: the registry stays light to import (the C
 
 PARTS = {"dense": "dense", "unreal": "unreal", "qr": "qrranker"}  # group -> the selector that scores it
 
-# numpy and the fusion's arithmetic (evsel.models.hybrid) load with the selector, not with the
+# numpy and the fusion's arithmetic (evsel.models.fusion.hybrid) load with the selector, not with the
 # registry: the client checks method names without them
 
 
@@ -44,7 +44,7 @@ class HybridSelector(Selector):
 
     def __init__(self, context, groups: str | None = None, weights: str | dict | None = None,
                  only_ready: bool = False, **_):
-        from evsel.models import hybrid as fusion
+        from evsel.models.fusion import hybrid as fusion
 
         super().__init__(context)
         self.wanted = fusion.parse_groups(groups)
@@ -82,7 +82,7 @@ class HybridSelector(Selector):
         return parts
 
     def load(self) -> None:
-        from evsel.models import hybrid as fusion
+        from evsel.models.fusion import hybrid as fusion
 
         if self.weight_set is not None:
             return
@@ -127,7 +127,7 @@ class HybridSelector(Selector):
         for the groups not computed; BM25's scores of every chunk)."""
         import numpy as np
 
-        from evsel.models import hybrid as fusion
+        from evsel.models.fusion import hybrid as fusion
 
         n = len(chunks)
         full = {"bm25": np.asarray(self.bm25.scores(question, chunks), dtype=np.float64)}
@@ -184,7 +184,7 @@ class HybridSelector(Selector):
         fitted on part of a scope), and the weight set fitted without it ranks; with none ready,
         BM25 alone does. Nothing is encoded for the whole scope then; the QR heads score only the
         pool, as always. Asked for by name, it encodes what its signals lack first."""
-        from evsel.models import hybrid as fusion
+        from evsel.models.fusion import hybrid as fusion
 
         if not chunks:
             return []
@@ -203,7 +203,7 @@ class HybridSelector(Selector):
     def weight_set_for(self, chunks: list[ChunkRecord], waiting: set[str] = frozenset()) -> dict:
         """The set over the loaded set's signals less those `waiting`, fitted for the chunks' kind
         of document where the weights hold one (else the one fitted on every kind)."""
-        from evsel.models import hybrid as fusion
+        from evsel.models.fusion import hybrid as fusion
 
         kinds = {c.kind for c in chunks}
         kind = kinds.pop() if len(kinds) == 1 else None

@@ -31,7 +31,7 @@ class IntrinsicSelector(Selector):
         self._scope: tuple[tuple, np.ndarray] | None = None
 
     def load(self) -> None:
-        from evsel.models import unreal
+        from evsel.models.unreal import selection as unreal
 
         if self._encoder is None:
             super().load()
@@ -46,7 +46,7 @@ class IntrinsicSelector(Selector):
         self.keys(chunks)
 
     def keys(self, chunks: list[ChunkRecord]) -> np.ndarray:
-        from evsel.models import unreal
+        from evsel.models.unreal import selection as unreal
 
         key = tuple(c.content_hash for c in chunks)
         if self._scope is None or self._scope[0] != key:

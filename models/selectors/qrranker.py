@@ -1,9 +1,9 @@
 """QRRanker (seed 003): reranks the candidates it is handed (the pipeline gives it the first
 stage's top `--rerank-top`, 50) by the attention of the backbone's QR heads from the question onto
-each candidate (models/qrranker.py). Heads: EVSEL_QRRANKER_HEADS, else the list shipped for the
+each candidate (models/qrranker/rerank.py). Heads: EVSEL_QRRANKER_HEADS, else the list shipped for the
 backbone; a trained adapter (adapter.safetensors) beside that heads.json is applied inside scoring. Block-sparse encoding by default; each candidate's KV is kept in memory between
 requests (the engine's resources, so a resident daemon re-encodes only new candidates), and with
-EVSEL_QRRANKER_KV in files beside the user's store (models/qrranker_kv.py), which the daemon fills
+EVSEL_QRRANKER_KV in files beside the user's store (models/qrranker/kv.py), which the daemon fills
 in the background after an ingest (`encode_store_kv`), so a book's first rerank encodes nothing.
 Those files are deleted with the last chunk that holds their text (`on_chunks_deleted`)."""
 
@@ -47,8 +47,8 @@ class QRRankerSelector(Selector):
     def on_chunks_deleted(cls, store: Store, hashes: list[str]) -> None:
         """The block KV files beside a store of content hashes no chunk holds any more, under every
         backbone and config (an in-memory store has none)."""
-        from evsel.models import qrranker_kv
-        from evsel.models.caches import store_dir_of
+        from evsel.models.qrranker import kv as qrranker_kv
+        from evsel.models.shared.caches import store_dir_of
 
         folder = store_dir_of(store)
         if folder is not None:
@@ -59,7 +59,7 @@ class QRRankerSelector(Selector):
         """`variants` (the spec's qrranker:VARIANTS): untrained (the heads without their trained
         adapter), memory (the candidates' summaries as a prefix), causal (the seed's encoding).
         The heads and the adapter are resolved by `load` (the backbone's weights are needed)."""
-        from evsel.models import qrranker as qr
+        from evsel.models.qrranker import rerank as qr
 
         super().__init__(context)
         chosen = parse_variants(variants)
@@ -79,7 +79,7 @@ class QRRankerSelector(Selector):
         """The backbone, the heads and a trained adapter beside them (EVSEL_QRRANKER_HEADS's
         heads.json, or the shipped one), which applies under the encoding it was trained for, with
         the heads it was trained with."""
-        from evsel.models import qrranker as qr
+        from evsel.models.qrranker import rerank as qr
 
         if self._loaded is not None:
             return
@@ -109,8 +109,8 @@ class QRRankerSelector(Selector):
     def scorer(self):
         """Built on first use, so that building the pipeline does not load the model (ask reports
         loading apart)."""
-        from evsel.models import qrranker as qr
-        from evsel.models.blocksparse import BlockStateCache
+        from evsel.models.qrranker import rerank as qr
+        from evsel.models.shared.blocksparse import BlockStateCache
 
         if self._scorer is None:
             context = self.context
@@ -121,7 +121,7 @@ class QRRankerSelector(Selector):
             self._scorer = qr.QRScorer(context.backbone, self.heads, self.config, kv_cache=kv_cache,
                                       adapter=self.adapter)
             if getattr(context.settings, "qrranker_kv", False) and context.store is not None:
-                from evsel.models.caches import store_dir_of
+                from evsel.models.shared.caches import store_dir_of
 
                 def warn(message: str) -> None:
                     context.on_event({"type": "warning", "message": message})
@@ -155,7 +155,7 @@ class QRRankerSelector(Selector):
         Returns the chunks encoded (0, silently, where the backbone has no QR heads: the files are on
         by default, and the first `--rerank qrranker` says why it cannot run).
         A full disk stops it (the work is not retried until space is freed: `daemon status` says so)."""
-        from evsel.models import qrranker_kv
+        from evsel.models.qrranker import kv as qrranker_kv
 
         on_event = self.context.on_event
         try:
@@ -222,7 +222,7 @@ class QRRankerSelector(Selector):
                              "use it as a reranker: --rerank qrranker (over the first stage's --rerank-top)")
         memory = None
         if self.use_memory:
-            from evsel.models.memory import memory_text
+            from evsel.models.qrranker.memory import memory_text
 
             self.memory_used = self._memory(chunks)
             memory = memory_text(self.memory_used) or None
@@ -230,7 +230,7 @@ class QRRankerSelector(Selector):
 
     def _memory(self, candidates: list[ChunkRecord]) -> list[dict]:
         """The summaries covering the candidates (written now where missing), within the budget."""
-        from evsel.models import memory as mem
+        from evsel.models.qrranker import memory as mem
 
         doc_ids = sorted({c.doc_id for c in candidates})
         scope = self._scope
@@ -254,9 +254,9 @@ class QRRankerSelector(Selector):
 
 
 def write_summaries(chunks: list[ChunkRecord], context) -> int:
-    """The memory summaries (models/memory.py) of these chunks' blocks that are missing; returns
+    """The memory summaries (models/qrranker/memory.py) of these chunks' blocks that are missing; returns
     how many were written."""
-    from evsel.models import memory
+    from evsel.models.qrranker import memory
 
     writer = memory.SummaryWriter(context.backbone, context.store)
     missing = writer.missing(memory.blocks_of(chunks))

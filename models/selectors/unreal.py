@@ -37,7 +37,7 @@ class UnrealSelector(Selector):
 
     def load(self) -> None:
         """The backbone and the trained adapter with its query pass."""
-        from evsel.models import unreal
+        from evsel.models.unreal import selection as unreal
 
         if self._loaded is None:
             super().load()
@@ -58,7 +58,7 @@ class UnrealSelector(Selector):
 
     def missing_states(self, chunks: list[ChunkRecord]) -> int:
         """Chunk texts without stored states at the adapter's layer (read from the store's index)."""
-        from evsel.models import unreal
+        from evsel.models.unreal import selection as unreal
 
         if self._scope is not None and self._scope[0] == tuple(c.content_hash for c in chunks):
             return 0
@@ -72,7 +72,7 @@ class UnrealSelector(Selector):
     def ingest_work(cls, chunks: list[ChunkRecord], work: IngestWork) -> dict:
         """The chunk states of the adapter in use that these chunks lack (none without an adapter
         for the backbone), so the first ask encodes nothing."""
-        from evsel.models import unreal
+        from evsel.models.unreal import selection as unreal
 
         if not work.states:
             return {}
@@ -101,7 +101,7 @@ class UnrealSelector(Selector):
     def keys(self, chunks: list[ChunkRecord]):
         """The scope's chunk keys as scored (standardized fp32, N x L_p x d); the states are
         encoded now if not in the state cache (index time), and the daemon keeps the keys."""
-        from evsel.models import unreal
+        from evsel.models.unreal import selection as unreal
 
         context = self.context
         key = tuple(c.content_hash for c in chunks)

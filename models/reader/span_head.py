@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evsel.errors import ModelError
-from evsel.models.trained_files import read_json, read_tensors, reading
+from evsel.models.shared.trained_files import read_json, read_tensors, reading
 
 READER_FORMAT = "evsel-reader-1"
 HEAD_FILE = "adapter.safetensors"  # the name the shared training loop checkpoints under
@@ -85,7 +85,7 @@ def backbone_states(model, encoded: Encoded, layers: list[int]):
     for i, row in enumerate(encoded.rows):
         ids[i, : len(row)] = torch.tensor(row)
         mask[i, : len(row)] = 1
-    from evsel.models.backbone import run_layers
+    from evsel.models.runtime.backbone import run_layers
 
     device = next(model.parameters()).device
     with torch.inference_mode():
@@ -284,7 +284,7 @@ def gold_targets(encoded: Encoded, spans: list[tuple[int, int, int]], width: int
 
 def shipped_reader_dir(fingerprint: str) -> Path:
     """Where the package keeps the trained reader of a backbone (by fingerprint prefix)."""
-    return Path(__file__).parent / "adapters" / fingerprint[:16] / "reader"
+    return Path(__file__).parent.parent / "adapters" / fingerprint[:16] / "reader"
 
 
 _LOADED: dict = {}
@@ -298,7 +298,7 @@ def reader_for(backbone, folder: str | Path | None = None) -> "Reader | None":
         return None
     key = (str(path.resolve()), backbone.fingerprint)
     if key not in _LOADED:
-        from evsel.models.lora_reader import LORA_READER_FORMAT, LoraReader
+        from evsel.models.reader.lora import LORA_READER_FORMAT, LoraReader
 
         fmt = read_json(path / CONFIG_FILE, "the reader's config", "evsel train reader").get("format")
         _LOADED[key] = LoraReader.load(path, backbone.model) if fmt == LORA_READER_FORMAT \

@@ -1,6 +1,6 @@
 """BlockSearch (seed 001): in-context retrieval by the backbone's own QK routing. This is the router;
 the code decoder the routed chunks go on to (blocksearch:trained and :decode) is
-models/blockdecoder.py.
+models/blocksearch/decoder.py.
 
 Routing prompt (the seed's Appx. A, without its random document codes: routing reads none; the
 decoder builds its own coded blocks for the top-B):
@@ -11,7 +11,7 @@ decoder builds its own coded blocks for the top-B):
     \\n\\nWhich document ... query?\\n\\nQuery: q<footer>   <- the query block, at the fixed position
                                                          P + query_offset, attending to everything
 
-Encoding is models/blocksparse.py's block-sparse encoder (`encode_prefix`, `encode_blocks`: one
+Encoding is models/shared/blocksparse.py's block-sparse encoder (`encode_prefix`, `encode_blocks`: one
 encoder for every method), truncated after the routing layer L (depth L + 1). A chunk's keys depend
 only on the prefix and its own tokens, so what routing reads of it, its post-RoPE keys at layer L
 (kv_heads, L_i, head_dim), is cached per chunk content hash on disk (an `ArrayCache`).
@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 from evsel.chunker import content_hash
 from evsel.errors import ModelError
-from evsel.models.blocksparse import (
+from evsel.models.shared.blocksparse import (
     BlockStateCache,
     BlockStates,
     Context,
@@ -77,9 +77,9 @@ from evsel.models.blocksparse import (
     encode_prefix,
     suffix_states,
 )
-from evsel.models.blocksearch_scoring import PackedKeys, attention_mass, maxsim, pack, ssmax_factor
-from evsel.models.caches import ArrayCache, LRUCache, config_digest, delete_chunk_files, method_root
-from evsel.models.qr_heads import shipped_heads
+from evsel.models.blocksearch.scoring import PackedKeys, attention_mass, maxsim, pack, ssmax_factor
+from evsel.models.shared.caches import ArrayCache, LRUCache, config_digest, delete_chunk_files, method_root
+from evsel.models.shared.qr_heads import shipped_heads
 
 METHOD = "blocksearch"
 KEYS_FORMAT = 1  # bump when what a cached key file holds changes
@@ -167,7 +167,7 @@ def key_digest(layer: int, dtype: str, model_dtype: str, prefix: list[int], sepa
 
 
 # ---------------------------------------------------------------------------------------------
-# the per-chunk key cache: .npy files beside the store (models/caches.py's layout)
+# the per-chunk key cache: .npy files beside the store (models/shared/caches.py's layout)
 
 
 def cache_root(store_dir: str | Path) -> Path:
@@ -242,7 +242,7 @@ class BlockSearch:
         """`store_dir`: key files go under <store_dir>/blocksearch/ (None: in memory; `memory`, a
         dict shared between routers, keeps one in-memory ArrayCache per config digest). `kv_cache`:
         the full per-block KV the faithful mode reads (None: a private one). `adapter`: a trained
-        router (models/blockrouter.py) applied to every pass; its digest keys the key files."""
+        router (models/blocksearch/trained_router.py) applied to every pass; its digest keys the key files."""
         self.adapter = adapter
         self.adapter_digest = adapter.digest() if adapter is not None else None
         self.backbone = backbone
@@ -286,7 +286,7 @@ class BlockSearch:
 
     def _adapted(self):
         """The trained router's deltas inside the passes (none without one)."""
-        from evsel.models.blockrouter import adapted
+        from evsel.models.blocksearch.trained_router import adapted
 
         return adapted(self.model, self.adapter)
 

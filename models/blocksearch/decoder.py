@@ -10,7 +10,7 @@ Prompt (the seed's Fig. 4 in our chat frame):
     \\n\\nWhich document ... code.\\n\\nQuery: q<assistant header>[d1 d2 d3 d4   <- the query block at the
                                                                                  fixed position P + offset
 
-The chunks' K/V are the frozen backbone's (models/blocksparse.py's encoder, cached per block), so
+The chunks' K/V are the frozen backbone's (models/shared/blocksparse.py's encoder, cached per block), so
 they cache like every other block and the answering path never sees a trained weight. What trains
 is a LoRA adapter on q_proj and v_proj of every layer, applied only to the query block's own
 tokens (`Decoder.forward`, our own pass of the query over the context KV): the query learns to read
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 from evsel.errors import ModelError
-from evsel.models.blocksparse import (
+from evsel.models.shared.blocksparse import (
     BlockStateCache,
     Prompt,
     PromptConfig,
@@ -40,7 +40,7 @@ from evsel.models.blocksparse import (
     model_device,
     rotate,
 )
-from evsel.models.lora import AdapterConfig, AdapterKind, LoRAAdapter, load_adapter
+from evsel.models.shared.lora import AdapterConfig, AdapterKind, LoRAAdapter, load_adapter
 
 FORMAT = "evsel-blocksearch-decoder/1"
 CODE_LENGTH = 4
@@ -70,7 +70,7 @@ def load_decoder_adapter(folder: str | Path, model) -> LoRAAdapter:
 
 
 def shipped_adapter_dir(fingerprint: str) -> Path:
-    return Path(__file__).resolve().parent / "adapters" / fingerprint[:16] / "blocksearch"  # as the other adapters
+    return Path(__file__).resolve().parent.parent / "adapters" / fingerprint[:16] / "blocksearch"  # as the other adapters
 
 
 def digits_of(code: int) -> list[int]:

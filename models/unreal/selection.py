@@ -28,8 +28,8 @@ from typing import Callable
 import numpy as np
 
 from evsel.errors import ModelError
-from evsel.models.backbone import run_layers
-from evsel.models.trained_files import read_json, read_tensors, reading
+from evsel.models.runtime.backbone import run_layers
+from evsel.models.shared.trained_files import read_json, read_tensors, reading
 
 ADAPTER_FILE = "adapter.safetensors"
 CONFIG_FILE = "config.json"
@@ -87,7 +87,7 @@ def state_key(layer: int, pool: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# pooling and MaxSim (the early-stopping forward pass is evsel.models.backbone.run_layers)
+# pooling and MaxSim (the early-stopping forward pass is evsel.models.runtime.backbone.run_layers)
 
 
 def pooling_weights(lengths: list[int], width: int, n_pool: int, offset: int = 1):
@@ -302,7 +302,7 @@ def load_adapter(directory: Path, device: str = "cpu"):
 
 def shipped_adapter_dir(fingerprint: str) -> Path:
     """Where the package keeps the trained adapter for a backbone (by fingerprint prefix)."""
-    return Path(__file__).parent / "adapters" / fingerprint[:16] / METHOD
+    return Path(__file__).parent.parent / "adapters" / fingerprint[:16] / METHOD
 
 
 def default_adapter(backbone, path: str | Path | None = None):

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from evsel.errors import ModelError
-from evsel.models.trained_files import read_json, reading
+from evsel.models.shared.trained_files import read_json, reading
 
 HEADS_FILE = "heads.json"
 HEADS_FORMAT = "evsel-qrranker-heads/1"
@@ -32,7 +32,7 @@ def format_heads(heads: list[tuple[int, int]]) -> str:
 
 def shipped_heads_dir(fingerprint: str) -> Path:
     """Where the package keeps the detected heads for a backbone (by fingerprint prefix)."""
-    return Path(__file__).parent / "adapters" / fingerprint[:16] / "qrranker"
+    return Path(__file__).parent.parent / "adapters" / fingerprint[:16] / "qrranker"
 
 
 def load_head_file(path: str | Path) -> dict:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from evsel.errors import ModelError
-from evsel.models.backbone import run_layers
-from evsel.models.caches import LRUCache
+from evsel.models.runtime.backbone import run_layers
+from evsel.models.shared.caches import LRUCache
 
 
 def check_heads(model, heads: list[tuple[int, int]]) -> None:

@@ -4,7 +4,7 @@ Methods that encode chunks independently (UNREAL residual states, the intrinsic 
 pooled keys, the dense selector's embeddings) fill the cache through `ensure_states`: states
 already stored are read back, the rest are encoded in batches and written after each batch, so a
 cached chunk is never encoded twice and an interrupted run keeps what it finished. BlockSearch
-does not use it: its routing keys are .npy files beside the store (models/blocksearch.py).
+does not use it: its routing keys are .npy files beside the store (models/blocksearch/routing.py).
 """
 
 from __future__ import annotations

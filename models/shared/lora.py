@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evsel.errors import ModelError
-from evsel.models.blocksparse import check_heads, model_device
-from evsel.models.trained_files import read_json, read_tensors, reading
+from evsel.models.shared.blocksparse import check_heads, model_device
+from evsel.models.shared.trained_files import read_json, read_tensors, reading
 
 ADAPTER_FILE = "adapter.safetensors"
 ADAPTER_CONFIG = "adapter.json"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from evsel.errors import EvselError, ModelError
-from evsel.models.trained_files import read_json, reading
+from evsel.models.shared.trained_files import read_json, reading
 from evsel.store.store import ChunkRecord
 
 
@@ -34,7 +34,7 @@ WORD = re.compile(r"[A-Za-z][A-Za-z'-]+")
 
 
 def shipped_dir(fingerprint: str) -> Path:
-    return Path(__file__).resolve().parent / "adapters" / fingerprint[:16] / "hybrid"
+    return Path(__file__).resolve().parent.parent / "adapters" / fingerprint[:16] / "hybrid"
 
 
 def rank_feature(values: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """BlockSearch's routing scores as pure tensor functions over a scope's packed keys at the routing
-layer (models/blocksearch.py holds the router that encodes, caches and packs them): per-head
+layer (models/blocksearch/routing.py holds the router that encodes, caches and packs them): per-head
 QK-MaxSim, the softmax attention mass onto each chunk, and SSMax's factor. Keys are scored in
 slices of whole chunks, so memory stays bounded by `SLICE_TOKENS` whatever the scope."""
 

@@ -1,5 +1,5 @@
 """QRRanker's per-chunk block KV on disk, so that a document's first rerank reads what ingest
-computed instead of encoding 50 candidates (models/qrranker.py, block encoding with "same" labels:
+computed instead of encoding 50 candidates (models/qrranker/rerank.py, block encoding with "same" labels:
 a block's KV depends on the prefix and its own text only, never on the question).
 
 What is kept per chunk is what the query pass reads of it, quantized (`BITS`):
@@ -48,7 +48,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
-from evsel.models.caches import ArrayCache, config_digest, delete_chunk_files, method_root
+from evsel.models.shared.caches import ArrayCache, config_digest, delete_chunk_files, method_root
 
 FORMAT = "evsel-qrranker-kv/3"  # 2: post-RoPE keys, 8/4/4 bits (its files are never read: another digest)
 FOLDER = "qrranker"

@@ -1,6 +1,6 @@
 """BlockSearch's trained router (issue 22): a LoRA on q_proj and k_proj of the layers up to the
 routing layer L, trained with QRRanker's listwise loss on the routing score itself (the calibrated
-attention mass of the QR heads at L, models/blocksearch.py), as the seed trains the layers below L
+attention mass of the QR heads at L, models/blocksearch/routing.py), as the seed trains the layers below L
 with an attention loss.
 
 Unlike QRRanker's and the decoder's adapters, this one changes the chunks' own encoding: the deltas
@@ -21,7 +21,7 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from evsel.models.lora import AdapterConfig, AdapterKind, LoRAAdapter, load_adapter
+from evsel.models.shared.lora import AdapterConfig, AdapterKind, LoRAAdapter, load_adapter
 
 FORMAT = "evsel-blocksearch-router/1"
 ADAPTER = AdapterKind(format=FORMAT, projections=("q", "k"), name="BlockSearch router",
@@ -30,7 +30,7 @@ ADAPTER = AdapterKind(format=FORMAT, projections=("q", "k"), name="BlockSearch r
 
 def shipped_router_dir(fingerprint: str) -> Path:
     """Where a router trained for this backbone ships (beside the other adapters)."""
-    return Path(__file__).resolve().parent / "adapters" / fingerprint[:16] / "blocksearch-router"
+    return Path(__file__).resolve().parent.parent / "adapters" / fingerprint[:16] / "blocksearch-router"
 
 
 def router_layers(layer: int, lora_layers: int | None) -> list[int]:
@@ -81,8 +81,8 @@ def _prefix_kv(model, ids: list[int], depth: int) -> list[tuple]:
     import torch
     from transformers import DynamicCache
 
-    from evsel.models.backbone import run_layers
-    from evsel.models.blocksparse import model_device
+    from evsel.models.runtime.backbone import run_layers
+    from evsel.models.shared.blocksparse import model_device
 
     cache = DynamicCache()
     run_layers(model, [depth], input_ids=torch.tensor([ids], device=model_device(model)), cache=cache)
@@ -94,8 +94,8 @@ def _block_keys(model, prefix_kv: list[tuple], blocks: list[list[int]], layer: i
     batch, positions P..P+L_i-1), with gradients."""
     import torch
 
-    from evsel.models.backbone import run_layers
-    from evsel.models.blocksparse import dynamic_cache
+    from evsel.models.runtime.backbone import run_layers
+    from evsel.models.shared.blocksparse import dynamic_cache
 
     depth = len(prefix_kv)
     p = int(prefix_kv[0][0].shape[-2])
@@ -118,7 +118,7 @@ def routing_scores(router, adapter: LoRAAdapter, question: str, texts: list[str]
     L), the softmax over the prefix, these chunks and the query's own tokens."""
     import torch
 
-    from evsel.models.blocksparse import Context, suffix_states
+    from evsel.models.shared.blocksparse import Context, suffix_states
 
     model, layer = router.model, router.layer
     with applied(model, adapter):

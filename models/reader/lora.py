@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evsel.errors import ModelError
-from evsel.models.trained_files import read_json, read_tensors, reading
+from evsel.models.shared.trained_files import read_json, read_tensors, reading
 
 LORA_READER_FORMAT = "evsel-reader-lora-1"
 TENSOR_FILE = "adapter.safetensors"
@@ -274,7 +274,7 @@ class LoraReader:
         """The frozen layers' output (1, T, d) of a sequence: what training caches."""
         import torch
 
-        from evsel.models.backbone import run_layers
+        from evsel.models.runtime.backbone import run_layers
 
         device = next(model.parameters()).device
         ids = torch.tensor([seq.ids], device=device)
@@ -352,7 +352,7 @@ class LoraReading:
         self.max_span = max_span
 
     def top(self, k: int) -> list:
-        from evsel.models.reader import Found
+        from evsel.models.reader.span_head import Found
 
         flat = self.logp_all.reshape(-1)
         k = min(k, int(flat.isfinite().sum()))

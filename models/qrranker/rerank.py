@@ -1,6 +1,6 @@
 """QRRanker (seed 003): listwise reranking with the backbone's query-focused retrieval (QR) heads.
 
-Prompt (the seed's template, Appx. J.3, in the backbone's chat format; models/blocksparse.py's
+Prompt (the seed's template, Appx. J.3, in the backbone's chat format; models/shared/blocksparse.py's
 `Prompt`):
 
     <chat header> Here are some retrieved chunks:      <- prefix (shared; the KV everything reuses)
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from evsel.chunker import content_hash
 from evsel.errors import ModelError
-from evsel.models.blocksparse import (
+from evsel.models.shared.blocksparse import (
     BlockStateCache,
     BlockStates,
     Context,
@@ -57,11 +57,11 @@ from evsel.models.blocksparse import (
     query_attentions,
     suffix_states,
 )
-from evsel.models.caches import LRUCache
-from evsel.models.lora import ADAPTER_FILE, AdapterConfig, AdapterKind, LoRAAdapter
-from evsel.models.lora import load_adapter as load_lora
+from evsel.models.shared.caches import LRUCache
+from evsel.models.shared.lora import ADAPTER_FILE, AdapterConfig, AdapterKind, LoRAAdapter
+from evsel.models.shared.lora import load_adapter as load_lora
 # the head list's format and reader are shared with BlockSearch; QRRanker's users read them here too
-from evsel.models.qr_heads import (  # noqa: F401  (HEADS_FORMAT, format_heads: for the recipe and tests)
+from evsel.models.shared.qr_heads import (  # noqa: F401  (HEADS_FORMAT, format_heads: for the recipe and tests)
     HEADS_FILE,
     HEADS_FORMAT,
     format_heads,
@@ -254,11 +254,11 @@ class QRScorer:
         self.kv_files = None  # BlockKVFiles (`use_kv_files`): the candidates' block KV on disk
 
     def use_kv_files(self, store_dir: str | Path | None, max_bytes: int | None = None, on_warning=None) -> None:
-        """Keep the candidates' block KV in files beside the store in `store_dir` (models/qrranker_kv.py),
+        """Keep the candidates' block KV in files beside the store in `store_dir` (models/qrranker/kv.py),
         read before encoding and written after (block encoding with "same" labels only: there a
         block's KV depends on its text alone). None: memory only. `max_bytes`: the files' cap;
         `on_warning(message)`: told of a damaged file (deleted and encoded again)."""
-        from evsel.models import qrranker_kv
+        from evsel.models.qrranker import kv as qrranker_kv
 
         if store_dir is None or self.config.encoding != "block" or self.config.block_labels != "same":
             self.kv_files = None
@@ -284,7 +284,7 @@ class QRScorer:
         def rope(n: int):
             import torch
 
-            from evsel.models.blocksparse import rope_tables
+            from evsel.models.shared.blocksparse import rope_tables
 
             return rope_tables(self.model, torch.arange(first, first + n, device=param.device))
 
@@ -452,7 +452,7 @@ class _FileBacking:
         try:
             self.files.store({self.hashes[i]: value for i, value in items.items() if i < len(self.hashes)})
         except OSError as exc:  # a cache: a full or read-only disk costs the next ask an encode, never a wrong score
-            from evsel.models import qrranker_kv
+            from evsel.models.qrranker import kv as qrranker_kv
 
             if qrranker_kv.disk_is_full(exc):
                 qrranker_kv.note_disk_full(self.files.top)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from evsel.errors import EvselError, ModelError
 
-SHIPPED = Path(__file__).resolve().parent / "adapters"
+SHIPPED = Path(__file__).resolve().parent.parent / "adapters"
 
 
 def remedy(path: Path, train_command: str) -> str:

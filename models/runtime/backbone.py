@@ -129,7 +129,7 @@ def choose_generator(requested: str, path: Path, plan: DevicePlan) -> Generation
     """Which backend generates (hidden states always come from transformers). auto: transformers
     for the bundled SmolLM2 and HF folders, llama.cpp for any other GGUF file on the CPU; and
     transformers whenever llama_cpp does not import. Measured by bench/generate.py (docs/RESULTS.md)."""
-    from evsel.models import llamacpp
+    from evsel.models.runtime import llamacpp
 
     if requested == TRANSFORMERS:
         return GenerationPlan(TRANSFORMERS, "EVSEL_GENERATOR=transformers")
@@ -263,7 +263,7 @@ class Backbone:
     def llama(self):
         """The llama.cpp generator (the GGUF file, quantized), when it is the one that generates."""
         if self._llama is None:
-            from evsel.models.llamacpp import LlamaCppGenerator
+            from evsel.models.runtime.llamacpp import LlamaCppGenerator
 
             with self._lock:
                 if self._llama is None:
@@ -359,7 +359,7 @@ class Backbone:
         quiet_transformers()
         threads = self.threads
         if threads:
-            from evsel.models import cpu_threads
+            from evsel.models.runtime import cpu_threads
 
             # EVSEL_THREADS=100000 would start that many threads: at most the CPUs this process may use
             torch.set_num_threads(min(threads, cpu_threads.usable_cpus()))
@@ -383,11 +383,11 @@ class Backbone:
         return model
 
     def _choose_threads(self, model) -> None:
-        """EVSEL_THREADS unset: the thread count measured on this machine (models/cpu_threads.py),
+        """EVSEL_THREADS unset: the thread count measured on this machine (models/runtime/cpu_threads.py),
         unless this process already set torch's below one per CPU (a recipe's --threads, a bench)."""
         import torch
 
-        from evsel.models import cpu_threads
+        from evsel.models.runtime import cpu_threads
 
         cpus = cpu_threads.usable_cpus()
         if cpus < 2:
@@ -463,7 +463,7 @@ class Backbone:
                 data["threads"] = torch.get_num_threads()
                 data["threads_from"] = "EVSEL_THREADS" if self.threads else self.threads_reason
         if self.generation.backend == LLAMA_CPP and self._llama is not None and self._llama.loaded:
-            from evsel.models import llamacpp
+            from evsel.models.runtime import llamacpp
 
             shape = self._llama.describe()
             for key, value in shape.items():  # the GGUF's own shape where the dense model is not loaded
