@@ -1,19 +1,20 @@
-"""The checks a request passes before anything is queued: the daemon runs them on every request
-and the client on its own before it contacts (or starts) a daemon, so a bad option fails at once."""
+"""The checks a request passes before anything is queued, all read from its declaration
+(evsel.requests): the client runs them before it contacts (or starts) a daemon, so a bad option
+fails at once, and the daemon runs them again on every request it gets (a client of another
+version, or anything else that writes to the socket)."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 
-from evsel.api import REQUEST
 from evsel.defaults import DEFAULT_SELECT
 from evsel.errors import EvselError, InputError
+from evsel.requests import REQUEST
 
 
 def _conforms(value, tp) -> bool:
-    """Does a JSON value fit a parameter's annotation (the request table's types)?"""
+    """Does a JSON value fit a field's type (the request's declaration)?"""
     import types
     import typing
 
@@ -62,25 +63,27 @@ def json_type(value) -> str:
     return type(value).__name__
 
 
+_OTHER_VERSION = "a client of another evsel version? run: evsel daemon stop"
+
+
 def check_params(method: str, params: dict) -> dict | None:
-    """The error reply for params an engine request cannot take (unknown or missing names, a value
-    of the wrong type, a relative path), or None. Checked before anything runs or is queued."""
-    request = REQUEST.get(method)  # Engine's signatures, without importing the engine
+    """The error reply for params a request's declaration does not take (unknown or missing
+    names, a value of the wrong type, a relative path), or None. Checked before anything runs or
+    is queued."""
+    request = REQUEST.get(method)
     if request is None:
-        return {"type": "EvselError", "message": f"the daemon has no request named {method!r}",
-                "hint": "a client of another evsel version? run: evsel daemon stop"}
+        return {"type": "EvselError", "message": f"the daemon has no request named {method!r}", "hint": _OTHER_VERSION}
     try:
-        bind_params(request.method, params, with_self=True)
+        check_names(method, params)
     except EvselError as exc:
         return exc.to_dict()
-    hint = "a client of another evsel version? run: evsel daemon stop"
     hints = request.types
     for name, value in params.items():
-        if name in hints and not _conforms(value, hints[name]):
+        if not _conforms(value, hints[name]):
             shown = json.dumps(value, ensure_ascii=False, default=str)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             return EvselError(f"bad request for {method}: {name} must be {_describe(hints[name])}, "
-                              f"not {json_type(value)} ({shown})", hint).to_dict()
+                              f"not {json_type(value)} ({shown})", _OTHER_VERSION).to_dict()
     try:
         check_methods(method, params)
         if isinstance(params.get("collection"), str):  # before the journal or a store binds it
@@ -106,16 +109,18 @@ def check_params(method: str, params: dict) -> dict | None:
     return None
 
 
-def bind_params(fn, params: dict, with_self: bool = False) -> None:
-    """Check a request's params against the method's signature before it runs."""
-    signature = inspect.signature(fn)
+def check_names(method: str, params: dict) -> None:
+    """Raise unless `params` names only the request's fields and every field it requires."""
     if "on_event" in params:
         raise EvselError("on_event cannot be sent; the daemon streams events itself")
-    try:
-        signature.bind(*([None] if with_self else []), **params)
-    except TypeError as exc:
-        raise EvselError(f"bad request for {fn.__name__}: {exc}", "a client of another evsel version? "
-                         "run: evsel daemon stop") from None
+    request = REQUEST[method]
+    known = {f.name for f in request.fields}
+    unknown = [name for name in params if name not in known]
+    missing = [name for name in request.required if name not in params]
+    if unknown:
+        raise EvselError(f"bad request for {method}: got an unexpected field {unknown[0]!r}", _OTHER_VERSION)
+    if missing:
+        raise EvselError(f"bad request for {method}: missing a required field {missing[0]!r}", _OTHER_VERSION)
 
 
 # eval's own rows, which build no selector (evaluation/runner.py's EVAL_ROWS)

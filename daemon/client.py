@@ -1,12 +1,14 @@
 """The CLI's side of the daemon: find it, start it when needed, and call the engine through it.
 
-`DaemonClient` exposes the protocol and nothing else: the engine's requests (`evsel.api.REQUESTS`)
-with the engine's signatures (as evsel.api declares them), so `client.ask(question, top_n=3,
-on_event=view)` sends `{"method": "ask", "params": {...}, "settings": {...}}`, relays the daemon's
-progress events to `on_event` and returns the same plain dict `Engine.ask` returns (errors come back
-as the same `EvselError`s). Paths in params are made absolute here, where the user typed them. Only
-pure Python is imported here: a warm `evsel ask` never loads the engine, the store, numpy or torch
-in the client.
+`DaemonClient` exposes the protocol and nothing else: the engine's requests (evsel.requests), each
+called with its declaration (`client.ask(AskRequest(question, top_n=3), on_event=view)`) or with
+the declaration's fields (`client.docs_list(collection)`). It sends `{"method": "ask", "params":
+{...}, "settings": {...}}` once the request passes its declaration's checks, relays the daemon's
+progress events to `on_event` and returns the same plain dict the engine returns (errors come back
+as the same `EvselError`s). Paths in params are made absolute here, where the user typed them. A
+request carries this client's build, so a connection costs one round trip: a daemon of another
+build refuses it and the client restarts the daemon. Only pure Python is imported here: a warm
+`evsel ask` never loads the engine, the store, numpy or torch in the client.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import sys
 import time
 
 from evsel import __version__, settings
-from evsel.api import REQUEST, REQUESTS
 from evsel.errors import EvselError, from_dict
+from evsel.requests import REQUEST, REQUESTS, fields_of
 
 from . import runtime
 from .protocol import CANCEL_WAIT_S, PROTOCOL_VERSION, LineReader, ProtocolError, encode
@@ -29,6 +31,14 @@ START_TIMEOUT = settings.daemon_start_timeout()
 
 def _ignore(_event: dict) -> None:
     pass
+
+
+class OtherBuild(DaemonError):
+    """The daemon runs another build or protocol than this client, and refused the request."""
+
+
+# the error types a daemon of another build or protocol answers with, before it runs anything
+OTHER_BUILD_ERRORS = ("BuildMismatch", "ProtocolMismatch")
 
 
 class Connection:
@@ -48,11 +58,13 @@ class Connection:
         self.sock.sendall(encode(message))
 
     def request(self, method: str, params: dict | None = None, on_event=_ignore, settings: dict | None = None,
-                meta: dict | None = None):
-        """Send one request and wait for its result, relaying events. Ctrl-C cancels it."""
+                meta: dict | None = None, build: str | None = None):
+        """Send one request and wait for its result, relaying events. Ctrl-C cancels it. With
+        `build`, a daemon of another build refuses it (`OtherBuild`) before running anything."""
         request_id = os.urandom(6).hex()  # 12 hex digits, as uuid4().hex[:12] gave (uuid costs the import)
+        client = {"pid": os.getpid(), "version": __version__, **({"build": build} if build else {})}
         message = {"v": PROTOCOL_VERSION, "id": request_id, "type": "request", "method": method,
-                   "params": params or {}, "client": {"pid": os.getpid(), "version": __version__}}
+                   "params": params or {}, "client": client}
         if settings is not None:
             message["settings"] = settings
         done = None  # the result's reply, once read: a Ctrl-C after it has nothing left to cancel
@@ -84,7 +96,10 @@ class Connection:
                 elif kind == "error":
                     if meta is not None:
                         meta.update(reply.get("meta") or {})
-                    raise from_dict(reply.get("error") or {})
+                    error = reply.get("error") or {}
+                    if error.get("type") in OTHER_BUILD_ERRORS:
+                        raise OtherBuild(error.get("message", "another build"), error.get("hint", ""))
+                    raise from_dict(error)
                 else:
                     raise DaemonError(f"the daemon sent an unknown message type {kind!r}",
                                       "restart it: evsel daemon stop")
@@ -265,9 +280,7 @@ def ensure_daemon(model: str | None = None, device: str = "auto", idle_timeout: 
             connection.sock.settimeout(30)  # a daemon that accepts but never answers is not usable
             info = hello(connection)
             connection.sock.settimeout(None)  # requests may run for minutes
-        except EvselError as exc:
-            if "protocol" not in exc.message:
-                raise
+        except OtherBuild:
             info = {"build": None, "evsel_version": "unknown"}
         if info.get("build") == build and info.get("protocol") == PROTOCOL_VERSION:
             return connection, info
@@ -325,9 +338,14 @@ class DaemonClient:
         self._connection: Connection | None = None
         self.info: dict | None = None
         self.last_meta: dict = {}
+        self._build: str | None = None
 
-    def connect(self, on_event=_ignore) -> Connection:
-        if self._connection is None:
+    def connect(self, on_event=_ignore, restart: bool = False) -> Connection:
+        """The connection to the daemon: a running one as it is (each request carries this build,
+        which the daemon checks), else, or with `restart`, one started and greeted (`ensure_daemon`)."""
+        if self._connection is None and not restart:
+            self._connection = try_connect(runtime.files())
+        if self._connection is None or restart:
             def relay(event: dict) -> None:
                 if event.get("type") == "warning" and on_event is _ignore:
                     from evsel.output import warning
@@ -336,8 +354,9 @@ class DaemonClient:
                 else:
                     on_event(event)
 
+            self.close()
             self._connection, self.info = ensure_daemon(self.settings.model, self.settings.device,
-                                                        self.idle_timeout, on_event=relay)
+                                                        self.idle_timeout, on_event=relay, build=self.build)
         return self._connection
 
     def close(self) -> None:
@@ -349,19 +368,21 @@ class DaemonClient:
         self.last_meta = {}
         typed: dict[str, str] = {}
         params = resolve_paths(method, params, typed)
-        if method in REQUESTS:  # the daemon's own checks, here: a bad option fails before any daemon is involved
+        if method in REQUESTS:  # checked here, once: a bad option fails before any daemon is involved
             from .checks import check_params
 
             error = check_params(method, params)
             if error is not None:
                 raise from_dict(error)
-        connection = self.connect(on_event)
 
         def relay(event: dict) -> None:
             on_event(_as_typed(event, typed) if event.get("type") == "file" else event)
 
         try:
-            result = connection.request(method, params, relay, settings=self.settings.to_dict(), meta=self.last_meta)
+            try:
+                result = self._send(method, params, relay, self.connect(on_event))
+            except OtherBuild:  # a daemon of another build: replaced by one of this build, asked again
+                result = self._send(method, params, relay, self.connect(on_event, restart=True))
         except EvselError as exc:
             self._connection = None
             exc.path = _as_typed(exc.path, typed)
@@ -371,6 +392,16 @@ class DaemonClient:
             raise
         return _as_typed(result, typed)
 
+    def _send(self, method: str, params: dict, on_event, connection: Connection):
+        return connection.request(method, params, on_event, settings=self.settings.to_dict(), meta=self.last_meta,
+                                  build=self.build)
+
+    @property
+    def build(self) -> str:
+        if self._build is None:
+            self._build = runtime.build_id()
+        return self._build
+
     def request(self, method: str, **params):
         """A daemon request that is not an engine method (status, watch_add, ...)."""
         return self.call(method, params)
@@ -378,14 +409,13 @@ class DaemonClient:
     def __getattr__(self, name: str):
         if name not in REQUESTS:
             raise AttributeError(name)
-        signature = REQUEST[name].signature
+        declaration = REQUEST[name].declaration
 
-        def remote(*args, **kwargs):
-            bound = signature.bind(None, *args, **kwargs)  # None stands for self
-            params = dict(bound.arguments)
-            params.pop(next(iter(signature.parameters)))
-            on_event = params.pop("on_event", None) or _ignore
-            return self.call(name, params, on_event)
+        def remote(*args, on_event=_ignore, **kwargs):
+            """The request as its declaration, or as the declaration's fields (checked by it)."""
+            request = args[0] if len(args) == 1 and not kwargs and isinstance(args[0], declaration) else \
+                declaration(*args, **kwargs)
+            return self.call(name, fields_of(request), on_event or _ignore)
 
         remote.__name__ = name
         return remote

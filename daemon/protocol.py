@@ -6,15 +6,17 @@ import json
 import socket
 from pathlib import PurePath
 
-from evsel.api import REQUEST
+from evsel.requests import REQUEST
 
 PROTOCOL_VERSION = 2  # 2: requests carry `settings` (was: cwd, env, engine)
 MAX_LINE = 64 << 20  # a request or response line larger than this is refused
 CANCEL_WAIT_S = 5.0  # how long a client waits, after a cancel, for the daemon to say what was stored
 
+# The daemon's own requests; every other method names an engine request (evsel.requests).
+DAEMON_METHODS = frozenset({"hello", "status", "shutdown"})
 # Requests answered at once on the connection's own thread: they never wait behind model work (the
-# daemon's own, and the engine requests the request table marks fast).
-FAST_METHODS = frozenset({"hello", "status", "shutdown", *(name for name, r in REQUEST.items() if r.fast)})
+# daemon's own, and the engine requests declared fast).
+FAST_METHODS = frozenset({*DAEMON_METHODS, *(name for name, r in REQUEST.items() if r.fast)})
 
 
 class ProtocolError(Exception):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from evsel import __version__, paths
 from evsel import settings as settings_module
-from evsel.engine import REQUESTS, Engine
+from evsel.engine import Engine
 from evsel.errors import EvselError, InputError, NotFoundError
 from evsel.store.journal import Journal
 from evsel.parsers import collect_files
@@ -40,8 +40,8 @@ from evsel.store.store import DEFAULT_COLLECTION, Store
 
 from . import runtime, watcher
 from .cache import ScopeDataCache
-from .checks import bind_params, check_params, json_type
-from .protocol import CANCEL_WAIT_S, FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
+from .checks import check_params, json_type
+from .protocol import CANCEL_WAIT_S, DAEMON_METHODS, FAST_METHODS, PROTOCOL_VERSION, LineReader, ProtocolError, encode
 from .scheduler import Job, Scheduler, internal_error
 
 log = logging.getLogger("evsel.daemon")
@@ -353,7 +353,14 @@ class Daemon:
                     "type": "ProtocolError", "message": f"bad request: {name} must be an object, "
                     f"not {json_type(message[name])}", "hint": "see daemon/PROTOCOL.md"}))
                 return
-        if method in REQUESTS:
+        build = (message.get("client") or {}).get("build")
+        if build is not None and build != self.build and method not in DAEMON_METHODS:
+            # a client of another build sends no hello: it learns here, before anything runs, and restarts us
+            _send(conn, _error_message(request_id, {
+                "type": "BuildMismatch", "message": f"the daemon runs evsel {self.build}, the client {build}",
+                "hint": "the client restarts the daemon: run the command again"}))
+            return
+        if method not in DAEMON_METHODS:  # an engine request: checked here, once, from its declaration
             error = check_params(method, params)
             if error is not None:
                 self.counts["errors"] += 1
@@ -372,11 +379,6 @@ class Daemon:
                 self.counts["errors"] += 1
                 log.error("%s failed:\n%s", method, traceback.format_exc())
                 _send(conn, _error_message(request_id, internal_error(exc, self.files.log)))
-            return
-        error = check_params(method, params)
-        if error is not None:
-            self.counts["errors"] += 1
-            _send(conn, _error_message(request_id, error))
             return
         try:
             settings = Settings.from_dict(message.get("settings"))
@@ -472,10 +474,8 @@ class Daemon:
                 return self._watch_remove(params.get("path", ""))
             if method == "watch_list":
                 return self._watch_list()
-            fn = getattr(self.fast_engine, method)
-            bind_params(fn, params)
             if method != "docs_rm":
-                return fn(**params)
+                return getattr(self.fast_engine, method)(**params)
             outcome = self.fast_engine.remove_documents(**params)
             changed = set(outcome["changed_document_ids"])
             self.scope_data.invalidate(changed)

@@ -2,7 +2,8 @@
 
 Importing Typer (and the command tree it builds) costs about twice the interpreter's own start-up,
 more than the daemon takes to answer `docs list` or an evidence-only `ask`. So when the arguments
-are ones this module reads exactly as the Typer app would (known options, each at most once, values
+are ones this module reads exactly as the Typer app would (the options of the same request
+declarations the Typer commands are built from, evsel.requests; each at most once, values
 that convert, no global option, no variable standing in for one, no help), the request is sent and
 its reply printed by the code the Typer commands run (evsel.commands.replies). Anything else,
 including every mistake, returns None before anything is sent, and the Typer app runs the command
@@ -12,10 +13,10 @@ as always, with its help and its error messages.
 from __future__ import annotations
 
 import sys
+import typing
 
 from evsel import settings
-from evsel.api import REQUEST
-from evsel.defaults import STYLES
+from evsel.requests import AskRequest, DocsListRequest, Output, spec
 
 # options the Typer app reads from the environment (--model, --device, --no-daemon): with any of
 # them set, the app resolves and checks them
@@ -24,16 +25,24 @@ _GLOBAL_VARIABLES = ("EVSEL_MODEL", "EVSEL_DEVICE", "EVSEL_NO_DAEMON")
 _COMPLETION_VARIABLE = "_EVSEL_COMPLETE"
 _FLAG = "flag"
 
-# per command: {option: (parameter, how its value is read)}, as commands/ask.py and docs.py declare them
-DOCS_LIST_OPTIONS = {"--collection": ("collection", str), "--json": ("as_json", _FLAG)}
-ASK_OPTIONS = {
-    "--doc": ("doc_ids", int), "--collection": ("collection", str), "--top-n": ("top_n", int),
-    "--select": ("select", str), "--rerank": ("rerank", str), "--rerank-top": ("rerank_top", int),
-    "--memory": ("memory", _FLAG), "--evidence-only": ("evidence_only", _FLAG),
-    "--max-new-tokens": ("max_new_tokens", int), "--style": ("style", STYLES), "--corpus": ("corpus", str),
-    "--json": ("as_json", _FLAG),
-}
-_REPEATABLE = ("doc_ids",)
+
+def options(*declarations: type) -> tuple[dict, set]:
+    """{option: (field, how its value is read)} and the repeatable fields, as commands/options.py
+    makes the Typer options of these declarations' fields."""
+    table, repeatable = {}, set()
+    for declaration in declarations:
+        for name, hint in typing.get_type_hints(declaration).items():
+            field_spec = spec(declaration, name)
+            if field_spec.argument or not field_spec.cli:
+                continue
+            kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+            kind = kinds[0]
+            if typing.get_origin(kind) is list:
+                kind = typing.get_args(kind)[0]
+                repeatable.add(name)
+            table[field_spec.flag or "--" + name.replace("_", "-")] = (
+                name, field_spec.choices or (_FLAG if kind is bool else kind))
+    return table, repeatable
 
 
 def _read(value: str, kind):
@@ -45,10 +54,11 @@ def _read(value: str, kind):
     return value
 
 
-def parse(args: list[str], options: dict, positionals: int) -> tuple[list[str], dict] | None:
-    """(positional arguments, {parameter: value}) as Typer reads `args`, or None for anything this
+def parse(args: list[str], table: tuple[dict, set], positionals: int) -> tuple[list[str], dict] | None:
+    """(positional arguments, {field: value}) as Typer reads `args`, or None for anything this
     reader leaves to it: an unknown option, one given twice, a value that does not convert or
     starts with "-", a missing value, a wrong number of arguments, "--"."""
+    known, repeatable = table
     found, values = [], {}
     rest = list(args)
     while rest:
@@ -57,9 +67,9 @@ def parse(args: list[str], options: dict, positionals: int) -> tuple[list[str], 
             found.append(arg)
             continue
         name, given, inline = arg.partition("=")
-        if name not in options:
+        if name not in known:
             return None
-        parameter, kind = options[name]
+        parameter, kind = known[name]
         if kind == _FLAG:
             if given:
                 return None
@@ -75,7 +85,7 @@ def parse(args: list[str], options: dict, positionals: int) -> tuple[list[str], 
                 value = _read(inline, kind)
             except ValueError:
                 return None
-        if parameter in _REPEATABLE:
+        if parameter in repeatable:
             values.setdefault(parameter, []).append(value)
         elif parameter in values:
             return None
@@ -90,9 +100,9 @@ def forwarded(args: list[str]) -> int | None:
     """Run `evsel ARGS` here when it is a `docs list` or `ask` this module reads exactly; its exit
     code, or None when the Typer app must run it (nothing was sent)."""
     if args[:2] == ["docs", "list"]:
-        parsed, command = parse(args[2:], DOCS_LIST_OPTIONS, 0), "docs_list"
+        declaration, parsed = DocsListRequest, parse(args[2:], options(DocsListRequest, Output), 0)
     elif args[:1] == ["ask"]:
-        parsed, command = parse(args[1:], ASK_OPTIONS, 1), "ask"
+        declaration, parsed = AskRequest, parse(args[1:], options(AskRequest, Output), 1)
     else:
         return None
     if parsed is None or settings.variables_named(_GLOBAL_VARIABLES + (_COMPLETION_VARIABLE,)):
@@ -106,15 +116,12 @@ def forwarded(args: list[str]) -> int | None:
     # what the Typer app's root callback passes when no global option is given
     engine = DaemonClient(Settings.resolve(model=None, device="auto", no_daemon=False))
     as_json = values.pop("as_json", False)
+    request = declaration(*found, **values)
     try:
-        if command == "docs_list":
-            replies.docs_list(engine, values.get("collection"), as_json)
-            return 0
-        # every option with its default, as the Typer command passes them
-        request = {name: parameter.default for name, parameter in REQUEST["ask"].signature.parameters.items()
-                   if name not in ("self", "question", "on_event")}
-        request.update(values)
-        replies.ask(engine, found[0], as_json, **request)
+        if declaration is DocsListRequest:
+            replies.docs_list(engine, request, as_json)
+        else:
+            replies.ask(engine, request, as_json)
         return 0
     except KeyboardInterrupt:
         sys.stderr.write("\n")  # as the Typer app (commands/base.py): the blank line closes the terminal's ^C echo

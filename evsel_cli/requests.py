@@ -21,9 +21,9 @@ from .defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, DEFAULT_SELECT, 
 __all__ = [
     "REQUEST", "REQUESTS", "AskRequest", "CorpusAddRequest", "CorpusRmRequest", "DocsListRequest",
     "DocsRmRequest", "DocsShowRequest", "EncodeStatesRequest", "EvalRequest", "FieldSpec", "IngestRequest",
-    "ModelsInfoRequest", "Request", "TrainBlocksearchRequest", "TrainConvertRequest", "TrainHybridRequest",
+    "ModelsInfoRequest", "Output", "Request", "TrainBlocksearchRequest", "TrainConvertRequest", "TrainHybridRequest",
     "TrainQrrankerRequest", "TrainReaderRequest", "TrainUnrealRequest", "WatchAddRequest", "WatchListRequest",
-    "WatchRemoveRequest", "methods", "select_help", "spec",
+    "WatchRemoveRequest", "fields_of", "methods", "select_help", "spec",
 ]
 
 
@@ -62,6 +62,11 @@ def spec(request: type, name: str) -> FieldSpec:
         if f.name == name:
             return f.metadata.get("evsel", FieldSpec())
     raise KeyError(f"{request.__name__} has no field {name!r}")
+
+
+def fields_of(request) -> dict:
+    """{field: value} of a request (the params sent for it; lists stay the request's own)."""
+    return {f.name: getattr(request, f.name) for f in fields(request)}
 
 
 def select_help() -> str:
@@ -276,6 +281,13 @@ class CorpusAddRequest:
 class CorpusRmRequest:
     corpus: str = _field(path=True, argument=True, metavar="DIR", help="A corpus directory (evsel corpus build --out).")
     docs: list[str] = _field(argument=True)
+
+
+@dataclass(frozen=True)
+class Output:
+    """How a command prints its reply: an option of the commands, not of any request."""
+
+    as_json: bool = _field(False, flag="--json", help="Print one JSON document on stdout.")
 
 
 @dataclass(frozen=True)

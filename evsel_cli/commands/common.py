@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-CollectionOption = Annotated[
-    Optional[str], typer.Option("--collection", metavar="NAME", help="Restrict to one collection.")
-]
+from evsel.requests import Output
+
+from .options import declared
+
+JsonOption = Annotated[bool, declared(Output, "as_json")]
 
 
 def no_daemon(ctx: typer.Context) -> bool:

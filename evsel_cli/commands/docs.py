@@ -5,18 +5,21 @@ from typing import Annotated, List
 import typer
 
 from evsel.output import escape, print_json, stderr, stdout
+from evsel.requests import DocsListRequest
 
 from . import replies
 from .base import INT, App
-from .common import CollectionOption, JsonOption, engine_from
+from .common import JsonOption, engine_from
+from .options import with_request
 
 app = App(help="List, inspect and remove ingested documents.")
 
 
 @app.command("list")
-def docs_list(ctx: typer.Context, collection: CollectionOption = None, as_json: JsonOption = False):
+@with_request(DocsListRequest)
+def docs_list(ctx: typer.Context, request: DocsListRequest, as_json: JsonOption = False):
     """List documents: id, collection, kind, title, chunks."""
-    replies.docs_list(engine_from(ctx), collection, as_json)
+    replies.docs_list(engine_from(ctx), request, as_json)
 
 
 @app.command("show")

@@ -7,12 +7,14 @@ from typing import Annotated, Optional
 import typer
 
 from evsel.defaults import DATASETS as DATASET_NAMES
-from evsel.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_METHODS, RERANK_TOP, STYLES
+from evsel.defaults import DEFAULT_METHODS, STYLES
 from evsel.errors import EvselError, InputError
 from evsel.output import ProgressView, print_json, stderr, stdout, warning
+from evsel.requests import EvalRequest
 
-from .base import INT, choice, path
+from .base import path
 from .common import JsonOption, engine_from
+from .options import declared
 
 DATASETS = "locomo, fairytaleqa, musique, hotpotqa, mmlongbench, financebench, nocha, or a .jsonl file"
 
@@ -29,52 +31,27 @@ def _int_list(text: str, what: str) -> list[int]:
 
 def eval_command(
     ctx: typer.Context,
-    dataset: Annotated[str, typer.Argument()],
-    methods: Annotated[str, typer.Option(
-        "--methods", metavar="LIST",
-        help="Comma-separated methods: any selector (bm25, dense, random, ...), rrf:OTHER (BM25 fused "
-             "with OTHER), FIRST>RERANKER (e.g. bm25>qrranker, bm25>qrranker:untrained, bm25>qrranker:memory), full (whole document to the generator; needs --generate), or oracle (the gold evidence itself: "
-             "what the answer step makes of perfect selection; needs --generate).")
-    ] = DEFAULT_METHODS,
-    ks: Annotated[str, typer.Option("--k", metavar="LIST", help="Cut-offs for recall@k.")] = "1,3,5,10",
-    generate: Annotated[bool, typer.Option(
-        "--generate", help="Also answer each question with the backbone and score the answers.")] = False,
-    limit: Annotated[Optional[int], typer.Option(
-        "--limit", metavar="N", parser=INT, help="Evaluate N questions, evenly spaced over the dataset.")] = None,
-    split: Annotated[Optional[str], typer.Option(
-        "--split", metavar="NAME", help="FairytaleQA split: val (default) or train.")] = None,
-    concat: Annotated[int, typer.Option(
-        "--concat", metavar="N", parser=INT,
-        help="FairytaleQA: join every N stories into one long document (0: each story alone).")] = 0,
-    fold: Annotated[Optional[int], typer.Option(
-        "--fold", metavar="N", parser=INT,
-        help="LoCoMo, MuSiQue, HotpotQA: only fold 1 or 2 of the fixed cross-fold split (train on one, "
-             "evaluate on the other).")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(
-        "--data-dir", envvar="EVSEL_DATA", show_envvar=False, parser=path(file_okay=False, path_type=Path),
-        help="Folder with the benchmark data (env EVSEL_DATA; default ../shared/data beside the checkout).")
-    ] = None,
-    top_n: Annotated[int, typer.Option("--top-n", parser=INT, help="Passages given to the generator.")] = 5,
-    rerank_top: Annotated[int, typer.Option(
-        "--rerank-top", metavar="N", parser=INT,
-        help="How many first-stage candidates a FIRST>RERANKER method re-scores.")] = RERANK_TOP,
-    chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", parser=INT,
-                                              help="Target chunk size in backbone tokens.")] = DEFAULT_CHUNK_TOKENS,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=INT,
-                                                help="Longest answer, in tokens.")] = 32,
-    answer_style: Annotated[str, typer.Option(
-        "--answer-style",
-        help="With --generate: the answer step, as evsel ask --style (short, rules, span, sentence); several, "
-             "comma-separated, answer each method's evidence with each (rows 'METHOD [STYLE]').")] = "short",
-    reader: Annotated[Optional[Path], typer.Option(
-        "--reader", metavar="DIR", parser=path(file_okay=False, exists=True, path_type=Path),
-        help="The reader of --answer-style short: a folder written by evsel train reader (default: the "
-             "model's shipped one).")] = None,
-    memory: Annotated[bool, typer.Option(
-        "--memory", help="Every FIRST>qrranker method reads its candidates' summaries (as qrranker:memory); "
-                         "missing summaries are written into eval's own cache first.")] = False,
-    per_question: Annotated[bool, typer.Option(
-        "--per-question", help="Include every question's record in the --json output.")] = False,
+    dataset: Annotated[str, declared(EvalRequest, "dataset")],
+    # the request's lists, typed as comma-separated text
+    methods: Annotated[str, declared(EvalRequest, "methods")] = DEFAULT_METHODS,
+    ks: Annotated[str, declared(EvalRequest, "ks")] = "1,3,5,10",
+    generate: Annotated[bool, declared(EvalRequest, "generate")] = EvalRequest.generate,
+    limit: Annotated[Optional[int], declared(EvalRequest, "limit")] = EvalRequest.limit,
+    split: Annotated[Optional[str], declared(EvalRequest, "split")] = EvalRequest.split,
+    concat: Annotated[int, declared(EvalRequest, "concat")] = EvalRequest.concat,
+    fold: Annotated[Optional[int], declared(EvalRequest, "fold")] = EvalRequest.fold,
+    data_dir: Annotated[Optional[Path], declared(
+        EvalRequest, "data_dir", envvar="EVSEL_DATA", show_envvar=False,
+        parser=path(file_okay=False, path_type=Path))] = None,
+    top_n: Annotated[int, declared(EvalRequest, "top_n")] = EvalRequest.top_n,
+    rerank_top: Annotated[int, declared(EvalRequest, "rerank_top")] = EvalRequest.rerank_top,
+    chunk_tokens: Annotated[int, declared(EvalRequest, "chunk_tokens")] = EvalRequest.chunk_tokens,
+    max_new_tokens: Annotated[int, declared(EvalRequest, "max_new_tokens")] = EvalRequest.max_new_tokens,
+    answer_style: Annotated[str, declared(EvalRequest, "answer_style")] = EvalRequest.answer_style,
+    reader: Annotated[Optional[Path], declared(
+        EvalRequest, "reader", parser=path(file_okay=False, exists=True, path_type=Path))] = None,
+    memory: Annotated[bool, declared(EvalRequest, "memory")] = EvalRequest.memory,
+    per_question: Annotated[bool, declared(EvalRequest, "per_question")] = EvalRequest.per_question,
     plot_path: Annotated[Optional[Path], typer.Option(
         "--plot", metavar="FILE.png", parser=path(dir_okay=False, path_type=Path),
         help="Write a recall@k chart comparing the methods.")] = None,

@@ -11,12 +11,13 @@ import time
 
 from evsel.output import ProgressView, flat, print_json, show, show_table, stderr
 from evsel.provenance import evidence_label
+from evsel.requests import AskRequest, DocsListRequest
 
 DOCS_COLUMNS = ("id", "collection", "kind", "title", "chunks", "tokens", "path")
 
 
-def docs_list(engine, collection: str | None, as_json: bool) -> None:
-    rows = engine.docs_list(collection)
+def docs_list(engine, request: DocsListRequest, as_json: bool) -> None:
+    rows = engine.docs_list(request.collection)
     if as_json:
         print_json(rows)
         return
@@ -27,10 +28,10 @@ def docs_list(engine, collection: str | None, as_json: bool) -> None:
                                str(r["n_tokens"]), r["path"] + (f"#{r['part']}" if r["part"] else "")] for r in rows])
 
 
-def ask(engine, question: str, as_json: bool, **request) -> None:
-    """Ask `question` with the request's options (`Engine.ask`'s), print the answer and evidence."""
+def ask(engine, request: AskRequest, as_json: bool) -> None:
+    """Send the ask to the engine, print the answer and evidence."""
     with ProgressView() as view:  # progress goes to stderr whatever stdout carries (--json too)
-        result = engine.ask(question, on_event=view, **request)
+        result = engine.ask(request, on_event=view)
     for number, item in enumerate(result["evidence"], 1):
         item["passage"] = number  # the number the human display shows and grounding.span.passage cites
     result["timings"] = wall_timings(engine, result.get("timings") or {})
