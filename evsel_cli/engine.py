@@ -17,7 +17,7 @@ from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, Scored, register
 
 from . import chunker
 from .answer.step import STYLES
-from .api import REQUESTS
+from .requests import REQUESTS
 from .chunker import DEFAULT_CHUNK_TOKENS
 from .defaults import DATASETS
 from .errors import EmptyStoreError, EvselError, NotFoundError
