@@ -14,7 +14,8 @@ def main(run: str, readers: list[str]) -> None:
 
     from evsel.evaluation import metrics
     from evsel.models.runtime.backbone import Backbone
-    from evsel.models.reader.span_head import Reader, reader_for
+    from evsel.models.reader.shipped import reader_for
+    from evsel.models.reader.span_head import Reader
 
     torch.set_num_threads(1)
     backbone = Backbone(device="cpu", threads=1)

@@ -567,7 +567,7 @@ class Engine:
         info["default_method"], info["default_why"] = default_method(backbone, self.settings)
         info["default_by_kind"] = {kind: {"method": method, "why": why}
                                    for kind, (method, why) in default_methods(backbone, self.settings).items()}
-        from evsel.models.reader.span_head import describe, reader_for
+        from evsel.models.reader.shipped import describe, reader_for
 
         info["reader"] = describe(reader_for(backbone)) if load else None
         return info

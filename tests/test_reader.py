@@ -42,7 +42,7 @@ def real_backbone():
 
 @pytest.fixture(scope="module")
 def shipped(real_backbone):
-    from evsel.models.reader.span_head import reader_for
+    from evsel.models.reader.shipped import reader_for
 
     reader = reader_for(real_backbone)
     assert reader is not None, "the default model ships a trained reader (models/adapters/<fingerprint>/reader)"

@@ -106,7 +106,7 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
     asked = grounding.answer_type(question)
     if style == "short":
         from evsel.models.reader.lora import LoraReader
-        from evsel.models.reader.span_head import reader_for
+        from evsel.models.reader.shipped import reader_for
 
         reader = reader_for(backbone, reader_dir) if Scorer(backbone).ready else None
         # an either/or question ("... a beach or the mountains?") reads as yes/no: the LoRA reader
