@@ -77,6 +77,12 @@ def _pdf_reader(env: Mapping[str, str]) -> str:
     return raw
 
 
+# the variables that choose what a run computes with (threads, model, adapters, weights, PDF
+# reader): a run's record names those set beside its command (evaluation/report.py)
+RUN_VARIABLES = ("EVSEL_THREADS", "EVSEL_MODEL", "EVSEL_QRRANKER_HEADS", "EVSEL_UNREAL_ADAPTER", "EVSEL_HYBRID_WEIGHTS",
+                 "EVSEL_BLOCKSEARCH_DECODER", "EVSEL_BLOCKSEARCH_ROUTER", "EVSEL_PDF_READER")
+
+
 @dataclass(frozen=True)
 class Settings:
     """What one request runs with. Paths are absolute (resolved where the user typed them)."""

@@ -171,11 +171,6 @@ def git_commit() -> str | None:
     return commit or None
 
 
-# settings that change what a run measures (which model, which adapters): the command shows them
-RECORDED_ENV = ("EVSEL_THREADS", "EVSEL_MODEL", "EVSEL_QRRANKER_HEADS", "EVSEL_UNREAL_ADAPTER",
-                "EVSEL_BLOCKSEARCH_DECODER", "EVSEL_PDF_READER")
-
-
 def run_info(argv: list[str] | None = None) -> dict:
     """Machine, commit, command (with the EVSEL_ settings that chose its model and adapters) and
     time of a run, for RESULTS.md."""
@@ -183,9 +178,9 @@ def run_info(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from evsel.settings import variables_named
+    from evsel.settings import RUN_VARIABLES, variables_named
 
-    env = [f"{k}={shlex.quote(v)}" for k, v in variables_named(RECORDED_ENV).items()]
+    env = [f"{k}={shlex.quote(v)}" for k, v in variables_named(RUN_VARIABLES).items()]
     return {
         "command": " ".join(env + list(argv if argv is not None else sys.argv)),
         "commit": git_commit(),
