@@ -15,7 +15,7 @@ from evsel.errors import EvselError
 
 from . import get_selector, register
 from .base import Ranking, Selector
-from ..paired import KINDS
+from ..fusion.paired import KINDS
 
 if TYPE_CHECKING:  # annotations only: the registry stays light to import (the CLI's help)
     from evsel.store.store import ChunkRecord
