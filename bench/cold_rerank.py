@@ -47,6 +47,7 @@ def main(argv=None) -> int:
         import torch
         from evsel.engine import Engine
         from evsel.evaluation.report import run_info
+        from evsel.requests import AskRequest
         from evsel.models.shared import blocksparse
         from evsel.models.qrranker import kv as qrranker_kv
         from evsel.models.qrranker import rerank as qr_model
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
             fresh = Engine(settings)  # cold in-memory caches, the model shared
             fresh._backbone = backbone
             started = time.perf_counter()
-            got = fresh.ask(question, rerank="qrranker", evidence_only=True)
+            got = fresh.ask(AskRequest(question, rerank="qrranker", evidence_only=True))
             wall = time.perf_counter() - started
             timings = got["timings"]
             return {"evidence_s": wall - timings.get("load_s", 0.0), "rerank_s": timings.get("rerank_s"),

@@ -63,6 +63,7 @@ def ingest_kv(args, argv) -> int:
         from evsel.engine import Engine
         from evsel.evaluation.report import run_info
         from evsel.models.qrranker import kv as qrranker_kv
+        from evsel.requests import AskRequest
         from evsel.settings import Settings
 
         settings = Settings.resolve().with_(qrranker_kv=True, encode=False, no_daemon=True)
@@ -116,7 +117,7 @@ def ingest_kv(args, argv) -> int:
             fresh = Engine(settings.with_(qrranker_kv=files))  # cold in-memory caches, the model shared
             fresh._backbone = backbone
             t = time.perf_counter()
-            got = fresh.ask(question, rerank=rerank, evidence_only=True)
+            got = fresh.ask(AskRequest(question, rerank=rerank, evidence_only=True))
             wall = time.perf_counter() - t
             timings = got["timings"]
             return {"evidence_s": wall - timings.get("load_s", 0.0), "timings": timings,

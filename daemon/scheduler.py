@@ -21,10 +21,11 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from evsel.engine import DEFAULT_SELECT, Engine, IngestOptions, resume_arguments
+from evsel.engine import Engine, IngestOptions, resume_arguments
 from evsel.errors import EvselError, from_dict, user_message
 from evsel.store.journal import Journal, PendingEncode
 from evsel.pipeline import needs_model
+from evsel.requests import AskRequest
 from evsel.settings import Settings
 from evsel.store.store import Store
 
@@ -373,6 +374,8 @@ class Scheduler:
             self.queue_deferred(outcome.followups)
             self.scope_data.invalidate(set(outcome.changed_document_ids))
             return outcome.files
+        if job.method == "ask":
+            return engine.ask(AskRequest(**job.params), on_event=emit)
         fn = getattr(engine, job.method)
         params = dict(job.params)
         if "on_event" in inspect.signature(fn).parameters:
@@ -385,15 +388,15 @@ class Scheduler:
         params = job.params
         if job.method != "ask":
             return False
+        def scope_kinds() -> set[str] | None:  # what the default's methods depend on (the fusion for chats)
+            if params.get("corpus") or self.light_store is None:
+                return None
+            with self.light_lock:
+                return self.light_store.scope_kinds(params.get("doc_ids"), params.get("collection"))
+
         try:
-            # the default's method depends on the scope's kinds of document (the fusion for chats)
-            kinds = None
-            select = params.get("select") or DEFAULT_SELECT
-            if select == DEFAULT_SELECT and not params.get("corpus") and self.light_store is not None:
-                with self.light_lock:
-                    kinds = self.light_store.scope_kinds(params.get("doc_ids"), params.get("collection"))
-            if needs_model(select, job.settings, params.get("rerank"),
-                           params.get("memory"), evidence_only=params.get("evidence_only") is True, kinds=kinds):
+            if needs_model(params.get("select"), job.settings, params.get("rerank"), params.get("memory"),
+                           evidence_only=params.get("evidence_only") is True, scope_kinds=scope_kinds):
                 return False
         except EvselError:  # a missing model: the worker reports it
             return False
@@ -407,8 +410,9 @@ class Scheduler:
             status = "ok"
             try:
                 engine = Engine(job.settings, store=self.light_store, scope_cache=self.scope_data)
-                params = dict(job.params, on_event=lambda event: job.outbox.put({"type": "event", "event": event}))
-                job.outbox.put({"type": "result", "result": engine.ask(**params), "meta": self.meta(job)})
+                result = engine.ask(AskRequest(**job.params),
+                                    on_event=lambda event: job.outbox.put({"type": "event", "event": event}))
+                job.outbox.put({"type": "result", "result": result, "meta": self.meta(job)})
             except Exception as exc:  # noqa: BLE001  a bug in one request must not take the daemon down
                 status = self.reply_failure(job, exc)
             self.activity()

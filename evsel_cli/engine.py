@@ -13,7 +13,8 @@ from typing import Callable, Protocol
 
 # the selectors package is light to import (no numpy, no model)
 from evsel.models.selectors import DEFAULT as DEFAULT_SELECT
-from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, Scored, register_cleanups
+from evsel.models.selectors import DEFAULT_METHODS, register_cleanups
+from evsel.models.selectors.default import resolve
 
 from . import chunker
 from .answer.step import STYLES
@@ -21,10 +22,11 @@ from .requests import REQUESTS
 from .chunker import DEFAULT_CHUNK_TOKENS
 from .defaults import DATASETS
 from .errors import EmptyStoreError, EvselError, NotFoundError
+from .requests import AskRequest
 from .ingest import Ingest, IngestOptions, IngestOutcome, resume_arguments
 from .store.journal import Journal, PendingEncode, PendingIngest
 from .parsers import KINDS
-from .pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order
+from .pipeline import MAX_QUESTION_CHARS, RERANK_TOP, Pipeline, PipelineSpec, readable_question
 from .provenance import evidence_label
 from .settings import Settings
 from .store.store import DEFAULT_COLLECTION, ChunkRecord, Store
@@ -32,13 +34,11 @@ from .answer.windows import neighbours_of
 
 # What the commands need to know to parse their options (they import the engine, not its parts).
 __all__ = ["DATASETS", "DEFAULT_CHUNK_TOKENS", "DEFAULT_COLLECTION", "DEFAULT_METHODS", "DEFAULT_SELECT", "KINDS",
-           "REQUESTS", "RERANK_TOP", "STYLES", "Engine", "IngestOptions", "IngestOutcome",
+           "MAX_QUESTION_CHARS", "REQUESTS", "RERANK_TOP", "STYLES", "Engine", "IngestOptions", "IngestOutcome",
            "evidence_label", "resume_arguments"]
 
 Event = dict
 EventSink = Callable[[Event], None]
-# the models (selectors' LLM passes, the reader) read at most this much of a question
-MAX_QUESTION_CHARS = 2000
 
 
 class ScopeCache(Protocol):
@@ -242,135 +242,39 @@ class Engine:
         return chunks
 
     # ask
-    def ask(
-        self,
-        question: str,
-        doc_ids: list[int] | None = None,
-        collection: str | None = None,
-        top_n: int = 5,
-        select: str = DEFAULT_SELECT,
-        evidence_only: bool = False,
-        max_new_tokens: int = 96,
-        rerank: str | None = None,
-        rerank_top: int = RERANK_TOP,
-        style: str = "short",
-        memory: bool = False,
-        corpus: str | None = None,
-        on_event: EventSink = _ignore,
-    ) -> dict:
-        """`corpus`: a directory written by `evsel corpus build`; its indexes give the first stage
-        (bm25, dense or unreal) instead of the local store, and the rest runs as for the store."""
-        question = question.strip()
-        if not question:
-            raise EvselError("the question is empty", 'ask something, e.g. evsel ask "who killed the count?"')
-        # a byte that is not UTF-8 arrives as a lone surrogate (os.fsdecode): the reply echoes the
-        # question as given, the tokenizers read U+FFFD there, as they cannot encode a surrogate
-        readable = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in question)
-        if len(readable) > MAX_QUESTION_CHARS:  # 100,000 characters held the daemon 104 s in the LLM's passes
-            on_event({"type": "warning", "message": f"the question is {len(readable):,} characters long; the "
-                      f"models read its first {MAX_QUESTION_CHARS:,} (ask a shorter question)"})
-            readable = readable[:MAX_QUESTION_CHARS]
-        method_spec = MethodSpec.of(select, rerank)
-        if memory:
-            method_spec = method_spec.with_memory()
-            rerank = method_spec.rerank.text
-        spec = PipelineSpec(method_spec, rerank_top=rerank_top, top_n=top_n)
-        timings: dict[str, float] = {}
+    def ask(self, request: AskRequest, on_event: EventSink = _ignore) -> dict:
+        """`request.corpus`: a directory written by `evsel corpus build`; its indexes give the first
+        stage (bm25, dense or unreal) instead of the local store, and the rest runs as for the store."""
+        question, readable = readable_question(request.question, on_event)
+        spec = PipelineSpec.of(request.select, request.rerank, request.memory, rerank_top=request.rerank_top,
+                               top_n=request.top_n)
         started = time.perf_counter()
-        first = opened = None
-        if corpus is not None:
-            chunks: list[ChunkRecord] = []
-            opened, first = self._corpus_stage(corpus, select, doc_ids, collection, on_event)
-            context = first.context
+        chunks, first, opened = [], None, None
+        if request.corpus is not None:
+            opened, first = self._corpus_stage(request.corpus, request.select, request.doc_ids, request.collection,
+                                               on_event)
         else:
-            chunks = self.scope_chunks(doc_ids, collection)
-            context = self.selector_context(on_event)
-        timings["scope_s"] = time.perf_counter() - started
-
-        pipeline = Pipeline(spec, context, first=first)
-        if chunks and hasattr(pipeline.first, "limit_to_kinds"):  # `default`: only the scope's kinds' methods
-            pipeline.first.limit_to_kinds({c.kind for c in chunks})
-        if opened is not None and (pipeline.needs_model or not evidence_only):
+            chunks = self.scope_chunks(request.doc_ids, request.collection)
+        timings = {"scope_s": time.perf_counter() - started}
+        pipeline = Pipeline(spec, first.context if first else self.selector_context(on_event), first=first,
+                            kinds={c.kind for c in chunks} if chunks else None)
+        if opened is not None and (pipeline.needs_model or not request.evidence_only):
             from .corpus.query import check_backbone
 
             check_backbone(opened, self.backbone.fingerprint)  # before anything loads
-        if pipeline.needs_model:  # a prose answer needs no model; a dialogue one loads it when it generates
-            on_event({"type": "progress", "task": "load", "label": "loading the model", "done": 0, "total": 1})
-            t = time.perf_counter()
-            pipeline.load()  # the backbone and the selectors' adapters
-            timings["load_s"] = time.perf_counter() - t
-        else:
-            pipeline.load()  # what a selector loads apart from the backbone (MiniLM)
-        ran = spec.name  # `default` is named by what it runs for this scope (default>qrranker: bm25>qrranker)
-        if select == DEFAULT_SELECT and hasattr(pipeline.first, "plan"):
-            ran = pipeline.first.plan(chunks) + spec.name[len(select):]
-        on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({ran})",
-                  "done": 0, "total": 1})
-        ranking = pipeline.ranking(readable, chunks, pipeline.depth)
-        ranked = ranking.scored
-        timings.update(ranking.timings)
-        evidence = pipeline.evidence(ranked)
-        for message in ranking.warnings:
-            on_event({"type": "warning", "message": message})
-        no_match = bool(ranking.extras.get("no_match"))
-
-        text = None
-        usage = {}
-        grounded = None
-        beside = None  # a chunk beside the shown passages that the answer cites
-        if not evidence_only:
-            on_event({"type": "progress", "task": "generate", "label": "writing the answer", "done": 0, "total": 1})
-            generated = answer(self.backbone, readable, evidence, max_new_tokens, style,
-                               beside=self.scope_data("neighbours", chunks, lambda: neighbours_of(chunks))
-                               if chunks else None)
-            timings["generate_s"] = generated["generate_s"]
-            text = generated["text"]
-            usage = {"prompt_tokens": generated["prompt_tokens"], "generated_tokens": generated["generated_tokens"]}
-            grounded = {"style": style, "kind": generated["kind"], "reason": generated["reason"],
-                        "span": generated["span"], "generated": generated.get("generated"),
-                        "answer_type": generated.get("answer_type")}
-            if grounded["span"] is not None:
-                cited = grounded["span"].pop("beside", None)
-                if cited is not None:  # read beside a shown passage: shown too, in document order
-                    beside = Scored(cited, 0.0, 1)
-                    evidence = in_document_order(evidence + [beside])
-                    grounded["span"]["passage"] = evidence.index(beside) + 1
-                cited = evidence[grounded["span"]["passage"] - 1].chunk
-                grounded["span"].update({k: v for k, v in cited.provenance().items()
-                                         if k in ("doc_id", "title", "path", "chunk_id", "page_start", "page_end",
-                                                  "session", "time_start")})
-                grounded["span"]["speaker"] = generated.get("speaker")
+        pipeline.load_timed(on_event, timings)
+        found = pipeline.select(readable, chunks, on_event, timings, memory=request.memory,
+                                candidates=len(chunks) if opened is None else opened.n_chunks,
+                                corpus=None if opened is None else str(opened.path))
+        found.question = question
+        if not request.evidence_only:
+            neighbours = self.scope_data("neighbours", chunks, lambda: neighbours_of(chunks)) if chunks else None
+            found.read_answer(self.backbone, readable, request.max_new_tokens, request.style, neighbours, on_event)
         timings["total_s"] = time.perf_counter() - started
-        # `default` reports the method it ran (bm25, or the measured best; by kind in a mixed scope)
-        method = {"select": getattr(pipeline.first, "resolved", None) or select, "top_n": top_n,
-                  "candidates": len(chunks) if opened is None else opened.n_chunks}
-        if opened is not None:
-            method.update(select=pipeline.first.name, corpus=str(opened.path))
-        if rerank is not None:
-            method.update(rerank=rerank, rerank_top=rerank_top)
-        if no_match:
-            method["no_match"] = True
-        if ranking.extras.get("signals"):  # the fusion's signals that ranked, and those still encoding
-            method["signals"] = ranking.extras["signals"]
-        result = {
-            "question": question,
-            "answer": text,
-            "grounding": grounded,
-            "evidence": [{"rank": s.rank, "score": round(s.score, 4), **s.chunk.provenance(), "text": s.chunk.text}
-                         if s is not beside else {"rank": None, "score": None, "beside": True, **s.chunk.provenance(),
-                                                  "text": s.chunk.text}
-                         for s in evidence],
-            "method": method,
-            "timings": {k: round(v, 4) for k, v in timings.items()},
-            "usage": usage,
-        }
-        if memory:
-            result["memory"] = ranking.extras.get("memory", [])
-        if not evidence_only or pipeline.needs_model:
-            result["method"]["backbone"] = self.backbone.name
-            result["method"]["fingerprint"] = self.backbone.fingerprint
-            result["method"]["device"] = self.backbone.plan.device
-        return result
+        if not request.evidence_only or pipeline.needs_model:
+            found.method.update(backbone=self.backbone.name, fingerprint=self.backbone.fingerprint,
+                                device=self.backbone.plan.device)
+        return found.to_dict()
 
     def _corpus_stage(self, corpus: str, select: str, doc_ids, collection, on_event: EventSink):
         """The open corpus and the first stage that reads it (`ask --corpus`). The candidates'
@@ -381,7 +285,8 @@ class Engine:
             raise EvselError("--doc and --collection choose documents of the local store, not of a corpus",
                              "drop them, or ask the local store without --corpus")
         opened = query.open_corpus(corpus)
-        return opened, query.CorpusStage(opened, select, self.selector_context(on_event, for_eval=True),
+        method = resolve(select, self.settings, lambda: self.backbone, corpus=True).methods()[0]
+        return opened, query.CorpusStage(opened, method, self.selector_context(on_event, for_eval=True),
                                          bm25_candidates=self.settings.corpus_bm25_candidates)
 
     def corpus_add(self, corpus: str, targets: list[str], on_event: EventSink = _ignore) -> dict:
@@ -424,7 +329,8 @@ class Engine:
         every qrranker reranker reads the candidates' summaries (as qrranker:memory)."""
         from pathlib import Path as _Path
 
-        from .evaluation import EvalConfig, load_dataset, run
+        from .evaluation.datasets import load_dataset
+        from .evaluation.runner import EvalConfig, run
 
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")

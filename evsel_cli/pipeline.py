@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from evsel.models.selectors import DEFAULT, MethodSpec, Ranking, Scored, build
+from evsel.models.selectors.default import resolve
 
 from .defaults import RERANK_TOP  # defined there for the CLI's options
 from .errors import EvselError
@@ -30,6 +32,12 @@ class PipelineSpec:
             raise EvselError(f"--rerank-top {self.rerank_top} must be at least 1")
 
     @classmethod
+    def of(cls, select: str = DEFAULT, rerank: str | None = None, memory: bool = False, **kwargs) -> "PipelineSpec":
+        """ask's --select and --rerank as given; `memory` (--memory) adds the reranker's memory variant."""
+        method = MethodSpec.of(select, rerank)
+        return cls(method.with_memory() if memory else method, **kwargs)
+
+    @classmethod
     def parse(cls, spec: str, **kwargs) -> "PipelineSpec":
         """`FIRST` or `FIRST>RERANKER` (eval's method names)."""
         return cls(MethodSpec.parse(spec), **kwargs)
@@ -43,13 +51,35 @@ class Pipeline:
     """Selectors for one spec, built once per request (or once per eval method) on a context;
     building is cheap: `load()` loads what they need from the model (else their first use does)."""
 
-    def __init__(self, spec: PipelineSpec, context, first=None):
+    def __init__(self, spec: PipelineSpec, context, first=None, kinds: set[str] | None = None):
         """`first`: a first stage given ready-made (a corpus' indexes, evsel/corpus/query.py) in the
-        place of the spec's selector over a chunk list."""
+        place of the spec's selector over a chunk list. `kinds`: the kinds of document the scope
+        holds (None: any), what `default` is resolved for before its selector is built."""
         self.spec = spec
         self.context = context
-        self.first = first if first is not None else build(spec.method.first, context)
+        self.default = False
+        self.given_first = first is not None
+        if first is None:
+            resolution = resolve(spec.method.first.text, context.settings, lambda: context.backbone, kinds)
+            self.default = resolution.is_default
+            first = build(spec.method.first, context, **({"resolution": resolution} if self.default else {}))
+        self.first = first
         self.reranker = build(spec.method.rerank, context) if spec.method.rerank else None
+
+    def plan(self, chunks: list[ChunkRecord]) -> str:
+        """The method as it runs on `chunks`: `default` named by what it runs for them
+        (default>qrranker: bm25>qrranker)."""
+        if not self.default:
+            return self.spec.name
+        return self.first.plan(chunks) + self.spec.name[len(self.spec.method.first.text):]
+
+    @property
+    def ran(self) -> str:
+        """The first stage as results name it: for `default`, the method it ran last (by kind in a
+        mixed scope); a given first stage by its name; any other as asked."""
+        if self.default:
+            return self.first.resolved
+        return self.first.name if self.given_first else self.spec.method.first.text
 
     @property
     def needs_model(self) -> bool:
@@ -103,18 +133,133 @@ class Pipeline:
         """The top-n, in document order (the order the generator reads them)."""
         return in_document_order(ranked[: self.spec.top_n])
 
+    def load_timed(self, on_event, timings: dict[str, float]) -> None:
+        """`load`, timed and shown as loading the model when it reads one (a prose answer needs
+        none; a dialogue one loads it when it generates)."""
+        if not self.needs_model:
+            self.load()  # what a selector loads apart from the backbone (MiniLM)
+            return
+        on_event({"type": "progress", "task": "load", "label": "loading the model", "done": 0, "total": 1})
+        started = time.perf_counter()
+        self.load()  # the backbone and the selectors' adapters
+        timings["load_s"] = time.perf_counter() - started
 
-def needs_model(select: str, settings, rerank: str | None = None, memory: bool = False,
-                evidence_only: bool = False, kinds: set[str] | None = None) -> bool:
+    def select(self, question: str, chunks: list[ChunkRecord], on_event, timings: dict[str, float], *,
+               candidates: int, corpus: str | None = None, memory: bool = False) -> "AskResult":
+        """An ask's evidence: the scope ranked as deep as the evidence needs, its top-n in document
+        order, the stages' warnings said, and how it ran (`AskResult.method`: over `candidates`
+        chunks, of `corpus` if one; with `memory`, the reranker's summaries kept)."""
+        on_event({"type": "progress", "task": "select", "label": f"selecting evidence ({self.plan(chunks)})",
+                  "done": 0, "total": 1})
+        ranking = self.ranking(question, chunks, self.depth)
+        timings.update(ranking.timings)
+        for message in ranking.warnings:
+            on_event({"type": "warning", "message": message})
+        method = {"select": self.ran, "top_n": self.spec.top_n, "candidates": candidates}
+        if corpus is not None:
+            method["corpus"] = corpus
+        if self.spec.method.rerank is not None:
+            method.update(rerank=self.spec.method.rerank.text, rerank_top=self.spec.rerank_top)
+        if ranking.extras.get("no_match"):
+            method["no_match"] = True
+        if ranking.extras.get("signals"):  # the fusion's signals that ranked, and those still encoding
+            method["signals"] = ranking.extras["signals"]
+        return AskResult(question, self.evidence(ranking.scored), method, timings,
+                         memory=ranking.extras.get("memory", []) if memory else None)
+
+
+@dataclass
+class AskResult:
+    """What an ask found: the evidence shown (Scored, in document order; with the passage the
+    answer was read in beside them, `beside`), the answer step's answer and grounding, how it ran
+    (`method`: the first stage as it ran, the reranker, the fusion's signals, the backbone) and the
+    stages' seconds. `to_dict` is `ask --json`'s result."""
+
+    question: str
+    evidence: list
+    method: dict
+    timings: dict[str, float]
+    memory: list | None = None  # the reranker's summaries (--memory)
+    text: str | None = None
+    grounding: dict | None = None
+    usage: dict = field(default_factory=dict)
+    beside: Scored | None = None
+
+    def read_answer(self, backbone, question: str, max_new_tokens: int, style: str, neighbours: dict | None,
+                    on_event) -> None:
+        """The answer step on the evidence. An answer read in a chunk beside a shown passage
+        (`neighbours`: (doc_id, seq) -> chunk) has that chunk shown too, in document order."""
+        on_event({"type": "progress", "task": "generate", "label": "writing the answer", "done": 0, "total": 1})
+        generated = answer(backbone, question, self.evidence, max_new_tokens, style, beside=neighbours)
+        self.timings["generate_s"] = generated["generate_s"]
+        self.text = generated["text"]
+        self.usage = {"prompt_tokens": generated["prompt_tokens"], "generated_tokens": generated["generated_tokens"]}
+        span = generated["span"]
+        self.grounding = {"style": style, "kind": generated["kind"], "reason": generated["reason"], "span": span,
+                          "generated": generated.get("generated"), "answer_type": generated.get("answer_type")}
+        if span is None:
+            return
+        cited = span.pop("beside", None)
+        if cited is not None:  # read beside a shown passage: shown too, in document order
+            self.beside = Scored(cited, 0.0, 1)
+            self.evidence = in_document_order(self.evidence + [self.beside])
+            span["passage"] = self.evidence.index(self.beside) + 1
+        cited = self.evidence[span["passage"] - 1].chunk
+        span.update({k: v for k, v in cited.provenance().items()
+                     if k in ("doc_id", "title", "path", "chunk_id", "page_start", "page_end", "session", "time_start")})
+        span["speaker"] = generated.get("speaker")
+
+    def to_dict(self) -> dict:
+        result = {
+            "question": self.question,
+            "answer": self.text,
+            "grounding": self.grounding,
+            "evidence": [{"rank": s.rank, "score": round(s.score, 4), **s.chunk.provenance(), "text": s.chunk.text}
+                         if s is not self.beside else {"rank": None, "score": None, "beside": True,
+                                                       **s.chunk.provenance(), "text": s.chunk.text}
+                         for s in self.evidence],
+            "method": self.method,
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+            "usage": self.usage,
+        }
+        if self.memory is not None:
+            result["memory"] = self.memory
+        return result
+
+
+# the models (selectors' LLM passes, the reader) read at most this much of a question
+MAX_QUESTION_CHARS = 2000
+
+
+def readable_question(question: str, on_event) -> tuple[str, str]:
+    """The question as asked (stripped) and as the models read it: a byte that is not UTF-8
+    arrives as a lone surrogate (os.fsdecode), which the reply echoes as given and the tokenizers
+    read as U+FFFD (they cannot encode a surrogate); at most MAX_QUESTION_CHARS of it."""
+    question = question.strip()
+    if not question:
+        raise EvselError("the question is empty", 'ask something, e.g. evsel ask "who killed the count?"')
+    readable = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in question)
+    if len(readable) > MAX_QUESTION_CHARS:  # 100,000 characters held the daemon 104 s in the LLM's passes
+        on_event({"type": "warning", "message": f"the question is {len(readable):,} characters long; the "
+                  f"models read its first {MAX_QUESTION_CHARS:,} (ask a shorter question)"})
+        readable = readable[:MAX_QUESTION_CHARS]
+    return question, readable
+
+
+def needs_model(select: str | None, settings, rerank: str | None = None, memory: bool = False,
+                evidence_only: bool = False, scope_kinds: Callable[[], set[str] | None] = lambda: None) -> bool:
     """Whether an ask with these options reads a model; `select` None is the default, resolved for
-    the scope's `kinds` of document (None: any kind). Raises EvselError when the default cannot be
-    resolved (the settings' model is missing)."""
+    the kinds of document `scope_kinds()` names (None: any kind; called only for the default).
+    Raises EvselError when the default cannot be resolved (the settings' model is missing)."""
     if not evidence_only or rerank or memory:
         return True
+    from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import needs_model as method_needs_model
-    from evsel.models.selectors.default import resolve_selects
 
-    return any(method_needs_model(method) for method in resolve_selects(select or DEFAULT, settings, kinds))
+    select = select or DEFAULT
+    kinds = scope_kinds() if select == DEFAULT else None
+    resolution = resolve(select, settings, lambda: Backbone(settings.model, settings.device), kinds)
+    return any(method_needs_model(method) for method in resolution.methods())
 
 
 def in_document_order(scored: list) -> list:

@@ -20,6 +20,8 @@ import pytest
 
 from helpers import DATA
 
+from evsel.requests import AskRequest
+
 pytest.importorskip("lance", reason="the scale extra is not installed (pip install '.[scale]')")
 pytest.importorskip("pyarrow", reason="the scale extra is not installed (pip install '.[scale]')")
 
@@ -134,8 +136,8 @@ def test_bm25_top10_equals_local_ingest(world):
     questions = _questions(world["stories"], 1)[:30]
     assert len(questions) >= 20
     for question in questions:
-        local = engine.ask(question, collection="all", select="bm25", evidence_only=True, top_n=10)
-        far = engine.ask(question, select="bm25", evidence_only=True, top_n=10, corpus=str(world["corpus"]["all"]))
+        local = engine.ask(AskRequest(question, collection="all", select="bm25", evidence_only=True, top_n=10))
+        far = engine.ask(AskRequest(question, select="bm25", evidence_only=True, top_n=10, corpus=str(world["corpus"]["all"])))
         assert far["method"]["candidates"] == local["method"]["candidates"]
         _same_top(_pairs(local), _pairs(far), 1e-4)
 
@@ -155,8 +157,8 @@ def test_bm25_capped_candidates_is_a_first_stage(world):
 def test_dense_top10_within_tolerance(world):
     engine = world["engine"]
     for question in _questions(world["stories"][:DENSE_DOCS], 2):
-        local = engine.ask(question, collection="dense", select="dense", evidence_only=True, top_n=10)
-        far = engine.ask(question, select="dense", evidence_only=True, top_n=10, corpus=str(world["corpus"]["dense"]))
+        local = engine.ask(AskRequest(question, collection="dense", select="dense", evidence_only=True, top_n=10))
+        far = engine.ask(AskRequest(question, select="dense", evidence_only=True, top_n=10, corpus=str(world["corpus"]["dense"])))
         _same_top(_pairs(local), _pairs(far), DENSE_TOLERANCE + 1e-4)  # + the 4 decimals results round to
 
 
@@ -191,8 +193,8 @@ def test_unreal_corpus_matches_local_and_answers_through_the_cli(world, capsys):
     corpus = world["make_corpus"]("corpus-unreal", docs, unreal=True)
     engine = world["engine"]
     question = _questions([world["stories"][world["docs"].index(docs[0])]], 1)[0]
-    local = engine.ask(question, collection="unreal", select="unreal", evidence_only=True, top_n=10)
-    far = engine.ask(question, select="unreal", evidence_only=True, top_n=10, corpus=str(corpus))
+    local = engine.ask(AskRequest(question, collection="unreal", select="unreal", evidence_only=True, top_n=10))
+    far = engine.ask(AskRequest(question, select="unreal", evidence_only=True, top_n=10, corpus=str(corpus)))
     _same_top(_pairs(local), _pairs(far), UNREAL_TOLERANCE)
     code, out, err = _main(capsys, "ask", "--json", question, "--corpus", str(corpus), "--select", "unreal",
                            "--top-n", "3")
@@ -226,7 +228,7 @@ def test_append_then_delete(world, tmp_path, capsys):
     assert [f["status"] for f in outcome["files"]] == ["added"]
     assert open_corpus(corpus) is not before  # a new version: reopened
     engine = world["engine"]
-    result = engine.ask(question, corpus=str(corpus), evidence_only=True, top_n=3)
+    result = engine.ask(AskRequest(question, corpus=str(corpus), evidence_only=True, top_n=3))
     assert result["evidence"][0]["path"] == str(extra.resolve())
     sha = outcome["files"][0]["sha256"]
     again = json.loads(_main(capsys, "corpus", "add", str(corpus), str(extra), "--json")[1])
@@ -241,7 +243,7 @@ def test_append_then_delete(world, tmp_path, capsys):
     gone = _cli("corpus", "rm", str(corpus), first_doc)  # once through a process of its own
     assert gone.returncode == 0, gone.stderr
     for q in (question, *_questions(world["stories"][:1], 3)):
-        result = engine.ask(q, corpus=str(corpus), evidence_only=True, top_n=10)
+        result = engine.ask(AskRequest(q, corpus=str(corpus), evidence_only=True, top_n=10))
         assert all(not e["chunk_id"].startswith(sha) and e["path"] != first_doc for e in result["evidence"])
     import lance
 

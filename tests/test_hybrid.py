@@ -554,6 +554,7 @@ def test_an_ask_needs_the_model_only_for_the_kinds_in_its_scope(tmp_path):
     the daemon answers it beside background work instead of queueing it behind the model."""
     from dataclasses import replace
 
+    from evsel.models.selectors.default import resolve
     from evsel.pipeline import needs_model
     from evsel.settings import Settings
 
@@ -562,20 +563,18 @@ def test_an_ask_needs_the_model_only_for_the_kinds_in_its_scope(tmp_path):
         "dialogue": {"method": "hybrid:bm25+unreal+dialogue", "why": "planted"},
         "book": {"method": "bm25", "why": "planted too"}}})
     settings = Settings(hybrid_weights=str(tmp_path))
-    assert not needs_model(None, settings, evidence_only=True, kinds={"book"})
-    assert needs_model(None, settings, evidence_only=True, kinds={"dialogue", "book"})
+    assert not needs_model(None, settings, evidence_only=True, scope_kinds=lambda: {"book"})
+    assert needs_model(None, settings, evidence_only=True, scope_kinds=lambda: {"dialogue", "book"})
     assert needs_model(None, settings, evidence_only=True)  # the scope unknown: any kind's method
     context = SelectorContext(load_backbone=lambda: FakeBackbone(), states=None, settings=settings)
-    selector = get_selector("default", context)
-    assert selector.needs_model
-    selector.limit_to_kinds({"book"})
+    assert get_selector("default", context).needs_model
+    selector = get_selector("default", context, resolution=resolve("default", settings, FakeBackbone, {"book"}))
     assert not selector.needs_model
     selector.load()  # only BM25's: the fusion's parts (and the model) are not loaded for books
     assert [s.chunk.id for s in selector.rank("Where did Ben go?", book_chunks())] == \
         [s.chunk.id for s in get_selector("bm25", context).rank("Where did Ben go?", book_chunks())]
-    chat = get_selector("default", context)
-    chat.limit_to_kinds({c.kind for c in [replace(c, kind="dialogue") for c in turns()]})
-    assert chat.needs_model
+    kinds = {c.kind for c in [replace(c, kind="dialogue") for c in turns()]}
+    assert get_selector("default", context, resolution=resolve("default", settings, FakeBackbone, kinds)).needs_model
 
 
 def test_the_fusion_ranks_with_what_is_ready_and_encodes_nothing_for_the_scope(tmp_path):

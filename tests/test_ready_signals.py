@@ -38,6 +38,7 @@ def plant_defaults(tmp_path, monkeypatch, **methods) -> None:
 
 def test_a_chat_default_ranks_with_what_is_ready_then_with_the_llm_signals(evsel_home, tmp_path, monkeypatch):
     from evsel.engine import Engine
+    from evsel.requests import AskRequest
     from evsel.settings import Settings
 
     plant_defaults(tmp_path, monkeypatch, dialogue="hybrid", book="hybrid")  # chats ship on BM25 (their speed)
@@ -48,7 +49,7 @@ def test_a_chat_default_ranks_with_what_is_ready_then_with_the_llm_signals(evsel
     assert engine.models_info(load=False)["default_by_kind"]["dialogue"]["method"] == "hybrid"
     states = "select count(*) from chunk_states"
 
-    cold = engine.ask("Who gave Maria's family money?")
+    cold = engine.ask(AskRequest("Who gave Maria's family money?"))
     signals = cold["method"]["signals"]
     assert cold["method"]["select"] == "hybrid" and signals["ran"] == ["bm25"]
     assert set(signals["waiting"]) == {"dense", "unreal"} and all("0 of" in w for w in signals["waiting"].values())
@@ -56,7 +57,7 @@ def test_a_chat_default_ranks_with_what_is_ready_then_with_the_llm_signals(evsel
     assert "aunt" in " ".join(e["text"] for e in cold["evidence"][:2])
 
     engine.encode_states()  # what the background encode does after an ingest through the daemon
-    warm = engine.ask("Who gave Maria's family money?")
+    warm = engine.ask(AskRequest("Who gave Maria's family money?"))
     assert warm["method"]["signals"] == {"ran": ["bm25", "dense", "unreal", "qr", "dialogue"], "waiting": {}}
     assert "aunt" in " ".join(e["text"] for e in warm["evidence"][:2])
 

@@ -1,6 +1,6 @@
 """What `evsel ask` and `evsel docs list` do once their options are read: send the request to the
 engine (the daemon's client or an in-process one) and print the reply. No Typer and no rich here:
-the Typer commands (ask.py, docs.py) and evsel.forward, which sends them to a running daemon
+the Typer commands (ask.py, docs.py) and evsel.commands.forward, which sends them to a running daemon
 without the Typer app, run the same code, so both print the same bytes.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from evsel.output import ProgressView, flat, print_json, show, show_table, stderr
+from evsel.commands.output import ProgressView, flat, print_json, show, show_table, stderr
 from evsel.provenance import evidence_label
 from evsel.requests import AskRequest, DocsListRequest
 

@@ -394,10 +394,9 @@ class CorpusStage:
 
     def __init__(self, corpus: Corpus, select: str, context, bm25_candidates: int | None = None,
                  candidates: int = ANN_CANDIDATES):
-        from evsel.defaults import DEFAULT_SELECT
+        """`select`: a concrete method (`default` resolved over a corpus: models/selectors/default.py)."""
         from evsel.models.selectors import corpus_first_stages
 
-        select = "bm25" if select == DEFAULT_SELECT else select  # the default over a corpus: words
         stages = sorted(corpus_first_stages())
         if select not in stages:
             raise EvselError(f"--select {select} cannot read a corpus",

@@ -9,6 +9,7 @@ on BM25's scale over the whole scope (the score shown is BM25's)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evsel.errors import EvselError
@@ -107,21 +108,42 @@ def states_read(method: str) -> set[str]:
     return set() if name == FALLBACK else {name}
 
 
-def resolve_selects(select: str, settings, kinds: set[str] | None = None) -> list[str]:
-    """What an ask with --select `select` may run first: `default` resolved for the settings'
-    model, the method of each kind in `kinds` (None: of every kind; the daemon's check whether an
-    ask needs the model); any other name as given."""
+@dataclass(frozen=True)
+class Resolved:
+    """A first stage with `default` resolved: the concrete method (and why) for each kind of
+    document the scope holds, every kind when the scope is not known. A method asked for by name
+    stands for itself, whatever the kind."""
+
+    asked: str
+    by_kind: dict[str, tuple[str, str]]
+
+    @property
+    def is_default(self) -> bool:
+        return self.asked == "default"
+
+    def methods(self) -> list[str]:
+        """The concrete methods the scope runs, each once, sorted."""
+        return sorted({method for method, _ in self.by_kind.values()})
+
+    def method_for(self, kind: str) -> str:
+        return self.by_kind[kind_of(kind)][0]
+
+
+OVER_A_CORPUS = "a corpus holds one index per first stage: the default over a corpus is BM25 (words)"
+
+
+def resolve(select: str, settings, load_backbone, kinds: set[str] | None = None, corpus: bool = False) -> Resolved:
+    """The one place `default` becomes concrete methods, before any selector is built: for each
+    kind in `kinds` (None: every kind), the method the defaults record names for this backbone
+    (`default_methods`); over a corpus, BM25. `load_backbone` is called only for `default` (its
+    fingerprint picks the record). Any other `select` is returned as asked."""
+    wanted = sorted({kind_of(k) for k in kinds}) if kinds is not None else list(KINDS)
     if select != "default":
-        return [select]
-    from evsel.models.runtime.backbone import Backbone
-
-    return sorted(methods_for(default_methods(Backbone(settings.model, settings.device), settings), kinds))
-
-
-def methods_for(methods: dict[str, tuple[str, str]], kinds: set[str] | None) -> set[str]:
-    """The methods `default_methods` names for `kinds` (None: for every kind)."""
-    wanted = {kind_of(k) for k in kinds} if kinds is not None else set(methods)
-    return {m for kind, (m, _) in methods.items() if kind in wanted}
+        return Resolved(select, {kind: (select, "asked for") for kind in wanted})
+    if corpus:
+        return Resolved(select, {kind: (FALLBACK, OVER_A_CORPUS) for kind in wanted})
+    chosen = default_methods(load_backbone(), settings)
+    return Resolved(select, {kind: chosen[kind] for kind in wanted})
 
 
 @register("default")
@@ -129,32 +151,28 @@ class DefaultSelector(Selector):
     name = "default"
     help = "the method measured best for each kind of document (chats, books, PDFs), else bm25 (evsel models info)"
 
-    def __init__(self, context, **_):
+    def __init__(self, context, resolution: Resolved | None = None, **_):
+        """`resolution`: `resolve`'s methods for the scope's kinds (the pipeline resolves them
+        before building this); built without one, it resolves for every kind."""
         super().__init__(context)
-        self._chosen: dict[str, tuple[str, str]] | None = None
+        self.resolution = resolution or resolve("default", context.settings, lambda: context.backbone)
         self._inners: dict[str, Selector] = {}
         self._ran: list[str] = []
         self.fallback_reason: str | None = None
-        self.scope_kinds: set[str] | None = None  # limit_to_kinds: the kinds the scope holds
 
     @property
     def chosen(self) -> dict[str, tuple[str, str]]:
-        if self._chosen is None:
-            self._chosen = default_methods(self.context.backbone, self.context.settings)
-        return self._chosen
-
-    def limit_to_kinds(self, kinds: set[str]) -> None:
-        """The scope holds only these kinds of document: the others' methods are not needed."""
-        self.scope_kinds = {kind_of(k) for k in kinds}
+        """{kind: (method, why)} for the kinds this default ranks."""
+        return self.resolution.by_kind
 
     @property
     def needs_model(self) -> bool:  # the engine asks before loading: decided from the record alone
-        methods = methods_for(self.chosen, self.scope_kinds)
-        return any(get_selector(method, self.context).needs_model for method in methods if method != FALLBACK)
+        return any(get_selector(method, self.context).needs_model
+                   for method in self.resolution.methods() if method != FALLBACK)
 
     def inner(self, kind: str) -> Selector:
         """The selector that ranks documents of `kind` (BM25, said once, where its method cannot run)."""
-        method = self.chosen[kind_of(kind)][0]
+        method = self.resolution.method_for(kind)
         if method not in self._inners:
             inner = get_selector(method, self.context, only_ready=True)  # the default never waits for an encode
             if method != FALLBACK:
@@ -172,7 +190,7 @@ class DefaultSelector(Selector):
     def resolved(self) -> str:
         """The name of the method this default ran last (what ask's result reports): one name, or
         each kind's as "method (kind) + ..." when the scope held kinds with different methods."""
-        return " + ".join(self._ran) if self._ran else self.inner("book").name
+        return " + ".join(self._ran) if self._ran else self.inner("book" if "book" in self.chosen else next(iter(self.chosen))).name
 
     def _parts(self, chunks: list[ChunkRecord]) -> dict[str, tuple[Selector, list[int]]]:
         """By the name of the selector that ranks them: that selector and the chunks' indices (one
@@ -194,7 +212,7 @@ class DefaultSelector(Selector):
         return self.resolved
 
     def load(self) -> None:
-        for kind in KINDS if self.scope_kinds is None else sorted(self.scope_kinds):
+        for kind in self.chosen:
             self.inner(kind).load()
 
     def prepare(self, chunks: list[ChunkRecord]) -> None:
