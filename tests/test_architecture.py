@@ -256,6 +256,16 @@ def test_the_architecture_doc_names_no_module_that_is_gone():
 
 
 
+def test_the_bench_readme_names_every_script():
+    """bench/README.md names every script under bench/ (by its path there, in backticks)."""
+    bench = ROOT / "bench"
+    text = (bench / "README.md").read_text(encoding="utf-8")
+    scripts = sorted(path.relative_to(bench).as_posix() for path in bench.rglob("*")
+                     if path.suffix in (".py", ".sh") and "__pycache__" not in path.parts)
+    missing = [script for script in scripts if f"`{script}`" not in text]
+    assert not missing, f"bench/README.md does not name: {missing}"
+
+
 # Private names of other objects and of libraries: what a module reads of another object, or of a
 # library, is its public API. Each use allowed here says why.
 PRIVATE_ALLOWED = {
