@@ -23,7 +23,7 @@ from .chunker import DEFAULT_CHUNK_TOKENS
 from .defaults import DATASETS
 from .errors import EmptyStoreError, EvselError, NotFoundError
 from .requests import AskRequest
-from .ingest import Ingest, IngestOptions, IngestOutcome, resume_arguments
+from .ingest import Ingest, IngestOptions, IngestOutcome, remove_documents, resume_arguments
 from .store.journal import Journal, PendingEncode, PendingIngest
 from .parsers import KINDS
 from .pipeline import MAX_QUESTION_CHARS, RERANK_TOP, Pipeline, PipelineSpec, readable_question
@@ -167,6 +167,10 @@ class Engine:
         )
 
     # ingest
+    def ingest_stage(self) -> Ingest:
+        """Ingest into this engine's store, handed the parts it needs."""
+        return Ingest(self.store, self.settings, lambda: self.backbone, self.selector_context)
+
     def ingest(
         self,
         targets: list[str],
@@ -194,13 +198,13 @@ class Engine:
                      on_event: EventSink = _ignore, *, defer: bool = False, journal: bool = False,
                      resume: PendingIngest | None = None, journaled: dict[str, int] | None = None) -> IngestOutcome:
         """`ingest`, with what it leaves to do (`Ingest.files`: `defer`, `journal`, `resume`, `journaled`)."""
-        return Ingest(self).files(targets, options, on_event, defer=defer, journal=journal, resume=resume,
-                                  journaled=journaled)
+        return self.ingest_stage().files(targets, options, on_event, defer=defer, journal=journal, resume=resume,
+                                         journaled=journaled)
 
     def run_deferred(self, work: PendingEncode, on_event: EventSink = _ignore, batch: int = 64,
                      slice_s: float | None = None) -> dict:
         """Compute what an ingest deferred, then delete its record (`Ingest.run_deferred`)."""
-        return Ingest(self).run_deferred(work, on_event, batch=batch, slice_s=slice_s)
+        return self.ingest_stage().run_deferred(work, on_event, batch=batch, slice_s=slice_s)
 
     def encode_states(self, doc_ids: list[int] | None = None, on_event: EventSink = _ignore,
                       batch: int = 64, states: bool = True, summaries: bool = False,
@@ -208,8 +212,8 @@ class Engine:
         """The per-chunk states (and with `summaries` the memory summaries) that are missing for
         these documents (None: every document), every method's, computed by each selector's ingest
         hook (`Ingest.encode_states`; after an ingest, only what the default reads is)."""
-        return Ingest(self).encode_states(doc_ids, on_event, batch=batch, states=states, summaries=summaries,
-                                          slice_s=slice_s, only_default=False)
+        return self.ingest_stage().encode_states(doc_ids, on_event, batch=batch, states=states, summaries=summaries,
+                                                 slice_s=slice_s, only_default=False)
 
     def scope_data(self, kind: str, chunks: list[ChunkRecord], build: Callable[[], object], *config) -> object:
         """Data derived from a scope's chunks (a BM25 index, stacked chunk states), built by `build`.
@@ -360,7 +364,8 @@ class Engine:
         out = writable_folder(out)
         from evsel.recipes import unreal as recipe
 
-        return recipe.run_recipe(self, out, recipe_name, data, sources or [], options or {}, command,
+        parts = recipe.RunParts(lambda: self.backbone, lambda: self.states, self.device)
+        return recipe.run_recipe(parts, out, recipe_name, data, sources or [], options or {}, command,
                                  self.settings.data_dir, on_event)
 
     def train_qrranker(self, out: str, detect_heads: bool = False, options: dict | None = None,
@@ -430,10 +435,7 @@ class Engine:
 
     def remove_documents(self, doc_ids: list[int]) -> dict:
         """`docs_rm`, with the documents whose chunks were deleted (`changed_document_ids`)."""
-        docs = [self.store.document(i) for i in doc_ids]  # raises for an unknown id before deleting any
-        self.store.remove_documents(doc_ids)
-        return {"removed": [{"id": d["id"], "title": d["title"], "path": d["path"]} for d in docs],
-                "changed_document_ids": sorted({d["id"] for d in docs})}
+        return remove_documents(self.store, doc_ids)
 
     # watched folders: in-process they are only saved; the daemon watches them when it runs (it
     # answers these requests itself, and starts observing at once)
@@ -459,7 +461,7 @@ class Engine:
                     on_event: EventSink = _ignore) -> dict:
         """Bring the store in line with a watched folder, or with `paths` in it (`Ingest.sync_folder`):
         {root, files, removed, gone, followups, changed_document_ids}."""
-        return Ingest(self).sync_folder(root, collection, paths, on_event)
+        return self.ingest_stage().sync_folder(root, collection, paths, on_event)
 
     def models_info(self, load: bool = True) -> dict:
         """The backbone, its fingerprint, device, dtype, and which backend generates, with why.

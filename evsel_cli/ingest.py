@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Callable
 from . import chunker
 from .defaults import DEFAULT_COLLECTION
 from .errors import EvselError, InputError, UnsafeHomeError, known_error
-from .store.journal import PendingEncode, PendingIngest
+from .store.journal import Journal, PendingEncode, PendingIngest
 from .parsers import collect_files, parse_file, read_file
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from evsel.models.backbone import Backbone
+    from evsel.models.selectors import SelectorContext
 
 Event = dict
 EventSink = Callable[[Event], None]
@@ -93,26 +94,20 @@ def name_failure(path: Path) -> FileResult | None:
 
 
 class Ingest:
-    """One engine's ingest: its store, backbone (the chunker's tokenizer) and settings."""
+    """Ingest into one store: handed its parts (the store, the settings, a loader of the backbone,
+    whose tokenizer chunks, and the selectors' context for their ingest work), not the engine."""
 
-    def __init__(self, engine: "Engine"):
-        self.engine = engine
-
-    @property
-    def store(self):
-        return self.engine.store
-
-    @property
-    def journal(self):
-        return self.engine.journal
-
-    @property
-    def settings(self):
-        return self.engine.settings
+    def __init__(self, store, settings, load_backbone: Callable[[], "Backbone"],
+                 selector_context: Callable[[EventSink], "SelectorContext"]):
+        self.store = store
+        self.journal = Journal(store)
+        self.settings = settings
+        self.load_backbone = load_backbone
+        self.selector_context = selector_context
 
     @property
     def backbone(self):
-        return self.engine.backbone
+        return self.load_backbone()
 
     def files(self, targets: list[str], options: IngestOptions = IngestOptions(),
               on_event: EventSink = _ignore, *, defer: bool = False, journal: bool = False,
@@ -132,7 +127,6 @@ class Ingest:
         encode, summaries = self.settings.encode_at_ingest(options.encode), options.summaries
         if chunk_tokens < 16:
             raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
-        _ = self.store  # opened (and its home checked) first: a store it cannot use fails the command, not each file
         results: list[FileResult] = []
         files: list[Path] = []
         for target in targets:
@@ -239,7 +233,7 @@ class Ingest:
             known = {d["id"] for d in self.store.documents()}
             doc_ids = [d for d in doc_ids if d in known]
         chunks = self.store.chunks(doc_ids) if doc_ids != [] else []
-        work = IngestWork(self.engine.selector_context(on_event), doc_ids, states=states, summaries=summaries,
+        work = IngestWork(self.selector_context(on_event), doc_ids, states=states, summaries=summaries,
                           batch=batch, slice_s=slice_s)
         reads = self._default_reads() if only_default else None
         outcome = {"encoded": 0, "missing_before": 0}
@@ -256,9 +250,9 @@ class Ingest:
     def _default_reads(self) -> dict[str, set[str]]:
         """{kind: the methods whose per-chunk states the kind's default reads}: what an ingest
         encodes ahead of the first ask (the rest is encoded when a method first needs it)."""
-        from evsel.models.selectors.default import default_methods, states_read
+        from evsel.models.selectors.default import resolve, states_read
 
-        methods = default_methods(self.engine.backbone, self.engine.settings)
+        methods = resolve("default", self.settings, self.load_backbone).by_kind
         return {kind: states_read(method) for kind, (method, _) in methods.items()}
 
     def sync_folder(self, root: str, collection: str, paths: list[str] | None = None,
@@ -291,7 +285,7 @@ class Ingest:
         if collection_id is not None and gone:
             ids = [d["id"] for p in gone for d in self.store.documents_for_path(collection_id, p)]
             if ids:
-                removed = self.engine.remove_documents(ids)
+                removed = remove_documents(self.store, ids)
         outcome = {"root": root, "files": ingested.files, "removed": removed["removed"], "gone": gone}
         if paths is None:
             outcome["full"] = True
@@ -393,6 +387,14 @@ class Ingest:
             error.path = error.path or str(path)
             return FileResult(str(path), "failed", error=error.to_dict(), warnings=warnings,
                               seconds=time.perf_counter() - started)
+
+
+def remove_documents(store, doc_ids: list[int]) -> dict:
+    """The documents deleted, and those whose chunks were (`changed_document_ids`)."""
+    docs = [store.document(i) for i in doc_ids]  # raises for an unknown id before deleting any
+    store.remove_documents(doc_ids)
+    return {"removed": [{"id": d["id"], "title": d["title"], "path": d["path"]} for d in docs],
+            "changed_document_ids": sorted({d["id"] for d in docs})}
 
 
 def resume_arguments(pending: PendingIngest, with_options: bool = True) -> dict:

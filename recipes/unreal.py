@@ -277,10 +277,19 @@ class _Chunk:
         self.text = c["text"]
 
 
+@dataclass(frozen=True)
+class RunParts:
+    """What a training run is handed: the backbone (loaded on first use), the per-chunk state
+    cache (opened on first use) and the device asked for."""
+
+    load_backbone: Callable[[], object]
+    load_states: Callable[[], object]
+    device: str
+
+
 class Trainer(AdapterTrainer):
     """One training run on recipes/common.py's loop: `run()` trains, checks dev recall, checkpoints
-    and logs. Resumes from out/checkpoint. `engine`: what gives the backbone and the state cache
-    (an evsel Engine)."""
+    and logs. Resumes from out/checkpoint. `parts`: the backbone and the state cache."""
 
     log_nested = True
     betas = (0.9, 0.95)  # the paper's (B.3)
@@ -288,10 +297,10 @@ class Trainer(AdapterTrainer):
     stops_at_minutes = False  # --minutes lowers the step count after 3 measured steps instead
     first_check_without_dev = False
 
-    def __init__(self, config: TrainConfig, engine, command: str = "", on_event: Callable[[dict], None] = ignore_event,
-                 log: Callable[[str], None] = lambda line: None):
+    def __init__(self, config: TrainConfig, parts: RunParts, command: str = "",
+                 on_event: Callable[[dict], None] = ignore_event, log: Callable[[str], None] = lambda line: None):
         super().__init__(config, None, command, on_event, log)
-        self.engine = engine
+        self.parts = parts
         self.trained_on: dict = {}  # the data folder's sources and fold, recorded with the adapter
 
     @property
@@ -312,7 +321,7 @@ class Trainer(AdapterTrainer):
         self.train = train[: cfg.max_train] if cfg.max_train else train
         if not self.train:
             raise InputError("no training queries", "check the data folder")
-        backbone = self.engine.backbone
+        backbone = self.parts.load_backbone()
         self.backbone = backbone
         device = backbone.plan.device  # the adapter, its statistics and the chunk keys live there
         state = self.start_or_resume(lambda folder: unreal.load_adapter(folder, device),
@@ -330,7 +339,7 @@ class Trainer(AdapterTrainer):
         # every chunk the run touches: training candidates and dev documents
         needed = sorted({c for q in self.train for c in self._candidates_of(q)} |
                         {c for q in self.dev for c in self.doc_chunks[q["doc"]]})
-        states = unreal.chunk_states(backbone, self.engine.states, [_Chunk(chunks[i]) for i in needed], cfg.layer,
+        states = unreal.chunk_states(backbone, self.parts.load_states(), [_Chunk(chunks[i]) for i in needed], cfg.layer,
                                      cfg.pool, self.on_event)
         self.row = {c: i for i, c in enumerate(needed)}
         self.keys = self.query.chunk_keys(states)  # (M, P, d) standardized, fixed
@@ -540,13 +549,13 @@ class Trainer(AdapterTrainer):
             self.total_steps = planned
 
 
-def train(config: TrainConfig, engine, on_event: Callable[[dict], None] = ignore_event,
+def train(config: TrainConfig, parts: RunParts, on_event: Callable[[dict], None] = ignore_event,
           log: Callable[[str], None] = lambda line: None, command: str | None = None) -> dict:
-    """Train (or resume) a run with `engine`'s backbone and state cache; returns its summary."""
+    """Train (or resume) a run with `parts`' backbone and state cache; returns its summary."""
     if not config.data or not config.out:
         raise EvselError("training needs --data and --out")
     chunks, train_queries, dev = load_data(Path(config.data))
-    trainer = Trainer(config, engine, command or current_command(), on_event, log)
+    trainer = Trainer(config, parts, command or current_command(), on_event, log)
     trainer.trained_on = trained_on(Path(config.data))
     trainer.setup(chunks, train_queries, dev)
     return trainer.run()
@@ -563,7 +572,7 @@ def trained_on(data: Path) -> dict:
             "train_questions": meta.get("train"), "dev_questions": meta.get("dev")}
 
 
-def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: list[str], options: dict,
+def run_recipe(parts: RunParts, out: str, recipe_name: str, data: str | None, sources: list[str], options: dict,
                command: str | None = None, data_dir: str | None = None,
                on_event: Callable[[dict], None] = ignore_event) -> dict:
     """`evsel train unreal`: the recipe's settings with the given options over them; OUT/data is
@@ -588,7 +597,7 @@ def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: li
         if not (Path(data) / "train.jsonl").is_file():
             data_settings["sources"] = list(sources) or data_settings.get("sources") or ["fairytaleqa-train"]
             _check_sources(data_settings["sources"], fold)  # before the backbone loads
-            convert(Path(data), DataConfig(**data_settings, fold=fold), engine.backbone,
+            convert(Path(data), DataConfig(**data_settings, fold=fold), parts.load_backbone(),
                     Path(data_dir) if data_dir else None, on_event)
         elif sources or fold is not None:
             made = trained_on(Path(data))
@@ -597,13 +606,13 @@ def run_recipe(engine, out: str, recipe_name: str, data: str | None, sources: li
                                  f"not {list(sources) or made.get('sources')} fold {fold}",
                                  "use another --out, or the same --source and --fold")
     known = {f.name for f in fields(TrainConfig)}
-    config = TrainConfig(data=str(data), out=str(out_path), device=engine.device,
+    config = TrainConfig(data=str(data), out=str(out_path), device=parts.device,
                          **{k: v for k, v in settings.items() if k in known})
 
     def log(line: str) -> None:
         on_event({"type": "log", "message": line})
 
-    summary = train(config, engine, on_event=on_event, log=log, command=command)
+    summary = train(config, parts, on_event=on_event, log=log, command=command)
     summary.setdefault("k", config.k)
     summary.setdefault("out", str(out_path))
     return summary

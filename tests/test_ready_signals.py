@@ -80,7 +80,5 @@ def test_an_ingest_encodes_only_what_the_kinds_default_reads(evsel_home, tmp_pat
     plant_defaults(tmp_path, monkeypatch, book="bm25", dialogue="hybrid")
     engine = Engine(Settings.resolve())
     engine.ingest([str(sample_story_path())])
-    from evsel.ingest import Ingest
-
-    outcome = Ingest(engine).encode_states(None)  # what follows an ingest (the daemon's background job)
+    outcome = engine.ingest_stage().encode_states(None)  # what follows an ingest (the daemon's background job)
     assert engine.store.db.execute("select count(*) from chunk_states").fetchone()[0] == 0, outcome
