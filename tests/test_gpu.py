@@ -117,14 +117,14 @@ def test_unreal_on_cuda_matches_the_cpu(cuda, tiny_model_dir, tmp_path, monkeypa
 
 def test_training_steps_on_cuda_resume_on_the_cpu(cuda, tiny_model_dir, tmp_path):
     from evsel.engine import Engine
-    from evsel.recipes.unreal import TrainConfig, Trainer, load_data
+    from evsel.recipes.unreal import RunParts, TrainConfig, Trainer, load_data
 
     engine = Engine(model=str(tiny_model_dir), device="cuda")  # bf16, as a GPU run trains
     data = _training_folder(tmp_path / "data")
     config = TrainConfig(data=str(data), out=str(tmp_path / "run"), layer=2, pool=3, retrieval_tokens=8, groups=2,
                          c0=2, readout=[1, 2], batch=4, steps=2, lr=2e-3, warmup=1, dev_every=0, dev_queries=2,
                          calibrate_chunks=8, checkpoint_every=1, device="cuda")
-    trainer = Trainer(config, engine)
+    trainer = Trainer(config, RunParts(lambda: engine.backbone, lambda: engine.states, engine.device))
     trainer.setup(*load_data(data))  # calibration, chunk keys and the temperature, on the GPU
     assert all(t.is_cuda for t in [*trainer.adapter.trainable(), trainer.adapter.stats, trainer.keys])
     assert trainer.config.tau > 0

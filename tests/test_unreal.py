@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from evsel.models.unreal import selection as unreal
+from fixtures_tiny import SMALL_SHAPE
 from helpers import plant_defaults
 
 WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "sea", "gull", "tower", "boat",
@@ -19,17 +20,10 @@ WORDS = ["the", "keeper", "light", "storm", "ship", "rock", "night", "lamp", "se
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A random-weight Llama (2 layers, hidden 32, vocab 99) with a word-level tokenizer."""
-    from helpers import write_tiny_llama
-
-    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
-    for word in WORDS + [w.capitalize() for w in WORDS] + [f"w{i}" for i in range(99)]:
-        if len(vocab) < 99 and word not in vocab:
-            vocab[word] = len(vocab)
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), vocab, vocab_size=99, hidden_size=32,
-                            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            max_position_embeddings=1024)
+def tiny_model_dir(tiny_llama) -> Path:
+    """The tiny model at 2 layers, hidden 32, with a vocabulary of 99 (the special tokens and 95 words)."""
+    words = list(dict.fromkeys(WORDS + [w.capitalize() for w in WORDS] + [f"w{i}" for i in range(99)]))[:95]
+    return tiny_llama(words, **SMALL_SHAPE, max_position_embeddings=1024)
 
 
 @pytest.fixture
@@ -239,13 +233,13 @@ def _training_folder(folder: Path) -> Path:
 
 
 def test_three_training_steps_lower_the_loss_on_a_fixed_batch(tiny_engine, tmp_path):
-    from evsel.recipes.unreal import TrainConfig, Trainer, load_data
+    from evsel.recipes.unreal import RunParts, TrainConfig, Trainer, load_data
 
     data = _training_folder(tmp_path / "data")
     config = TrainConfig(data=str(data), out=str(tmp_path / "run"), layer=2, pool=3, retrieval_tokens=8, groups=2,
                          c0=2, readout=[1, 2], batch=4, steps=3, lr=2e-3, warmup=1, dev_every=0, dev_queries=2,
                          calibrate_chunks=8, device="cpu")
-    trainer = Trainer(config, tiny_engine)
+    trainer = Trainer(config, RunParts(lambda: tiny_engine.backbone, lambda: tiny_engine.states, "cpu"))
     trainer.setup(*load_data(data))
     batch = trainer.train[:4]
     before = trainer.batch_loss(batch, backward=False)
