@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-# the tiny GQA Llama's fixtures; helpers.py holds what tests import (shared_data, write_tiny_llama)
+# the tiny random Llama's fixtures; helpers.py holds what tests import (shared_data, plant_defaults)
 pytest_plugins = ["fixtures_tiny"]
 
 

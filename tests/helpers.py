@@ -1,5 +1,5 @@
-"""What several test modules share that is not a fixture: the shared benchmark data, and a tiny
-random Llama written to a folder."""
+"""What several test modules share that is not a fixture: the shared benchmark data and the
+defaults record a test plants (the tiny random Llama is fixtures_tiny.py's `tiny_llama`)."""
 
 from __future__ import annotations
 
@@ -37,20 +37,3 @@ def plant_defaults(folder: Path, **methods: str) -> str:
     (folder / "defaults.json").write_text(json.dumps({"format": "evsel-defaults/1", "defaults": {
         kind: {"method": method, "why": "planted"} for kind, method in methods.items()}}))
     return str(folder)
-
-
-def write_tiny_llama(folder: Path, vocab: dict[str, int], **config) -> Path:
-    """A random-weight Llama (seeded) with a word-level tokenizer over `vocab`, saved in `folder`;
-    `config` sets its shape (hidden_size, num_hidden_layers, heads, ...)."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", unk_token="<unk>")
-    tok.save_pretrained(folder)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **config)).save_pretrained(folder)
-    return folder

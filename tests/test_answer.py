@@ -8,6 +8,7 @@ import random
 from datetime import date
 
 import pytest
+from fixtures_tiny import SMALL_SHAPE
 from evsel.answer import grounding
 from evsel.models.selectors import Scored
 from evsel.pipeline import answer
@@ -102,6 +103,15 @@ def test_temporal_dialogue_question_answers_with_the_resolved_date():
     assert out["span"]["doc_start"] == 100 + text.index("yesterday")
 
 
+def test_a_when_question_finds_the_time_word_later_in_the_turn():
+    # the greeting matches the question's name; the time word ends the same turn
+    text = "John: Hi Maria! The shelter volunteering went great yesterday, thanks.\nMaria: Glad!\n"
+    chunk = _chunk(text, speakers=["John", "Maria"], time_start="1:56 pm on 22 December, 2022")
+    out = answer(_Echo("unused"), "When did John say hi to Maria?", [Scored(chunk, 1.0, 1)], 16)
+    assert out["text"] == "21 December 2022" and out["kind"] == "date"
+    assert text[out["span"]["start"]:out["span"]["end"]] == "yesterday"
+
+
 def test_abstains_when_no_word_is_shared_or_the_model_says_so():
     chunk = _chunk("The lighthouse stood on the point.")
     out = answer(_Echo("x"), "What was the weapon?", [Scored(chunk, 1.0, 1)], 16)
@@ -127,23 +137,14 @@ def test_unknown_style_is_an_error():
 
 
 @pytest.fixture(scope="module")
-def tiny_backbone(tmp_path_factory):
-    from helpers import write_tiny_llama
+def chat_backbone(tiny_llama):
     from evsel.models.runtime.backbone import Backbone
-    from transformers import PreTrainedTokenizerFast
 
-    words = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "system", "user", "assistant", ":", ".", ",", "?", "!", "Passage", "Question", "Answer", "the", "a", "in", "on", "of", "and", "keeper", "lighthouse", "lamp", "went", "out", "storm", "night", "Roland", "Pryce", "killed", "Ambrose", "Tenterden", "who", "what", "where", "when", "why", "library", "tower", "said", "boat", "rocks", "light", "was", "were", "he", "she", "it"]
-    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny"), {w: i for i, w in enumerate(words)}, vocab_size=len(words),
-                              hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, max_position_embeddings=512)
-    tok = PreTrainedTokenizerFast.from_pretrained(folder)
-    tok.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} : {{ m['content'] }} <|im_end|> "
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant : {% endif %}")
-    tok.save_pretrained(folder)
-    return Backbone(model=str(folder), device="cpu")
+    words = ["system", "user", "assistant", ":", ".", ",", "?", "!", "Passage", "Question", "Answer", "the", "a", "in", "on", "of", "and", "keeper", "lighthouse", "lamp", "went", "out", "storm", "night", "Roland", "Pryce", "killed", "Ambrose", "Tenterden", "who", "what", "where", "when", "why", "library", "tower", "said", "boat", "rocks", "light", "was", "were", "he", "she", "it"]
+    return Backbone(model=str(tiny_llama(words, chat=True, **SMALL_SHAPE, max_position_embeddings=512)), device="cpu")
 
 
-def test_span_answers_are_always_evidence_text_at_their_offsets(tiny_backbone):
+def test_span_answers_are_always_evidence_text_at_their_offsets(chat_backbone):
     vocab = ["the", "keeper", "lighthouse", "lamp", "went", "out", "storm", "night", "Roland", "Pryce", "killed", "Ambrose", "Tenterden", "library", "tower", "boat", "rocks", "light"]
     rng = random.Random(0)
     for trial in range(12):
@@ -161,7 +162,7 @@ def test_span_answers_are_always_evidence_text_at_their_offsets(tiny_backbone):
             offset += len(text) + 1
         question = " ".join(rng.choice(vocab) for _ in range(4)) + "?"
         evidence = [Scored(c, 1.0 - i / 10, i + 1) for i, c in enumerate(chunks)]
-        out = answer(tiny_backbone, question, evidence, 8, "span")
+        out = answer(chat_backbone, question, evidence, 8, "span")
         if out["text"] is None:
             assert out["kind"] == "abstained"
             continue

@@ -8,6 +8,7 @@ import json
 import random
 
 import pytest
+from fixtures_tiny import SMALL_SHAPE
 from evsel.answer import grounding
 from evsel.evaluation import metrics
 from evsel.models.selectors import Scored
@@ -97,26 +98,17 @@ def test_abstains_when_the_evidence_has_no_phrase_of_the_asked_kind():
 
 
 @pytest.fixture(scope="module")
-def tiny_backbone(tmp_path_factory):
-    from helpers import write_tiny_llama
+def chat_backbone(tiny_llama):
     from evsel.models.runtime.backbone import Backbone
-    from transformers import PreTrainedTokenizerFast
 
-    words = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "system", "user", "assistant", ":", ".", ",",
-             "?", "Passage", "Question", "the", "a", "in", "to", "of", "keeper", "lighthouse", "lamp", "went", "storm",
-             "Roland", "Pryce", "Agnes", "Quarrie", "killed", "paid", "four", "pounds", "1890", "March", "kitchen",
-             "tower", "who", "where", "when", "how", "many", "much", "what", "Who", "Where", "When", "How", "What"]
-    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny"), {w: i for i, w in enumerate(words)},
-                              vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    tok = PreTrainedTokenizerFast.from_pretrained(folder)
-    tok.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} : {{ m['content'] }} <|im_end|> "
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant : {% endif %}")
-    tok.save_pretrained(folder)
-    return Backbone(model=str(folder), device="cpu")
+    words = ["system", "user", "assistant", ":", ".", ",", "?", "Passage", "Question", "the", "a", "in", "to", "of",
+             "keeper", "lighthouse", "lamp", "went", "storm", "Roland", "Pryce", "Agnes", "Quarrie", "killed", "paid",
+             "four", "pounds", "1890", "March", "kitchen", "tower", "who", "where", "when", "how", "many", "much",
+             "what", "Who", "Where", "When", "How", "What"]
+    return Backbone(model=str(tiny_llama(words, chat=True, **SMALL_SHAPE, max_position_embeddings=512)), device="cpu")
 
 
-def test_returned_span_is_evidence_text_of_the_asked_type_or_none(tiny_backbone):
+def test_returned_span_is_evidence_text_of_the_asked_type_or_none(chat_backbone):
     """Property, on random evidence and questions: an answer is exact evidence text at its offsets
     and, for a phrase question, one of the phrases of the asked type in its sentence; or the step
     abstains (yes/no questions answer yes or no)."""
@@ -139,7 +131,7 @@ def test_returned_span_is_evidence_text_of_the_asked_type_or_none(tiny_backbone)
             offset += len(text) + 1
         question = f"{rng.choice(openers)} " + " ".join(rng.choice(vocab) for _ in range(3)) + "?"
         evidence = [Scored(c, 1.0 - i / 10, i + 1) for i, c in enumerate(chunks)]
-        out = answer(tiny_backbone, question, evidence, 8, "span")
+        out = answer(chat_backbone, question, evidence, 8, "span")
         kind = out["answer_type"]
         seen_types.add(kind)
         if out["text"] is None:

