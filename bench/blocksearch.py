@@ -41,12 +41,12 @@ def main(argv=None) -> int:
 
     import numpy as np
     import torch
-    from evsel import chunker
+    from evsel.ingest import chunker
     from evsel.store.bm25_index import chunk_tokens, tokenize
     from evsel.engine import Engine
     from evsel.evaluation.report import run_info
     from evsel.models.blocksearch import routing as bs
-    from evsel.parsers import parse_file
+    from evsel.ingest.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.settings import Settings
     from rank_bm25 import BM25Okapi

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
 
     import numpy as np
     import torch
-    from evsel import chunker
+    from evsel.ingest import chunker
     from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.gold import resolve
     from evsel.evaluation.report import run_info

@@ -158,7 +158,7 @@ def hostile_inputs(tmp: Path, home: Path, env: dict, bomb_mb: float, connections
     whether that is what a user should see (`ok`)."""
     import hashlib
 
-    from evsel.chunker import DEFAULT_CHUNK_TOKENS
+    from evsel.ingest.chunker import DEFAULT_CHUNK_TOKENS
     from parse_limits import make_epub
 
     folder = tmp / "hostile"

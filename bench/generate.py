@@ -45,8 +45,8 @@ def evidence_prompts(backbone, n_passages: int, questions: list[str]) -> list[li
     """Chat messages as `evsel ask` builds them: `n_passages` chunks (~140 tokens, evsel's own
     chunker on the bundled sample), a different window of the story for each question."""
     from evsel.answer.step import build_messages
-    from evsel.chunker import chunk_document
-    from evsel.parsers.text import parse_book
+    from evsel.ingest.chunker import chunk_document
+    from evsel.ingest.parsers.text import parse_book
     from evsel.paths import sample_story_path
 
     path = sample_story_path()
@@ -204,7 +204,7 @@ DIALOGUE_QUESTIONS = [
 
 
 def _records(doc, backbone, start: int, n: int) -> list:
-    from evsel.chunker import chunk_document
+    from evsel.ingest.chunker import chunk_document
     from evsel.models.selectors import Scored
     from evsel.store.store import ChunkRecord
 
@@ -218,7 +218,7 @@ def grounded(args) -> dict:
     variants alternating: free-form (--style sentence, the old default) vs grounded short answers,
     on the bundled story (prose) and on a LoCoMo conversation (dialogue, when ../shared is there)."""
     from evsel.models.runtime.backbone import Backbone
-    from evsel.parsers import parse_file
+    from evsel.ingest.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.pipeline import answer
 

@@ -29,9 +29,9 @@ PARAGRAPH = "<p>The keeper of Gull Point was Silas Quint, and he kept the light 
 
 CHUNK_UNPUNCTUATED = r"""
 import json, random, resource, sys, time
-from evsel.chunker import chunk_document
+from evsel.ingest.chunker import chunk_document
 from evsel.models.runtime.backbone import Backbone
-from evsel.parsers.base import ParsedDocument, TextBuilder
+from evsel.ingest.parsers.base import ParsedDocument, TextBuilder
 
 def doc(text):
     builder = TextBuilder()
@@ -73,7 +73,7 @@ def main() -> int:
     parser.add_argument("--text-mb", type=float, nargs="*", default=[2.0, 5.6])
     args = parser.parse_args()
     from evsel.evaluation.report import run_info
-    from evsel.parsers import parse_file
+    from evsel.ingest.parsers import parse_file
 
     record: dict = {"run": run_info(["python", "bench/parse_limits.py", *sys.argv[1:]]), "epub": [], "text": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -168,7 +168,7 @@ def main(argv=None) -> int:
         args.questions, args.bias, args.reps = 6, 2, 2
 
     import torch
-    from evsel import chunker
+    from evsel.ingest import chunker
     from evsel.engine import Engine
     from evsel.evaluation import metrics
     from evsel.evaluation.datasets import load_dataset
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     from evsel.evaluation.runner import build_corpus, gold_units, select_questions
     from evsel.models.qrranker import rerank as qr
     from evsel.models.selectors import SelectorContext, get_selector
-    from evsel.parsers import parse_file
+    from evsel.ingest.parsers import parse_file
     from evsel.paths import sample_story_path
     from evsel.settings import Settings
     from evsel.store.store import ChunkRecord

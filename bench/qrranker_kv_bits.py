@@ -49,7 +49,7 @@ class LayoutBacking:
 
 def main() -> int:
     os.environ["EVSEL_HOME"] = tempfile.mkdtemp(prefix="evsel-bench-kvbits-")
-    from evsel.chunker import content_hash
+    from evsel.ingest.chunker import content_hash
     from evsel.engine import Engine
     from evsel.models.qrranker import rerank as qr
     from evsel.models.selectors import get_selector

@@ -48,10 +48,10 @@ sys.path.insert(0, str(HERE))
 
 from common import data_dir, load_1m, peak_rss_mib, write_result  # noqa: E402
 
-from evsel import chunker  # noqa: E402
+from evsel.ingest import chunker  # noqa: E402
 from evsel.evaluation import metrics  # noqa: E402
 from evsel.evaluation.report import run_info  # noqa: E402
-from evsel.parsers.base import ParsedDocument, Segment  # noqa: E402
+from evsel.ingest.parsers.base import ParsedDocument, Segment  # noqa: E402
 from evsel.store.store import ChunkRecord  # noqa: E402
 
 DEFAULT_LENGTHS = [8_000, 32_000, 128_000, 512_000, 1_000_000]

@@ -172,8 +172,8 @@ OP_GROUPS = {  # profiler op -> where the time goes
 
 def book_chunk_texts(backbone, limit: int) -> list[str]:
     """The first `limit` chunks of the Sherlock Holmes book as evsel ingests it (140-token chunks)."""
-    from evsel import chunker
-    from evsel.parsers import parse_file
+    from evsel.ingest import chunker
+    from evsel.ingest.parsers import parse_file
 
     if not BOOK.is_file():
         return []

@@ -34,7 +34,7 @@ from evsel import settings as settings_module
 from evsel.engine import Engine
 from evsel.errors import EvselError, InputError, NotFoundError
 from evsel.store.journal import Journal
-from evsel.parsers import collect_files
+from evsel.ingest.parsers import collect_files
 from evsel.settings import Settings
 from evsel.store.store import DEFAULT_COLLECTION, Store
 

@@ -21,7 +21,7 @@ from typing import Callable
 from watchdog.events import FileSystemEventHandler
 
 from evsel.errors import EvselError, from_dict
-from evsel.parsers import SUPPORTED_SUFFIXES
+from evsel.ingest.parsers import SUPPORTED_SUFFIXES
 
 log = logging.getLogger("evsel.daemon")
 

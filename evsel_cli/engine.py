@@ -16,16 +16,15 @@ from evsel.models.selectors import DEFAULT as DEFAULT_SELECT
 from evsel.models.selectors import DEFAULT_METHODS, register_cleanups
 from evsel.models.selectors.default import resolve
 
-from . import chunker
 from .answer.step import STYLES
 from .requests import REQUESTS
-from .chunker import DEFAULT_CHUNK_TOKENS
+from .ingest.chunker import DEFAULT_CHUNK_TOKENS
 from .defaults import DATASETS
 from .errors import EmptyStoreError, EvselError, NotFoundError
 from .requests import AskRequest
-from .ingest import Ingest, IngestOptions, IngestOutcome, remove_documents, resume_arguments
+from .ingest.run import Ingest, IngestOptions, IngestOutcome, remove_documents, resume_arguments
 from .store.journal import Journal, PendingEncode, PendingIngest
-from .parsers import KINDS
+from .ingest.parsers import KINDS
 from .pipeline import MAX_QUESTION_CHARS, RERANK_TOP, Pipeline, PipelineSpec, readable_question
 from .provenance import evidence_label
 from .settings import Settings
@@ -176,7 +175,7 @@ class Engine:
         targets: list[str],
         collection: str = DEFAULT_COLLECTION,
         kind: str = "auto",
-        chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         on_event: EventSink = _ignore,
         encode: bool | None = None,
         resolve_links: bool = True,
@@ -319,7 +318,7 @@ class Engine:
         fold: int | None = None,
         data_dir: str | None = None,
         top_n: int = 5,
-        chunk_tokens: int = chunker.DEFAULT_CHUNK_TOKENS,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         max_new_tokens: int = 32,
         per_question: bool = False,
         rerank_top: int = RERANK_TOP,

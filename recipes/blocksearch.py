@@ -192,7 +192,7 @@ class DecoderTrainer(AdapterTrainer):
         inference (from the chunks' content hashes); BM25's in the same questions."""
         from evsel.evaluation.metrics import ranking_metrics
         from evsel.models.blocksearch import decoder as bd
-        from evsel.chunker import content_hash
+        from evsel.ingest.chunker import content_hash
 
         rows, bm25 = [], []
         self.decoder.kv_cache = self.dev_cache  # the dev contexts are the same every time

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evsel.chunker import DEFAULT_CHUNK_TOKENS
+from evsel.ingest.chunker import DEFAULT_CHUNK_TOKENS
 from evsel.errors import InputError
 from evsel.models.selectors import SelectorContext, get_selector
 from evsel.models.fusion import hybrid as hy

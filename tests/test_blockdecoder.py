@@ -256,9 +256,9 @@ def test_ask_select_blocksearch_trained_decodes_codes_of_the_sample(capsys):
     assert result["method"]["select"] == "blocksearch:trained+top64"
     assert len(result["evidence"]) == 8 and all(e["text"] and e["doc_id"] for e in result["evidence"])
     # the same decode by hand: the beam's codes, in order, are the evidence's leading chunks
-    from evsel.chunker import chunk_document
+    from evsel.ingest.chunker import chunk_document
     from evsel.models.blocksearch.routing import BlockSearch, BlockSearchConfig
-    from evsel.parsers import parse_file
+    from evsel.ingest.parsers import parse_file
 
     [doc] = parse_file(sample_story_path())
     records = [c.record() for c in chunk_document(doc, backbone)]

@@ -26,9 +26,9 @@ NEEDLES = [
 
 @pytest.fixture(scope="module")
 def story():
-    from evsel import chunker
+    from evsel.ingest import chunker
     from evsel.models.runtime.backbone import Backbone
-    from evsel.parsers import parse_file
+    from evsel.ingest.parsers import parse_file
     from evsel.paths import sample_story_path
 
     backbone = Backbone(threads=int(os.environ.get("EVSEL_THREADS") or 1))

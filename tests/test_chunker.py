@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from helpers import shared_data
-from evsel.chunker import DEFAULT_CHUNK_TOKENS, chunk_document, split_sentences
-from evsel.parsers import parse_file
-from evsel.parsers.base import ParsedDocument, Segment
-from evsel.parsers.dialogue import DialogueBuilder
+from evsel.ingest.chunker import DEFAULT_CHUNK_TOKENS, chunk_document, split_sentences
+from evsel.ingest.parsers import parse_file
+from evsel.ingest.parsers.base import ParsedDocument, Segment
+from evsel.ingest.parsers.dialogue import DialogueBuilder
 from evsel.paths import sample_story_path
 
 
@@ -205,9 +205,9 @@ def test_segments_must_tile_the_text(backbone_tokenizer):
 
 _UNPUNCTUATED_RSS = r"""
 import random, resource, sys
-from evsel.chunker import chunk_document
+from evsel.ingest.chunker import chunk_document
 from evsel.models.runtime.backbone import Backbone
-from evsel.parsers.base import ParsedDocument, TextBuilder
+from evsel.ingest.parsers.base import ParsedDocument, TextBuilder
 
 def doc(text):
     builder = TextBuilder()
@@ -243,8 +243,8 @@ def test_text_without_sentence_punctuation_is_chunked_in_bounded_memory(backbone
 
 
 def test_an_overlong_unpunctuated_sentence_is_cut_at_whitespace_or_a_bound(backbone_tokenizer):
-    from evsel.chunker import MAX_UNIT_CHARS, _iter_spans
-    from evsel.parsers.base import TextBuilder
+    from evsel.ingest.chunker import MAX_UNIT_CHARS, _iter_spans
+    from evsel.ingest.parsers.base import TextBuilder
 
     words = "the keeper of the light " * (MAX_UNIT_CHARS // 8)
     solid = "x" * (MAX_UNIT_CHARS * 2 + 5)  # no whitespace at all: cut at the bound

@@ -116,9 +116,9 @@ def test_real_model_states_and_unreal_top3_match_one_thread(torch_threads):
     """SmolLM2 on the bundled story's first 40 chunks at the shipped UNREAL adapter's layer and
     pool: pooled states within 2% of one thread's at every candidate count, the same top 3 by the
     adapter's own scoring of a question about the story."""
-    from evsel import chunker
+    from evsel.ingest import chunker
     from evsel.models.runtime.backbone import Backbone
-    from evsel.parsers import parse_file
+    from evsel.ingest.parsers import parse_file
     from evsel.paths import sample_story_path
 
     backbone = Backbone(threads=1)

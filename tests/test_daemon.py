@@ -216,7 +216,7 @@ def _notes_held_at_the_second_file(tmp_path, monkeypatch, names: str):
     second file until `release` is set. Returns (folder, second_read, release)."""
     import threading
 
-    from evsel import ingest as ingest_module
+    from evsel.ingest import run as ingest_module
 
     folder = tmp_path / "notes"
     folder.mkdir()

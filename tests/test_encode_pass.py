@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from evsel.chunker import content_hash
+from evsel.ingest.chunker import content_hash
 from evsel.models import encode_pass
 from evsel.models.qrranker import kv as qrranker_kv
 from evsel.models.unreal import selection as unreal

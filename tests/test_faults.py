@@ -501,7 +501,7 @@ def test_a_stopping_daemon_drops_the_pending_rows_of_an_ingest_it_abandons(evsel
                                                                               backbone_tokenizer):
     import threading
 
-    from evsel import ingest as ingest_module
+    from evsel.ingest import run as ingest_module
     from evsel.daemon import scheduler
     from evsel.daemon.scheduler import Job
     from evsel.daemon.server import Daemon

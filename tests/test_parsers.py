@@ -10,9 +10,9 @@ import pymupdf
 import pytest
 
 from helpers import shared_data
-from evsel.chunker import chunk_document
+from evsel.ingest.chunker import chunk_document
 from evsel.errors import InputError
-from evsel.parsers import collect_files, parse_file
+from evsel.ingest.parsers import collect_files, parse_file
 from evsel.paths import sample_story_path
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from evsel.chunker import chunk_document
+from evsel.ingest.chunker import chunk_document
 from evsel.errors import EvselError
-from evsel.parsers import parse_file
-from evsel.parsers.pdf import parse_pdf
+from evsel.ingest.parsers import parse_file
+from evsel.ingest.parsers.pdf import parse_pdf
 from evsel.settings import Settings
 
 ROWS = [("Purchases of PP&E", "(1,577)", "(1,373)"), ("Proceeds from sale of PP&E", "262", "49"),
@@ -184,7 +184,7 @@ def _value_rows_pdf(path: Path, rows: int, pages: int = 1) -> None:
 def test_rows_of_values_are_each_grown_once(tmp_path, monkeypatch):
     """Every value row seeds a table search; rows that formed no table are not grown again for
     each later seed (that made a page of value rows quadratic: minutes for one crafted page)."""
-    from evsel.parsers import pdf_tables
+    from evsel.ingest.parsers import pdf_tables
 
     grown = []
     real = pdf_tables._grow
@@ -198,7 +198,7 @@ def test_rows_of_values_are_each_grown_once(tmp_path, monkeypatch):
 
 def test_a_page_past_the_time_bound_is_read_as_text_and_docs_show_says_so(tmp_path, capsys, monkeypatch):
     from evsel.cli import main
-    from evsel.parsers import pdf
+    from evsel.ingest.parsers import pdf
 
     path = tmp_path / "cash.pdf"
     _table_pdf(path)

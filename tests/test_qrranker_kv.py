@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from evsel.chunker import content_hash
+from evsel.ingest.chunker import content_hash
 from evsel.models.qrranker import rerank as qr
 from evsel.models.qrranker import kv as qrranker_kv
 

@@ -54,8 +54,8 @@ def _assert_whole(store: Store, text: str) -> None:
 
 def test_streamed_rows_equal_the_rows_of_a_whole_list(tmp_path, monkeypatch, backbone_tokenizer):
     """The chunker's generator, written in batches, stores what the whole list stores, index included."""
-    from evsel import chunker
-    from evsel.parsers import parse_file
+    from evsel.ingest import chunker
+    from evsel.ingest.parsers import parse_file
 
     monkeypatch.setattr(store_module, "WRITE_BATCH", WRITE_BATCH)
     monkeypatch.setattr(bm25_index, "MERGE_BATCH", MERGE_BATCH)
@@ -244,7 +244,7 @@ def test_kill_9_anywhere_in_an_ingest_leaves_the_old_version_or_the_new_one(tmp_
 def test_counts_without_transformers_equal_the_transformers_tokenizer(backbone_tokenizer):
     """The chunker counts with the `tokenizers` tokenizer alone (no transformers or torch in an ingest's
     memory): the same counts and offsets as transformers' wrapper, so the same chunks."""
-    from evsel import chunker
+    from evsel.ingest import chunker
 
     assert backbone_tokenizer.fast_tokenizer is not None
     story = sample_story_path().read_text(encoding="utf-8")

@@ -16,7 +16,7 @@ from datetime import date, datetime, timedelta
 from itertools import pairwise
 
 from ..store.bm25_index import stem
-from ..chunker import split_sentences
+from ..ingest.chunker import split_sentences
 
 WORD = re.compile(r"\w+(?:['\u2019-]\w+)*")
 STOPWORDS = frozenset(
@@ -368,7 +368,20 @@ def options(question: str) -> list[str]:
         return []
     tail = re.sub(rf"^\s*(?:{_AUX}|who|which|what)\b[^A-Z0-9\"]*", "", tail)
     parts = [p.strip(" \"'") for p in re.split(r"\s+or\s+", tail)]
-    return [p for p in parts if p] if len(parts) == 2 else []
+    if len(parts) != 2 or not all(parts):
+        return []
+    # "John live close to a beach or the mountains": the first option is as long as the second
+    left, right = parts[0].split(), parts[1].split()
+    return [" ".join(left[-len(right):]) if len(left) > len(right) + 1 else parts[0], parts[1]]
+
+
+def option_pattern(option: str) -> re.Pattern:
+    """Where a passage names an option: its words without a leading article, each word's plural or
+    singular ("the mountains" is named by "mountain climbing")."""
+    named = re.sub(r"^(?:the|a|an)\s+", "", option.strip(), flags=re.I)
+    words = [re.escape(w[:-1]) + "s?" if len(w) > 3 and w.lower().endswith("s") else re.escape(w) + "s?"
+             for w in named.split()]
+    return re.compile(r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)", re.I)
 
 
 _CAP_WORD = r"(?:[A-Z][\w'\u2019&-]*\.?|\d+(?:st|nd|rd|th)?)"

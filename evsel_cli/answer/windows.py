@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ..chunker import split_sentences
+from ..ingest.chunker import split_sentences
 
 BESIDE_WORDS = 150  # words read on each side of a shown passage: a whole chunk (~105 words) in practice
 _WORD = re.compile(r"\S+")

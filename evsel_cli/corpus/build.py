@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from evsel import chunker
+from evsel.ingest import chunker
 from evsel.errors import EvselError, InputError, known_error
 
 from . import rows as corpus_rows

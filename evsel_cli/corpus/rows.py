@@ -1,7 +1,7 @@
 """A corpus' rows, made exactly as `evsel ingest` makes a local store's chunks.
 
 `rows_of_file` reads, hashes, parses and chunks one file with the parsers and chunker of
-`Ingest.ingest_file` (evsel/ingest.py: the same `read_file`, `parse_file`, `chunker.iter_chunks` and
+`Ingest.ingest_file` (evsel/ingest/run.py: the same `read_file`, `parse_file`, `chunker.iter_chunks` and
 `Chunk.record`), so every row's content_hash is the one a local ingest of that file stores.
 `rows_of_jsonl_document` does the same for one document of a JSONL source: its text is parsed as a
 file `ID.txt` holding it would be. `StateEncoder` adds the per-chunk states with the code the local
@@ -19,10 +19,10 @@ from collections import Counter
 from pathlib import Path, PurePath
 from typing import Iterable, Iterator
 
-from evsel import chunker
+from evsel.ingest import chunker
 from evsel.store.bm25_index import chunk_tokens
 from evsel.errors import InputError
-from evsel.parsers import collect_files, parse_file, read_file
+from evsel.ingest.parsers import collect_files, parse_file, read_file
 
 from . import schema
 

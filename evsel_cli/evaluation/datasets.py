@@ -12,41 +12,19 @@ import ast
 import csv
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from evsel.errors import InputError
-from evsel.parsers import parse_file
-from evsel.parsers.base import ParsedDocument
-from evsel.parsers.dialogue import parse_locomo_sample
-from evsel.parsers.pdf import parse_pdf
-from evsel.parsers.text import parse_book
+from evsel.ingest.parsers import parse_file
+from evsel.ingest.parsers.base import ParsedDocument
+from evsel.ingest.parsers.dialogue import parse_locomo_sample
+from evsel.ingest.parsers.pdf import parse_pdf
+from evsel.ingest.parsers.text import parse_book
 
+from .folds import check_fold, select_fold
 from .gold import Gold
-
-
-@dataclass
-class EvalQuestion:
-    qid: str
-    question: str
-    docs: list[str]  # keys of the documents searched for this question (the scope)
-    answers: list[str] = field(default_factory=list)  # references; empty when unanswerable
-    gold: list[Gold] = field(default_factory=list)
-    group: str = "all"  # breakdown label (LoCoMo category, local/summary, ...)
-    meta: dict = field(default_factory=dict)  # label (claims), category (LoCoMo), pair id, ...
-
-
-@dataclass
-class EvalDataset:
-    name: str
-    loaders: dict[str, Callable[[], ParsedDocument]]  # document key -> parse it
-    questions: list[EvalQuestion]
-    notes: list[str] = field(default_factory=list)  # what was skipped and why
-    task: str = "qa"  # qa | claims (true/false claims, no gold evidence)
-    answer_metric: str = "squad"  # squad | locomo | claims
-    separate_groups: tuple[str, ...] = ()  # groups reported apart from the headline numbers
-    source: str = ""  # path read
+from .records import EvalDataset, EvalQuestion
 
 
 def default_data_dir() -> Path:
@@ -533,8 +511,6 @@ def load_dataset(name: str, data_dir: Path | None = None, split: str | None = No
     if name not in ADAPTERS:
         raise InputError(f"unknown dataset {name!r}",
                          f"choose one of: {', '.join(ADAPTERS)}, or give a path to a .jsonl file")
-    from .folds import check_fold, select_fold
-
     check_fold(name, fold)
     data_dir = data_dir or default_data_dir()
     data = ADAPTERS[name](data_dir, split=split, concat=concat, pdf_reader=pdf_reader)

@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from evsel.parsers.base import ParsedDocument
+from evsel.ingest.parsers.base import ParsedDocument
 
 # A chunk counts as holding a span when it shares at least this many non-space characters
 # with it (or the whole span, if shorter): a chunk that only touches a span's edge does not.

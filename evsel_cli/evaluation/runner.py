@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from evsel import chunker
+from evsel.ingest import chunker
 from evsel.errors import EvselError, ModelError
 from evsel.models.selectors import DEFAULT_METHODS, MethodSpec, methods_with_memory
 from evsel.pipeline import RERANK_TOP, Pipeline, PipelineSpec, answer, in_document_order

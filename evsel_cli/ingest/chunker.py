@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol
 
-from .defaults import DEFAULT_CHUNK_TOKENS  # defined there for the CLI's options
+from ..defaults import DEFAULT_CHUNK_TOKENS  # defined there for the CLI's options
 from .parsers.base import ParsedDocument, Segment
 
 

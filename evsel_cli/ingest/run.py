@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from . import chunker
-from .defaults import DEFAULT_COLLECTION
-from .errors import EvselError, InputError, UnsafeHomeError, known_error
-from .store.journal import Journal, PendingEncode, PendingIngest
+from ..defaults import DEFAULT_COLLECTION
+from ..errors import EvselError, InputError, UnsafeHomeError, known_error
+from ..store.journal import Journal, PendingEncode, PendingIngest
 from .parsers import collect_files, parse_file, read_file
 
 if TYPE_CHECKING:
@@ -295,9 +295,73 @@ class Ingest:
     def _chunker_config(self, chunk_tokens: int) -> dict:
         return {"tokens": chunk_tokens, "tokenizer": self.backbone.fingerprint[:16]}
 
+    def _stored_as_asked(self, doc: dict, sha: str, config: dict, kind: str) -> bool:
+        """Is a stored document this file's bytes, chunked and read as this ingest would?"""
+        metadata = _metadata(doc)
+        return (doc["sha256"] == sha and metadata.get("chunker") == config and metadata.get("kind_arg") == kind
+                and (doc["kind"] != "pdf" or metadata.get("reader", "plain") == self.settings.pdf_reader))
+
+    def _parse(self, path: Path, kind: str, data: bytes, warnings: list[str], on_event: EventSink) -> list:
+        """The file's documents, parsed from `data`, with progress and the parser's warnings said."""
+        on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": 0, "total": 1})
+
+        def reading(done: int, total: int) -> None:  # a long EPUB: shown, and a daemon job may stop here
+            on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": done,
+                      "total": total})
+
+        parsed = parse_file(path, kind, warnings, data=data, on_progress=reading, pdf_reader=self.settings.pdf_reader)
+        on_event({"type": "progress", "task": "parse", "label": f"read {path.name}", "done": 1, "total": 1})
+        for message in warnings:
+            on_event({"type": "warning", "message": message})
+        return parsed
+
+    def _store_parsed(self, path: Path, collection_id: int, sha: str, kind: str, chunk_tokens: int, config: dict,
+                      parsed: list, on_event: EventSink) -> tuple[list[int], int]:
+        """The parsed documents chunked and stored in one transaction: their ids and chunk count."""
+        # chunks are made as the store writes them, a batch at a time: a book's chunk list is
+        # never held whole. One "store" stage: chunks stored, of an estimate until the last.
+        all_chars = sum(len(doc.text) for doc in parsed) or 1
+        made = {"chunks": 0, "chars": 0, "stored": 0}
+
+        def estimate() -> int:
+            if not made["chars"]:
+                return max(2, all_chars // (chunk_tokens * 3))  # about 3 characters a token
+            return max(made["stored"], made["chunks"] + 1, round(made["chunks"] * all_chars / made["chars"]))
+
+        def storing(done: int, total: int | None) -> None:  # inside the file's transaction: a cancel here rolls it back
+            made["stored"] = done
+            on_event({"type": "progress", "task": "store", "label": f"storing {path.name}", "done": done,
+                      "total": total if total is not None else estimate()})
+
+        def records(doc, before: int):
+            """The document's chunk records as the chunker makes them; refuses a document without text."""
+            def chunking(done: int, _total: int) -> None:  # the chunker's pulse: shown, and a cancel lands here
+                made["chars"] = before + done
+                storing(made["stored"], None)
+
+            any_text = False
+            for chunk in chunker.iter_chunks(doc, self.backbone, chunk_tokens, chunking):
+                any_text = any_text or bool(chunk.text.strip())
+                made["chunks"] += 1
+                yield chunk.record()
+            if not any_text:
+                raise InputError("no text to index", "check the file's contents", path=str(path))
+
+        docs = []
+        before = 0
+        for doc in parsed:
+            metadata = dict(doc.metadata, chunker=config, kind_arg=kind)
+            docs.append({"part": doc.part, "kind": doc.kind, "title": doc.title, "metadata": metadata,
+                         "n_chars": len(doc.text), "chunks": records(doc, before)})
+            before += len(doc.text)
+        del parsed
+        ids = self.store.replace_file(collection_id, str(path), sha, docs, on_batch=storing)
+        return ids, made["stored"]
+
     def ingest_file(
         self, path: Path, collection: str, kind: str, chunk_tokens: int, on_event: EventSink
     ) -> FileResult:
+        """One file read, parsed, chunked and stored (all or nothing); a failure is its result."""
         started = time.perf_counter()
         warnings: list[str] = []
         try:
@@ -308,64 +372,12 @@ class Ingest:
             config = self._chunker_config(chunk_tokens)
             collection_id = self.store.collection_id(collection, create=True)
             existing = self.store.documents_for_path(collection_id, str(path))
-            if existing and all(
-                d["sha256"] == sha and _metadata(d).get("chunker") == config and _metadata(d).get("kind_arg") == kind
-                and (d["kind"] != "pdf" or _metadata(d).get("reader", "plain") == self.settings.pdf_reader)
-                for d in existing
-            ):
+            if existing and all(self._stored_as_asked(d, sha, config, kind) for d in existing):
                 return FileResult(str(path), "unchanged", [d["id"] for d in existing],
                                   sum(d["n_chunks"] for d in existing), time.perf_counter() - started)
-            on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": 0, "total": 1})
-
-            def reading(done: int, total: int) -> None:  # a long EPUB: shown, and a daemon job may stop here
-                on_event({"type": "progress", "task": "parse", "label": f"reading {path.name}", "done": done,
-                          "total": total})
-
-            parsed = parse_file(path, kind, warnings, data=data, on_progress=reading,
-                                pdf_reader=self.settings.pdf_reader)
+            parsed = self._parse(path, kind, data, warnings, on_event)
             del data
-            on_event({"type": "progress", "task": "parse", "label": f"read {path.name}", "done": 1, "total": 1})
-            for message in warnings:
-                on_event({"type": "warning", "message": message})
-            # chunks are made as the store writes them, a batch at a time: a book's chunk list is
-            # never held whole. One "store" stage: chunks stored, of an estimate until the last.
-            all_chars = sum(len(doc.text) for doc in parsed) or 1
-            made = {"chunks": 0, "chars": 0, "stored": 0}
-
-            def estimate() -> int:
-                if not made["chars"]:
-                    return max(2, all_chars // (chunk_tokens * 3))  # about 3 characters a token
-                return max(made["stored"], made["chunks"] + 1, round(made["chunks"] * all_chars / made["chars"]))
-
-            def storing(done: int, total: int | None) -> None:  # inside the file's transaction: a cancel here rolls it back
-                made["stored"] = done
-                on_event({"type": "progress", "task": "store", "label": f"storing {path.name}", "done": done,
-                          "total": total if total is not None else estimate()})
-
-            def records(doc, before: int):
-                """The document's chunk records as the chunker makes them; refuses a document without text."""
-                def chunking(done: int, _total: int) -> None:  # the chunker's pulse: shown, and a cancel lands here
-                    made["chars"] = before + done
-                    storing(made["stored"], None)
-
-                any_text = False
-                for chunk in chunker.iter_chunks(doc, self.backbone, chunk_tokens, chunking):
-                    any_text = any_text or bool(chunk.text.strip())
-                    made["chunks"] += 1
-                    yield chunk.record()
-                if not any_text:
-                    raise InputError("no text to index", "check the file's contents", path=str(path))
-
-            docs = []
-            before = 0
-            for doc in parsed:
-                metadata = dict(doc.metadata, chunker=config, kind_arg=kind)
-                docs.append({"part": doc.part, "kind": doc.kind, "title": doc.title, "metadata": metadata,
-                             "n_chars": len(doc.text), "chunks": records(doc, before)})
-                before += len(doc.text)
-            del parsed
-            ids = self.store.replace_file(collection_id, str(path), sha, docs, on_batch=storing)
-            n_chunks = made["stored"]
+            ids, n_chunks = self._store_parsed(path, collection_id, sha, kind, chunk_tokens, config, parsed, on_event)
             return FileResult(str(path), "ingested", ids, n_chunks, time.perf_counter() - started, warnings=warnings,
                               replaced=[d["id"] for d in existing])
         except UnsafeHomeError:  # the home or the model cache, not this file: the command stops, in one line

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from evsel.chunker import content_hash
+from evsel.ingest.chunker import content_hash
 from evsel.errors import ModelError
 from evsel.models.shared.blocksparse import (
     BlockStateCache,

@@ -293,7 +293,7 @@ class BlockSearchSelector(Selector):
     @staticmethod
     def chunks_hashed(chunks: list[ChunkRecord]) -> list[ChunkRecord]:
         """Chunks with their content hash (records built in memory may lack one)."""
-        from evsel.chunker import content_hash
+        from evsel.ingest.chunker import content_hash
 
         if all(c.content_hash for c in chunks):
             return chunks

@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from ..defaults import KINDS  # defined there for the CLI's options
-from ..errors import InputError
+from ...defaults import KINDS  # defined there for the CLI's options
+from ...errors import InputError
 from .base import ParsedDocument, Segment, TextBuilder
 from .dialogue import looks_like_transcript, parse_json_dialogue, parse_jsonl_dialogue, parse_transcript
 from .text import HEAD_BYTES, check_not_binary, parse_book, parse_epub, read_text

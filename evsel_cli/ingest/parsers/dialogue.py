@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import InputError
+from ...errors import InputError
 from .base import ParsedDocument, TextBuilder
 
 

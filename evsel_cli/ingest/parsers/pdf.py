@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pymupdf
 
-from ..errors import InputError
+from ...errors import InputError
 from .base import ParsedDocument, TextBuilder
 from .pdf_layout import build_text, read_page, running_lines
 from .pdf_tables import page_words

@@ -13,7 +13,7 @@ from typing import Callable
 from urllib.parse import unquote
 from xml.etree import ElementTree
 
-from ..errors import InputError
+from ...errors import InputError
 from .base import ParsedDocument, TextBuilder
 
 # Control characters other than tab, newline, carriage return and form feed mark binary data.
