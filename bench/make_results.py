@@ -500,7 +500,7 @@ def startup_section(result: dict) -> list[str]:
             out.append(f"| {label} | {cost['total_us'] / 1000:.0f} ({cost['modules']} modules) | {packages} | "
                        f"{modules} |")
     out += ["", "`evsel --version` is answered before anything but the `evsel` package is imported; `docs list` and "
-            "`ask` sent to a running daemon run without Typer (evsel_cli/forward.py) and, writing to a pipe or a "
+            "`ask` sent to a running daemon run without Typer (evsel_cli/commands/forward.py) and, writing to a pipe or a "
             "file, without rich (together about twice the interpreter's start-up), and print the bytes the Typer "
             "app prints, errors included (tests/test_startup_imports.py); any other argument, and every mistake, "
             "goes to the Typer app. On a terminal rich still renders the output (colours, the live progress rows, "

@@ -348,7 +348,7 @@ class DaemonClient:
         if self._connection is None or restart:
             def relay(event: dict) -> None:
                 if event.get("type") == "warning" and on_event is _ignore:
-                    from evsel.output import warning
+                    from evsel.commands.output import warning
 
                     warning(event["message"])  # a restart is worth a line even without a progress view
                 else:

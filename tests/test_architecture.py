@@ -134,6 +134,7 @@ NOT_CORE = {
     "evsel_cli/commands": "the CLI's options and help name methods for the user",
     "evsel_cli/corpus": "a corpus stores one index per first stage (BM25 terms, dense and UNREAL vectors)",
     "evsel_cli/defaults.py": "the defaults of --select and --methods are methods",
+    "evsel_cli/requests.py": "the requests' help texts (the CLI's options) name methods for the user",
 }
 # functions that may name one, and why: training recipes are named for what they train; the daemon's
 # status reads the notes of QRRanker's KV files a full disk kept unwritten (models/qrranker/kv.py)
@@ -329,7 +330,7 @@ def test_the_private_attribute_check_finds_other_objects_and_libraries(tmp_path)
 # says why). Each other reader allowed here says why.
 SETTINGS_MODULE = "evsel_cli/settings.py"
 ENV_READS_ALLOWED = {
-    "evsel_cli/typer_cli.py": "--device, --model and --no-daemon fall back to their variables through Typer's envvar, so "
+    "evsel_cli/commands/typer_cli.py": "--device, --model and --no-daemon fall back to their variables through Typer's envvar, so "
                         "a bad value is reported as the option's",
     "evsel_cli/commands/eval.py": "--data-dir falls back to EVSEL_DATA through Typer's envvar (checked as the "
                                   "option's path)",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from evsel import manpages
+from evsel.commands import manpages
 
 MAN = Path(__file__).resolve().parent.parent / "man"
 
@@ -15,7 +15,7 @@ def test_man_pages_match_help():
     wanted = manpages.pages()
     present = {p.name: p.read_text() for p in MAN.glob("*.1")}
     drifted = sorted(n for n in set(wanted) | set(present) if wanted.get(n) != present.get(n))
-    assert not drifted, f"run: python -m evsel.manpages man/  (drifted: {drifted})"
+    assert not drifted, f"run: python -m evsel.commands.manpages man/  (drifted: {drifted})"
 
 
 def test_every_command_has_a_page():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import re
 
-from evsel.output import ProgressView, SafeConsole, duration
+from evsel.commands.output import ProgressView, SafeConsole, duration
 
 
 class FakeClock:

@@ -1,42 +1,91 @@
-"""The request table (evsel/api.py) is the one definition of the engine's requests: the daemon's
-checks, the client's path resolution and the protocol's fast requests all come from it (the
-signatures are checked against `Engine`'s in test_startup_imports.py)."""
+"""The request declarations (evsel/requests.py) are the one definition of the engine's requests:
+the daemon's checks, the client's path resolution, the protocol's fast requests and the Typer
+options all come from them (the engine's side: test_startup_imports.py)."""
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 
-from evsel.api import REQUEST, REQUESTS, Request, Requests
+import pytest
+
+from evsel.requests import REQUEST, REQUESTS, AskRequest, EvalRequest, FieldSpec, Request, WatchAddRequest, spec
 
 
-def test_every_request_has_a_signature_and_every_signature_a_request():
-    stubs = {name for name, fn in vars(Requests).items() if inspect.isfunction(fn) and not name.startswith("_")}
-    assert stubs == set(REQUESTS) and list(REQUEST) == list(REQUESTS)
+def test_every_request_is_a_frozen_declaration_with_its_paths_among_its_fields():
+    assert list(REQUEST) == list(REQUESTS)
     for request in REQUEST.values():
-        params = request.signature.parameters
-        assert set(request.paths) <= set(params), request.name
-        assert set(request.types) >= set(request.paths), request.name
+        assert dataclasses.is_dataclass(request.declaration), request.name
+        assert request.declaration.__dataclass_params__.frozen, request.name
+        names = [f.name for f in request.fields]
+        assert set(request.paths) <= set(names) and set(request.types) == set(names), request.name
+        for name in names:
+            assert isinstance(spec(request.declaration, name), FieldSpec), (request.name, name)
 
 
-def test_the_protocol_derives_its_fast_requests_from_the_table():
-    from evsel.daemon.protocol import FAST_METHODS
+def test_the_ask_request_holds_the_engines_fields_and_defaults():
+    from evsel.defaults import DEFAULT_SELECT, RERANK_TOP
 
-    assert FAST_METHODS - {"hello", "status", "shutdown"} == {name for name, r in REQUEST.items() if r.fast}
+    assert AskRequest("q") == AskRequest(
+        question="q", doc_ids=None, collection=None, top_n=5, select=DEFAULT_SELECT, evidence_only=False,
+        max_new_tokens=96, rerank=None, rerank_top=RERANK_TOP, style="short", memory=False, corpus=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        AskRequest("q").top_n = 3  # type: ignore[misc]
+
+
+def test_the_protocol_derives_its_fast_requests_from_the_declarations():
+    from evsel.daemon.protocol import DAEMON_METHODS, FAST_METHODS
+
+    assert FAST_METHODS - DAEMON_METHODS == {name for name, r in REQUEST.items() if r.fast}
     assert not {name for name, r in REQUEST.items() if r.fast and r.light}  # fast ones never queue
 
 
-def test_the_checks_and_the_client_follow_the_tables_paths(tmp_path):
+def test_the_checks_and_the_client_follow_the_declared_paths(tmp_path):
     from evsel.daemon.checks import check_params
     from evsel.daemon.client import resolve_paths
 
-    table = dict(REQUEST)
-    try:  # a request whose `collection` were a path: the check follows the table
-        REQUEST["watch_add"] = Request("watch_add", paths=("path", "collection"), fast=True)
+    @dataclasses.dataclass(frozen=True)
+    class CollectionAsPath:  # a request whose `collection` were a path: the check follows the declaration
+        path: str = dataclasses.field(metadata={"evsel": FieldSpec(path=True)})
+        collection: str = dataclasses.field(default="default", metadata={"evsel": FieldSpec(path=True)})
+
+    declared = REQUEST["watch_add"]
+    try:
+        REQUEST["watch_add"] = Request("watch_add", CollectionAsPath, fast=True)
         error = check_params("watch_add", {"path": str(tmp_path), "collection": "relative"})
         assert error is not None and "collection must be an absolute path" in error["message"]
         resolved = resolve_paths("watch_add", {"path": "here", "collection": "relative"})
         assert resolved["collection"].endswith("/relative") and resolved["collection"].startswith("/")
     finally:
-        REQUEST.clear()
-        REQUEST.update(table)
+        REQUEST["watch_add"] = declared
+    assert REQUEST["watch_add"].declaration is WatchAddRequest
     assert check_params("watch_add", {"path": str(tmp_path), "collection": "relative"}) is None
+
+
+def test_the_checks_name_unknown_missing_and_mistyped_fields():
+    from evsel.daemon.checks import check_params
+
+    assert "unexpected field 'bogus'" in check_params("ask", {"question": "q", "bogus": 1})["message"]
+    assert "missing a required field 'question'" in check_params("ask", {})["message"]
+    assert "top_n must be an integer" in check_params("ask", {"question": "q", "top_n": 2.5})["message"]
+    assert "on_event cannot be sent" in check_params("ask", {"question": "q", "on_event": 1})["message"]
+    assert "no request named" in check_params("nosuch", {})["message"]
+    assert check_params("ask", dataclasses.asdict(AskRequest("q"))) is None
+
+
+def test_the_typer_options_come_from_the_declarations():
+    """Each option of ask and eval that is a request field has the field's spelling, help and
+    default (eval's --methods and --k are the request's lists typed as text)."""
+    from evsel.cli import cli
+
+    for command, declaration, as_text in ((cli.commands["ask"], AskRequest, ()),
+                                          (cli.commands["eval"], EvalRequest, ("methods", "ks"))):
+        params = {p.name: p for p in command.params}
+        for f in dataclasses.fields(declaration):
+            field_spec = spec(declaration, f.name)
+            param = params[f.name]
+            assert param.help == field_spec.help_text, f.name
+            if field_spec.argument:
+                continue
+            assert param.opts == [field_spec.flag or "--" + f.name.replace("_", "-")], f.name
+            if f.name not in as_text and f.default is not dataclasses.MISSING:
+                assert param.default == f.default, f.name

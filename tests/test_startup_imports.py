@@ -1,9 +1,9 @@
 """The CLI's client path stays light: `evsel --version`, `--help`, and `docs list` and `ask` sent to
 a running daemon import no numpy, torch, sqlite_utils or evsel.engine; `--version`, `docs list` and
-`ask` to a running daemon not even Typer or rich (evsel.forward), and print what the Typer app
-prints, byte for byte, errors included (what they import is read from `python -X importtime`; no
-timing is asserted). And the request signatures the client checks against (evsel.api) are the
-engine's."""
+`ask` to a running daemon not even Typer or rich (evsel.commands.forward), and print what the Typer
+app prints, byte for byte, errors included (what they import is read from `python -X importtime`;
+no timing is asserted). And the request declarations (evsel.requests) are what the engine takes
+and what both parsers read."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 from daemon_helpers import daemon_home, evsel, status  # noqa: F401  (a fixture)
 
 HEAVY = ("numpy", "torch", "sqlite_utils", "evsel.engine", "evsel.pipeline", "transformers", "pydantic")
-# what evsel.forward and `--version` leave out: the command tree and the terminal renderer
-TYPER_AND_RICH = ("typer", "rich", "evsel.typer_cli", "evsel.commands.base")
+# what evsel.commands.forward and `--version` leave out: the command tree and the terminal renderer
+TYPER_AND_RICH = ("typer", "rich", "evsel.commands.typer_cli", "evsel.commands.base")
 
 
 def imported(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -69,25 +69,27 @@ def test_commands_sent_to_a_running_daemon_import_nothing_heavy(daemon_home):  #
     assert [r["method"] for r in status(daemon_home)["recent"]].count("ask") == 1
 
 
-def test_the_request_tables_signatures_are_the_engines():
-    from evsel.api import REQUEST, REQUESTS
+def test_the_engine_takes_the_declared_requests():
+    """`Engine.ask` takes an `AskRequest`; every other request's declared fields are its method's
+    parameters, in order, with the same defaults."""
+    from dataclasses import MISSING
+
     from evsel.engine import Engine
+    from evsel.requests import REQUEST, AskRequest
 
-    for name in REQUESTS:
-        ours, engines = REQUEST[name].signature, inspect.signature(getattr(Engine, name))
-        assert ours.return_annotation == engines.return_annotation, name
-        assert list(ours.parameters) == list(engines.parameters), f"update evsel/api.py: Engine.{name}{engines}"
-        for mine, theirs in zip(ours.parameters.values(), engines.parameters.values()):
-            assert (mine.kind, mine.annotation) == (theirs.kind, theirs.annotation), f"Engine.{name}: {theirs}"
-            if callable(theirs.default):
-                assert callable(mine.default), f"Engine.{name}: {theirs}"
-            else:
-                assert mine.default == theirs.default, f"Engine.{name}: {theirs}"
-    assert sorted(REQUESTS) == sorted(n for n in REQUESTS if inspect.isfunction(getattr(Engine, n, None)))
+    assert list(inspect.signature(Engine.ask).parameters) == ["self", "request", "on_event"]
+    assert inspect.signature(Engine.ask).parameters["request"].annotation in (AskRequest, "AskRequest")
+    for name, request in REQUEST.items():
+        if name == "ask":
+            continue
+        engines = {p.name: p.default for p in inspect.signature(getattr(Engine, name)).parameters.values()
+                   if p.name not in ("self", "on_event")}
+        declared = {f.name: inspect.Parameter.empty if f.default is MISSING else f.default for f in request.fields}
+        assert list(declared) == list(engines) and declared == engines, f"Engine.{name}: {engines}"
 
 
-TYPER_APP = ("import sys, evsel.forward\n"
-             "evsel.forward.forwarded = lambda args: None  # every command to the Typer app\n"
+TYPER_APP = ("import sys, evsel.commands.forward\n"
+             "evsel.commands.forward.forwarded = lambda args: None  # every command to the Typer app\n"
              "from evsel.cli import main\n"
              "sys.exit(main(sys.argv[1:]))\n")
 
@@ -118,7 +120,7 @@ def _settled(stderr: str) -> list[str]:
 
 @pytest.mark.parametrize("force_color", [False, True], ids=["pipe", "FORCE_COLOR"])
 def test_forwarded_commands_print_what_the_typer_app_prints(daemon_home, tmp_path, force_color):  # noqa: F811
-    """Each command, through evsel.forward and through the Typer app, against one daemon: the same
+    """Each command, through evsel.commands.forward and through the Typer app, against one daemon: the same
     stdout, stderr and exit code, on documents whose text rich's markup would change (brackets,
     an emoji code, a tab, backslashes, wide characters) and on plain ones."""
     odd = tmp_path / "odd.md"
@@ -177,7 +179,7 @@ PARTS = [
 @pytest.mark.parametrize("parts", PARTS, ids=range(len(PARTS)))
 def test_a_line_written_without_rich_is_what_rich_writes(parts, monkeypatch):
     """`show` on a pipe: the same text as rich's console printing the line's markup."""
-    from evsel import output
+    from evsel.commands import output
 
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
@@ -197,7 +199,7 @@ def test_a_line_written_without_rich_is_what_rich_writes(parts, monkeypatch):
 def test_a_table_written_without_rich_is_what_rich_writes(rows, monkeypatch):
     from rich.table import Table
 
-    from evsel import output
+    from evsel.commands import output
 
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
@@ -216,22 +218,24 @@ def test_a_table_written_without_rich_is_what_rich_writes(rows, monkeypatch):
     assert piped.getvalue() == by_rich.getvalue()
 
 
-def test_the_forwarded_ask_reads_its_options_as_the_typer_command_declares_them():
-    """evsel.forward's option table names the Typer command's options and parameters, and the
-    defaults it fills in (the request table's) are the Typer command's."""
-    from evsel import forward
-    from evsel.api import REQUEST
+def test_both_parsers_read_their_options_from_the_request_declarations():
+    """Every option of `ask` and `docs list` but --help and --list-methods is a field of the
+    command's request (or of `Output`), with the field's default and help, and evsel.commands.forward
+    reads exactly those options."""
     from evsel.cli import cli
+    from evsel.commands import forward
+    from evsel.requests import AskRequest, DocsListRequest, Output, spec
 
-    for command, table in ((cli.commands["ask"], forward.ASK_OPTIONS),
-                           (cli.commands["docs"].commands["list"], forward.DOCS_LIST_OPTIONS)):
-        declared = {opt: param.name for param in command.params for opt in getattr(param, "opts", ())}
-        assert {opt: parameter for opt, (parameter, _) in table.items()} == {
-            opt: name for opt, name in declared.items() if opt.startswith("--") and opt not in ("--help", "--list-methods")}
-    defaults = {param.name: param.default for param in cli.commands["ask"].params}
-    for name, parameter in REQUEST["ask"].signature.parameters.items():
-        if name not in ("self", "question", "on_event"):
-            assert defaults[name] == parameter.default, name
+    for command, declaration in ((cli.commands["ask"], AskRequest),
+                                 (cli.commands["docs"].commands["list"], DocsListRequest)):
+        table, _ = forward.options(declaration, Output)
+        typer_options = {opt: param for param in command.params for opt in getattr(param, "opts", ())
+                         if opt.startswith("--") and opt not in ("--help", "--list-methods")}
+        assert {opt: param.name for opt, param in typer_options.items()} == {opt: f for opt, (f, _) in table.items()}
+        for opt, param in typer_options.items():
+            owner = Output if param.name == "as_json" else declaration
+            assert param.help == spec(owner, param.name).help_text, opt
+            assert param.default == getattr(owner, param.name), opt
 
 
 @pytest.mark.parametrize("args", [["docs", "list"], ["ask", "Who keeps the light?", "--evidence-only"]])
@@ -240,7 +244,7 @@ def test_ctrl_c_in_a_forwarded_command_is_reported_as_the_typer_app_reports_it(a
     as through the Typer app."""
     from daemon_helpers import run_cli, use_daemon
 
-    from evsel import forward
+    from evsel.commands import forward
     from evsel.daemon.client import DaemonClient
 
     use_daemon(monkeypatch, tmp_path)

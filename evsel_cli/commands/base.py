@@ -36,7 +36,7 @@ import typer
 from typer import BadParameter, TyperException, echo, format_filename
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from ..output import visible
+from .output import visible
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 88}
 

@@ -5,7 +5,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from evsel.defaults import DEFAULT_CHUNK_TOKENS
-from evsel.output import print_json, stderr, stdout
+from evsel.commands.output import print_json, stderr, stdout
 
 from .base import FLOAT, INT, App, path
 from .common import JsonOption, engine_from, settings
@@ -100,7 +100,7 @@ def corpus_add(
     from evsel.corpus.query import require_extra
 
     require_extra()
-    from evsel.output import ProgressView
+    from evsel.commands.output import ProgressView
 
     engine = engine_from(ctx)
     with ProgressView() as view:  # progress on stderr, --json or not

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from evsel.defaults import DEFAULT_COLLECTION
-from evsel.output import escape, print_json, stderr, stdout
+from evsel.commands.output import escape, print_json, stderr, stdout
 
 from .base import FLOAT, App, path
 from .common import JsonOption, engine_from, settings
@@ -74,7 +74,7 @@ def daemon_status(ctx: typer.Context, as_json: JsonOption = False):
             stderr.print("the evsel daemon is not running; start it with: evsel daemon start")
         ctx.exit(NOT_RUNNING_EXIT)
     if info.get("home_mode_warning"):
-        from evsel.output import warning
+        from evsel.commands.output import warning
 
         warning(info["home_mode_warning"])  # stderr, so --json's stdout stays one document
     if as_json:

@@ -4,7 +4,7 @@ from typing import Annotated, List
 
 import typer
 
-from evsel.output import escape, print_json, stderr, stdout
+from evsel.commands.output import escape, print_json, stderr, stdout
 from evsel.requests import DocsListRequest
 
 from . import replies

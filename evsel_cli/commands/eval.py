@@ -9,7 +9,7 @@ import typer
 from evsel.defaults import DATASETS as DATASET_NAMES
 from evsel.defaults import DEFAULT_METHODS, STYLES
 from evsel.errors import EvselError, InputError
-from evsel.output import ProgressView, print_json, stderr, stdout, warning
+from evsel.commands.output import ProgressView, print_json, stderr, stdout, warning
 from evsel.requests import EvalRequest
 
 from .base import path

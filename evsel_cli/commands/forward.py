@@ -111,7 +111,7 @@ def forwarded(args: list[str]) -> int | None:
     from evsel.daemon.client import DaemonClient
     from evsel.settings import Settings
 
-    from .commands import replies
+    from . import replies
 
     # what the Typer app's root callback passes when no global option is given
     engine = DaemonClient(Settings.resolve(model=None, device="auto", no_daemon=False))

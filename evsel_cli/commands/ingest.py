@@ -5,7 +5,7 @@ from typing import Annotated, List, Literal, Optional
 import typer
 
 from evsel.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, KINDS
-from evsel.output import ProgressView, escape, print_json, stdout
+from evsel.commands.output import ProgressView, escape, print_json, stdout
 
 from .base import INT, choice, path
 from .common import JsonOption, engine_from

@@ -10,9 +10,9 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from evsel import manpages
+from . import manpages
 from evsel.errors import EvselError
-from evsel.output import stdout
+from evsel.commands.output import stdout
 
 
 def man(

@@ -1,7 +1,7 @@
 """Generate man pages for `evsel` and each command from the CLI's own help.
 
-    python -m evsel.manpages man/          # write the pages
-    python -m evsel.manpages --check man/  # exit 1 if they drifted from --help
+    python -m evsel.commands.manpages man/          # write the pages
+    python -m evsel.commands.manpages --check man/  # exit 1 if they drifted from --help
 
 pyproject.toml installs man/ as data files in share/man/man1, where man(1) finds them next to the
 `evsel` script (`man evsel`, `man evsel-ask`); `evsel man COMMAND` shows the same pages anywhere.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typer import Context
 from typer.core import TyperCommand, TyperGroup
 
-from . import __version__
+from evsel import __version__
 
 WIDTH = 80
 
@@ -40,7 +40,7 @@ def _commands(group: TyperGroup, prefix: list[str]):
 
 
 def _help_text(command: TyperCommand | TyperGroup, words: list[str]) -> str:
-    from .cli import CONTEXT_SETTINGS
+    from .typer_cli import CONTEXT_SETTINGS
 
     # the CLI's own help option names (-h, --help): click caches a command's help option the first
     # time it is asked, so pages made with other names would depend on what ran before
@@ -72,7 +72,7 @@ def render(command: TyperCommand | TyperGroup, words: list[str], subcommands: li
 
 
 def pages() -> dict[str, str]:
-    from .cli import cli  # the Click command tree Typer builds from evsel's app
+    from .typer_cli import cli  # the Click command tree Typer builds from evsel's app
 
     found = list(_commands(cli, ["evsel"]))
     result = {"evsel.1": render(cli, ["evsel"], [w for w, _ in found])}
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
         present = {p.name: p.read_text() for p in target.glob("*.1")} if target.is_dir() else {}
         drift = sorted(n for n in set(wanted) | set(present) if wanted.get(n) != present.get(n))
         if drift:
-            print(f"man pages drifted from --help: {', '.join(drift)}; run: python -m evsel.manpages {target}",
+            print(f"man pages drifted from --help: {', '.join(drift)}; run: python -m evsel.commands.manpages {target}",
                   file=sys.stderr)
             return 1
         return 0

@@ -2,7 +2,7 @@
 
 import typer
 
-from evsel.output import escape, print_json, stdout
+from evsel.commands.output import escape, print_json, stdout
 
 from .base import App
 from .common import JsonOption, engine_from
@@ -15,7 +15,7 @@ def models_info(ctx: typer.Context, as_json: JsonOption = False):
     """Show the backbone, its file fingerprint, the device and dtype, and which backend generates
     answers (llama.cpp or transformers), each with why it was chosen."""
     info = engine_from(ctx).models_info()
-    from evsel.output import warning
+    from evsel.commands.output import warning
     from evsel.paths import permission_warning
 
     loose = permission_warning()  # a home or store file others can read: say so (stderr)

@@ -377,7 +377,7 @@ class ProgressView:
         elif kind == "log":  # a line of a long job's log (training), shown as it comes
             self._print(lambda: self.console.print(event["message"], markup=False, highlight=False))
         elif kind == "file" and event.get("status") == "failed" and event.get("error"):
-            from .errors import from_dict
+            from evsel.errors import from_dict
 
             self._print(lambda: error(from_dict(event["error"]).line()))
         elif kind == "progress" and self.enabled and event.get("task"):

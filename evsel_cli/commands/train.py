@@ -9,7 +9,7 @@ from typing import Annotated, List, Literal, Optional
 import typer
 
 from evsel.errors import InputError
-from evsel.output import ProgressView, print_json, stderr
+from evsel.commands.output import ProgressView, print_json, stderr
 
 from .base import FLOAT, INT, App, choice, path
 from .common import JsonOption, engine_from

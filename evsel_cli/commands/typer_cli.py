@@ -8,14 +8,15 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from . import __version__
-from .commands import corpus, daemon, docs, models, train
-from .commands.ask import ask
-from .commands.base import BOOL, CONTEXT_SETTINGS, App, ClickException, UsageError, choice, show_usage_error
-from .commands.eval import eval_command
-from .commands.ingest import ingest
-from .commands.man import man
-from .cli import closed_stdout, interrupted
+from evsel import __version__
+
+from . import corpus, daemon, docs, models, train
+from .ask import ask
+from .base import BOOL, CONTEXT_SETTINGS, App, ClickException, UsageError, choice, show_usage_error
+from .eval import eval_command
+from .exits import closed_stdout, interrupted
+from .ingest import ingest
+from .man import man
 
 __all__ = ["CONTEXT_SETTINGS", "app", "cli", "run"]
 
