@@ -1,5 +1,5 @@
 """A default candidate's run where no fit looked, against the issue's target: what `evsel train
-defaults --held-out FILE` (and `evsel train hybrid --held-out FILE`) reads to keep a kind on BM25
+defaults --held-out FILE` reads (format: docs/FUSION.md, Held-out runs) to keep a kind on BM25
 where the target is missed.
 
     evsel eval fairytaleqa --split val --methods default,bm25,dense,hybrid:bm25+dense --limit 300 \

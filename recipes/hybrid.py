@@ -238,8 +238,8 @@ def choose_default(sets: list[dict], ablation: dict, dev_rows: list[dict], dev_n
 
 def apply_held_out(defaults: dict, held_out: list[dict]) -> dict:
     """The last word on each kind: where its candidate missed a target on a run no fit looked at
-    (bench/held_out.py's entries), the kind stays on BM25; the record keeps the candidate, its test
-    and every such run, met or not."""
+    (`evsel train defaults --held-out`'s entries, docs/FUSION.md), the kind stays on BM25; the
+    record keeps the candidate, its test and every such run, met or not."""
     for kind, chosen in defaults.items():
         runs = [entry for entry in held_out if entry.get("kind") == kind]
         if not runs:
@@ -316,7 +316,7 @@ def write_defaults(weights: Path, held_out: list[dict], out: Path, command: str,
     """`evsel train defaults`: each kind's default method, kept apart from the weights, in
     OUT/defaults.json. The fit's choice (hybrid.json's "defaults": the candidate that passed the
     paired test on its dev questions, before any held-out run) is judged again by every run no fit
-    looked at: the runs the fit's record already holds, and `held_out` (bench/held_out.py's
+    looked at: the runs the fit's record already holds, and `held_out` (--held-out's, docs/FUSION.md's
     entries; one of the same kind and set replaces the older). A kind whose candidate missed any
     stays on BM25, and the record says why. `warm_ask_ratios` ({kind: {method: ratio}}): warm asks
     measured on that kind's documents judge each candidate's speed again (`rejudge_speed`).
@@ -423,7 +423,6 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
                      "dev": extract(engine, dev_data, dev_qs, features_dir / f"{other}.jsonl", selector, available,
                                     on_event)})
     fitted = fit_by_kind(runs, available, options.get("warm_ask_ratio"))
-    apply_held_out(fitted["defaults"], options.get("held_out") or [])
     summary = {"source": "+".join(run["name"] for run in runs), "dev": "+".join(run["dev_name"] for run in runs),
                "train_questions": sum(len(run["train"]) for run in runs),
                "dev_questions": sum(len(run["dev"]) for run in runs),

@@ -543,9 +543,9 @@ def test_held_out_entries_are_checked_before_training(tmp_path, capsys, evsel_ho
     bad = tmp_path / "held.json"
     for text in ('[{"kind": "book"}]', "not json"):
         bad.write_text(text)
-        code, _, err = run_cli(capsys, "--no-daemon", "train", "hybrid", "--out", str(tmp_path / "out"),
+        code, _, err = run_cli(capsys, "--no-daemon", "train", "defaults", "--out", str(tmp_path / "out"),
                                "--held-out", str(bad))
-        assert code == 1 and "bench/held_out.py" in err and len(err.strip().splitlines()) == 1, err
+        assert code == 1 and "docs/FUSION.md" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
 
 

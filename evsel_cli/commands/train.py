@@ -45,18 +45,19 @@ HELD_OUT_FIELDS = ("kind", "set", "questions", "recall@3", "target", "met", "mis
 
 
 def _held_out_entries(file: str) -> list[dict]:
-    """bench/held_out.py's JSON list: each entry a run no fit looked at, judged against its target."""
+    """A held-out file (format: docs/FUSION.md, "Held-out runs"): a JSON list, each entry a run
+    no fit looked at, judged against its target."""
     import json
 
     try:
         entries = json.loads(Path(file).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise InputError(f"--held-out {file} is not a JSON list of held-out runs ({error})",
-                         "write it with bench/held_out.py") from None
+                         "see its format in docs/FUSION.md (Held-out runs)") from None
     if not isinstance(entries, list) or not all(isinstance(e, dict) and all(f in e for f in HELD_OUT_FIELDS)
                                                 for e in entries):
         raise InputError(f"--held-out {file} holds no list of held-out runs with {', '.join(HELD_OUT_FIELDS)}",
-                         "write it with bench/held_out.py")
+                         "see its format in docs/FUSION.md (Held-out runs)")
     return entries
 
 
@@ -409,22 +410,19 @@ def train_hybrid(
              "hybrid's (every signal), METHOD=RATIO another weight set's, e.g. "
              "hybrid:bm25+dense+unreal+dialogue=1.6. Repeatable. A method becomes the default for the "
              "source's kind of document only when this is at most 2 (unmeasured: it does not).")] = None,
-    held_out: Annotated[Optional[List[str]], typer.Option(
-        "--held-out", metavar="FILE", parser=path(dir_okay=False, exists=True),
-        help="Runs no fit looked at, each against its target (a JSON list written by bench/held_out.py). "
-             "A kind whose candidate missed one stays on BM25; the record keeps every run. Repeatable.")] = None,
     as_json: JsonOption = False,
 ):
     """The learned fusion's weights (--select hybrid): BM25, dense, UNREAL and QR-head scores and
     dialogue features of each question's candidate pool, extracted once into OUT/features, then a
     listwise softmax model fitted in seconds; one weight set per group of signals, so a backbone
-    without some trained part still has one. Use them with EVSEL_HYBRID_WEIGHTS=OUT.
+    without some trained part still has one. Use them with EVSEL_HYBRID_WEIGHTS=OUT. The fit
+    proposes each kind's default candidate; evsel train defaults judges it on held-out runs and
+    writes the defaults record.
     """
     command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
     options = {"sources": list(sources), "fold": fold, "groups": groups, "questions": questions,
                "dev_questions": dev_questions,
-               "warm_ask_ratio": dict(_warm_ask_ratio(v) for v in warm_ask_ratios) if warm_ask_ratios else None,
-               "held_out": [entry for file in held_out or () for entry in _held_out_entries(file)]}
+               "warm_ask_ratio": dict(_warm_ask_ratio(v) for v in warm_ask_ratios) if warm_ask_ratios else None}
     engine = engine_from(ctx)
     with ProgressView() as view:  # progress on stderr, --json or not
         summary = engine.train_hybrid(str(Path(out).absolute()), options, command, on_event=view, recipe_name=recipe)
@@ -450,8 +448,8 @@ def train_defaults(
         help="Folder to write defaults.json to (the shipped record: models/adapters/<fingerprint>).")],
     held_out: Annotated[List[str], typer.Option(
         "--held-out", metavar="FILE", parser=path(dir_okay=False, exists=True),
-        help="Runs no fit looked at, each against its target (a JSON list written by bench/held_out.py). "
-             "Repeatable.")],
+        help="Runs no fit looked at, each against its target (a JSON list; format in docs/FUSION.md, "
+             "Held-out runs). Repeatable.")],
     weights: Annotated[Optional[str], typer.Option(
         "--weights", parser=path(exists=True),
         help="The fusion's weights whose fit proposes each kind's candidate (default: EVSEL_HYBRID_WEIGHTS, "
