@@ -10,7 +10,7 @@ from pathlib import Path
 
 def data_dir() -> Path:
     """$EVSEL_DATA, else ../shared/data beside the checkout (as `evsel eval` finds it)."""
-    from evsel.evaluation import default_data_dir
+    from evsel.evaluation.datasets import default_data_dir
 
     return default_data_dir()
 

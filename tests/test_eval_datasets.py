@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers import DATA, shared_data
 
-from evsel.evaluation import load_dataset
+from evsel.evaluation.datasets import load_dataset
 from evsel.evaluation.datasets import normalize_dia_ids
 from evsel.evaluation.gold import locate
 from evsel.evaluation.runner import build_corpus, gold_units, select_questions
@@ -144,7 +144,7 @@ def test_mmlongbench_pages(backbone_tokenizer):
 
 
 def test_limit_spreads_questions_evenly_and_keeps_claim_pairs():
-    from evsel.evaluation import EvalQuestion
+    from evsel.evaluation.records import EvalQuestion
 
     items = [EvalQuestion(qid=str(i), question="q", docs=["d"]) for i in range(10)]
     assert [q.qid for q in select_questions(items, 5)] == ["0", "2", "4", "6", "8"]

@@ -71,7 +71,7 @@ def test_ask_and_eval_give_the_same_top_n(tmp_path, capsys, rerank):
     record = result["per_question"][method][0]
     # eval's chunks are made in memory by the same chunker: map its top ids to their spans
     from evsel.engine import Engine
-    from evsel.evaluation import load_dataset
+    from evsel.evaluation.datasets import load_dataset
     from evsel.evaluation.runner import build_corpus
 
     engine = Engine()

@@ -10,7 +10,7 @@ import pytest
 from helpers import DATA, shared_data
 
 from evsel.cli import main
-from evsel.evaluation import load_dataset
+from evsel.evaluation.datasets import load_dataset
 from test_qrranker import _trainer
 
 

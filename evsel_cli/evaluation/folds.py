@@ -6,12 +6,10 @@ adapter saw. The folds are fixed here, not drawn, so every run and every enginee
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from evsel.errors import InputError
 
-if TYPE_CHECKING:
-    from .datasets import EvalDataset
+from .records import EvalDataset
 
 FOLDS = (1, 2)
 # LoCoMo by conversation (a conversation's questions share its people and events): 999 / 987 questions.
@@ -39,7 +37,7 @@ def other_fold(fold: int) -> int:
     return 2 if fold == 1 else 1
 
 
-def select_fold(data: "EvalDataset", fold: int) -> "EvalDataset":
+def select_fold(data: EvalDataset, fold: int) -> EvalDataset:
     """The dataset with only fold `fold`'s documents and questions."""
     name = data.name.split("-")[0]
     check_fold(name, fold)

@@ -41,6 +41,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .transaction import rollback
+
 K1, B = 1.5, 0.75  # BM25Okapi's defaults, as the local selector uses them (the corpus scores with them)
 EPSILON = 0.25  # BM25Okapi's default: negative idf becomes EPSILON * the scope's average idf
 EMPTY_TOKEN = "<empty>"  # a chunk without words is indexed as this one token (rank-bm25 needs one)
@@ -307,8 +309,6 @@ TABLES = ("bm25_terms", "bm25_docs", "bm25_postings")
 def repair(conn: sqlite3.Connection) -> bool:
     """Rebuild the index from the chunks when one of its tables is gone (dropped by hand, a damaged
     file): it holds nothing the chunks do not, so nothing is lost. True when it was rebuilt."""
-    from .migrations import rollback
-
     if conn.execute("select 1 from _evsel_migrations where name = 'm004_bm25_index'").fetchone() is None:
         return False  # a store its migration has not reached yet (the migration creates the index)
 

@@ -3,11 +3,11 @@ transaction and recorded in `_evsel_migrations`. `evsel.store.store.connect` run
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import StoreError
+from .transaction import rollback
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -233,14 +233,3 @@ def migrate(db: sqlite_utils.Database) -> list[str]:
                 db.conn.execute("pragma foreign_keys = on")
         applied.append(name)
     return applied
-
-
-def rollback(conn: sqlite3.Connection) -> None:
-    """Roll back the open transaction, if SQLite has not already: on a full disk (SQLITE_FULL) it
-    rolls back by itself, and a second "rollback" would fail and hide the real error."""
-    if conn.in_transaction:
-        try:
-            conn.execute("rollback")
-        except sqlite3.Error:
-            pass  # the error being raised says what went wrong
-

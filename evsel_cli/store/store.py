@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 from .. import paths
 from ..defaults import DEFAULT_COLLECTION  # defined there for the CLI's options
 from ..errors import InputError, NotFoundError, StoreError, known_error
-from .migrations import migrate, rollback
+from .migrations import migrate
+from .transaction import rollback
 
 if TYPE_CHECKING:  # imported where a store is opened: the CLI's client path never opens one
     import sqlite_utils
