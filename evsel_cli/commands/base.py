@@ -16,12 +16,15 @@ help, usage lines and errors are a contract (scripts, the man pages, the tests),
   parameter of a command it runs, and importing pydantic took longer than the rest of `evsel docs
   list` through the daemon.
 
-Only public names are used: `typer`, the command and parameter classes of `typer.core`, and Click's
-public methods and attributes on them. Typer bundles its own Click (it does not depend on `click`,
-and evsel imports no `click`) without exporting two things evsel needs, kept here in one place
-each: the usage-error classes (found by name under the exported `typer.TyperException`,
-`_typer_exception`), and a parameter's value conversion (Typer has no hook for it: a parameter's
-class becomes a subclass that overrides the public `get_runtime_param`, `_light_coercion`).
+Otherwise only public names are used: `typer`, the command and parameter classes of `typer.core`,
+and Click's public methods and attributes on them. The gap this module fills: Typer bundles its
+own Click (it does not depend on `click`, and evsel imports no `click`) and documents no way to
+reach three things evsel needs, each reached in one place here: the usage-error classes (found by
+name under the exported `typer.TyperException`, `_typer_exception`); a parameter's value
+conversion (no hook: a parameter's class becomes a subclass that overrides the public
+`get_runtime_param`, `_light_coercion`); and the `parser=` a parameter was declared with, which
+Typer keeps only on its `type_descriptor` (`parameter_info`, `file_annotation`; read by
+`_Coercion` and `_option_metavar`).
 """
 
 from __future__ import annotations
