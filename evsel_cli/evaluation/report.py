@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
@@ -31,93 +32,122 @@ def headline_k(ks: list[int]) -> int:
     return 5 if 5 in ks else ks[len(ks) // 2]
 
 
-def tables(result: dict) -> list[Table]:
-    """The headline table (one row per method) and a per-group recall table."""
+@dataclass(frozen=True)
+class _Columns:
+    """Which of the headline table's optional columns a result has."""
+
+    ranked: bool  # recall columns (NoCha has no gold evidence)
+    generate: bool  # answer columns
+    locomo: bool
+    claims: bool
+    abstains: bool
+    graded: bool  # abstention precision/recall (the dataset marks unanswerable questions)
+
+    @classmethod
+    def of(cls, result: dict) -> "_Columns":
+        ks, methods = result["config"]["k"], result["methods"].values()
+        generate = result["config"]["generate"]
+        return cls(
+            ranked=any(m.get(f"recall@{ks[0]}") is not None for m in methods),
+            generate=generate,
+            locomo=generate and any("locomo_f1" in m for m in methods),
+            claims=generate and any("pair_accuracy" in m for m in methods),
+            abstains=generate and any("abstention" in m for m in methods),
+            graded=generate and any((m.get("abstention") or {}).get("unanswerable") for m in methods),
+        )
+
+
+def _headline_table(result: dict, cols: _Columns) -> Table:
     ks = result["config"]["k"]
     hk = headline_k(ks)
-    methods = result["methods"]
     data = result["dataset"]
     separate = data.get("separate_groups") or []
     caption = (f"{data['questions']} questions ({data['questions_with_gold']} with gold), "
                f"{data['documents']} documents, {data['chunks']} chunks of ~{data['chunk_tokens_mean']:.0f} tokens"
                + (f"; headline excludes {', '.join(separate)}" if separate else ""))
-    main = Table(title=f"evsel eval {data['name']}", caption=caption)
-    main.add_column("method")
-    ranked = any(m.get(f"recall@{ks[0]}") is not None for m in methods.values())  # NoCha has no gold evidence
-    if ranked:
-        for k in ks:
-            main.add_column(f"R@{k}", justify="right")
-        main.add_column(f"all@{hk}", justify="right")
-        main.add_column("MRR", justify="right")
-    generate = result["config"]["generate"]
-    if generate:
-        for name in ("EM", "F1", "contained"):
-            main.add_column(name, justify="right")
-        if any("locomo_f1" in m for m in methods.values()):
-            main.add_column("LoCoMo F1", justify="right")
-        if any("pair_accuracy" in m for m in methods.values()):
-            main.add_column("claim acc", justify="right")
-            main.add_column("pair acc", justify="right")
-        abstains = any("abstention" in m for m in methods.values())
-        graded = any((m.get("abstention") or {}).get("unanswerable") for m in methods.values())
-        if abstains:
-            main.add_column("abstain", justify="right")
-        if graded:
-            main.add_column("abstain P/R", justify="right")
-        main.add_column("prompt tok", justify="right")
-    main.add_column("select ms med/p95", justify="right")
-    if generate:
-        main.add_column("generate ms med/p95", justify="right")
-    main.add_column("index s", justify="right")
-    for spec, m in methods.items():
-        row = [spec]
-        if ranked:
-            row += [_fmt(m.get(f"recall@{k}")) for k in ks] + [_fmt(m.get(f"complete@{hk}")), _fmt(m.get("mrr"))]
-        if generate:
-            row += [_fmt(m.get("em")), _fmt(m.get("f1")), _fmt(m.get("contained"))]
-            if any("locomo_f1" in x for x in methods.values()):
-                row.append(_fmt(m.get("locomo_f1")))
-            if any("pair_accuracy" in x for x in methods.values()):
-                row += [_fmt(m.get("correct")), _fmt(m.get("pair_accuracy"))]
-            abstention = m.get("abstention") or {}
-            if abstains:
-                row.append(_fmt(abstention.get("rate")))
-            if graded:
-                row.append(f"{_fmt(abstention.get('precision'))} / {_fmt(abstention.get('recall'))}")
-            tokens = m.get("prompt_tokens")
-            note = f" ({m['not_fitting']} too long)" if m.get("not_fitting") else ""
-            row.append((f"{tokens:.0f}" if tokens is not None else "-") + note)
-        row.append(_ms(m["latency"], "select_s"))
-        if generate:
-            row.append(_ms(m["latency"], "generate_s"))
-        row.append(f"{m['index_s']:.1f}")
-        main.add_row(*row)
-    out = [main]
+    table = Table(title=f"evsel eval {data['name']}", caption=caption)
+    names = ["method"]
+    if cols.ranked:
+        names += [f"R@{k}" for k in ks] + [f"all@{hk}", "MRR"]
+    if cols.generate:
+        names += ["EM", "F1", "contained"]
+        names += ["LoCoMo F1"] * cols.locomo + ["claim acc", "pair acc"] * cols.claims
+        names += ["abstain"] * cols.abstains + ["abstain P/R"] * cols.graded + ["prompt tok"]
+    names += ["select ms med/p95"] + ["generate ms med/p95"] * cols.generate + ["index s"]
+    for name in names:
+        table.add_column(name, **({} if name == "method" else {"justify": "right"}))
+    for spec, m in result["methods"].items():
+        table.add_row(*_headline_row(spec, m, cols, ks, hk))
+    return table
+
+
+def _headline_row(spec: str, m: dict, cols: _Columns, ks: list[int], hk: int) -> list[str]:
+    row = [spec]
+    if cols.ranked:
+        row += [_fmt(m.get(f"recall@{k}")) for k in ks] + [_fmt(m.get(f"complete@{hk}")), _fmt(m.get("mrr"))]
+    if cols.generate:
+        row += [_fmt(m.get("em")), _fmt(m.get("f1")), _fmt(m.get("contained"))]
+        if cols.locomo:
+            row.append(_fmt(m.get("locomo_f1")))
+        if cols.claims:
+            row += [_fmt(m.get("correct")), _fmt(m.get("pair_accuracy"))]
+        abstention = m.get("abstention") or {}
+        if cols.abstains:
+            row.append(_fmt(abstention.get("rate")))
+        if cols.graded:
+            row.append(f"{_fmt(abstention.get('precision'))} / {_fmt(abstention.get('recall'))}")
+        tokens = m.get("prompt_tokens")
+        note = f" ({m['not_fitting']} too long)" if m.get("not_fitting") else ""
+        row.append((f"{tokens:.0f}" if tokens is not None else "-") + note)
+    row.append(_ms(m["latency"], "select_s"))
+    if cols.generate:
+        row.append(_ms(m["latency"], "generate_s"))
+    row.append(f"{m['index_s']:.1f}")
+    return row
+
+
+def _answer_type_table(methods: dict) -> Table | None:
+    """The answer step by what each question asks for (person, place, ...)."""
     kinds = sorted({t for m in methods.values() for t in m.get("answer_types", {})})
-    if generate and kinds:  # the answer step by what each question asks for
-        by_type = Table(title="answers by type: EM / F1 / contained (questions)")
-        by_type.add_column("method")
+    if not kinds:
+        return None
+    table = Table(title="answers by type: EM / F1 / contained (questions)")
+    table.add_column("method")
+    for t in kinds:
+        n = max(m.get("answer_types", {}).get(t, {}).get("questions", 0) for m in methods.values())
+        table.add_column(f"{t} ({n})", justify="right")
+    for spec, m in methods.items():
+        cells = []
         for t in kinds:
-            n = max(m.get("answer_types", {}).get(t, {}).get("questions", 0) for m in methods.values())
-            by_type.add_column(f"{t} ({n})", justify="right")
-        for spec, m in methods.items():
-            cells = []
-            for t in kinds:
-                v = m.get("answer_types", {}).get(t)
-                cells.append("-" if not v else f"{_fmt(v.get('em'), 2)} / {_fmt(v.get('f1'), 2)} / {_fmt(v.get('contained'), 2)}")
-            by_type.add_row(spec, *cells)
-        out.append(by_type)
+            v = m.get("answer_types", {}).get(t)
+            cells.append("-" if not v else f"{_fmt(v.get('em'), 2)} / {_fmt(v.get('f1'), 2)} / {_fmt(v.get('contained'), 2)}")
+        table.add_row(spec, *cells)
+    return table
+
+
+def _group_table(methods: dict, hk: int) -> Table | None:
+    """recall@hk per group, where the dataset has more than one group with gold."""
     groups = sorted({g for m in methods.values() for g, v in m["groups"].items() if v.get("with_gold")})
-    if len(groups) > 1:
-        by_group = Table(title=f"recall@{hk} by group (questions with gold)")
-        by_group.add_column("method")
-        for g in groups:
-            n = next(m["groups"][g]["with_gold"] for m in methods.values() if g in m["groups"])
-            by_group.add_column(f"{g} ({n})", justify="right")
-        for spec, m in methods.items():
-            by_group.add_row(spec, *[_fmt(m["groups"].get(g, {}).get(f"recall@{hk}")) for g in groups])
-        out.append(by_group)
-    return out
+    if len(groups) < 2:
+        return None
+    table = Table(title=f"recall@{hk} by group (questions with gold)")
+    table.add_column("method")
+    for g in groups:
+        n = next(m["groups"][g]["with_gold"] for m in methods.values() if g in m["groups"])
+        table.add_column(f"{g} ({n})", justify="right")
+    for spec, m in methods.items():
+        table.add_row(spec, *[_fmt(m["groups"].get(g, {}).get(f"recall@{hk}")) for g in groups])
+    return table
+
+
+def tables(result: dict) -> list[Table]:
+    """The headline table (one row per method), answers by type (with --generate) and a per-group
+    recall table."""
+    cols = _Columns.of(result)
+    methods = result["methods"]
+    by_type = _answer_type_table(methods) if cols.generate else None
+    by_group = _group_table(methods, headline_k(result["config"]["k"]))
+    return [t for t in (_headline_table(result, cols), by_type, by_group) if t is not None]
 
 
 def plot(result: dict, path: Path) -> bool:
