@@ -105,13 +105,12 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
     dialogue = any(s.chunk.speakers for s in evidence)
     asked = grounding.answer_type(question)
     if style == "short":
-        from evsel.models.reader.lora import LoraReader
         from evsel.models.reader.shipped import reader_for
 
         reader = reader_for(backbone, reader_dir) if Scorer(backbone).ready else None
-        # an either/or question ("... a beach or the mountains?") reads as yes/no: the LoRA reader
-        # answers it with one of its options
-        chooses = isinstance(reader, LoraReader) and bool(grounding.options(question))
+        # an either/or question ("... a beach or the mountains?") reads as yes/no: the reader answers
+        # it with one of its options
+        chooses = bool(grounding.options(question))
         if reader is not None and (reader_answers(question, asked, dialogue) or chooses):
             return _reader_answer(backbone, reader, question, evidence, asked, dialogue)
     style = "short" if style == "rules" else style
@@ -202,7 +201,7 @@ def _option_span(question: str, reading, texts: list[str]):
 
     hits = []
     for option in grounding.options(question):
-        pattern = re.compile(r"(?<!\w)" + re.escape(option) + r"(?!\w)", re.I)
+        pattern = grounding.option_pattern(option)
         for p, text in enumerate(texts):
             for m in pattern.finditer(text):
                 logp = reading.logp_of(p, m.start(), m.end())
@@ -221,7 +220,13 @@ def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, 
     ranked = grounding.rank_sentences(question, found)
     if not ranked or grounding.support(question, ranked[0][1]) == 0.0:
         return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
-    reading = reader.reading(backbone, question, [c.text for c in chunks])
+    texts = [c.text for c in chunks]
+    reading = reader.reading(backbone, question, texts)
+    chosen = _option_span(question, reading, texts)
+    if chosen is not None:
+        said = next((s for s in found if s.passage == chosen.passage and s.start <= chosen.start < s.end), None)
+        return Grounded(chosen.text, "span", None, chosen.passage, chosen.start, chosen.end,
+                        speaker=said.speaker if said else None, answer_type=asked, confidence=chosen.probability)
     candidates = candidate_spans(reading, question, asked, found, ranked)
     if not candidates:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)

@@ -1,0 +1,55 @@
+"""The answer step's rules that hold for either reader, on a scripted reading (no model): an
+either/or question is answered by one of its options, the likelier where the passages name it."""
+
+import math
+
+from evsel.answer import step
+from evsel.models.reader.span_head import Reader
+from evsel.pipeline import Scored
+from evsel.store.store import ChunkRecord
+
+
+def _chunk(text: str, speakers=()) -> ChunkRecord:
+    return ChunkRecord(id=1, doc_id=1, seq=1, text=text, content_hash="1", n_tokens=len(text.split()),
+                       char_start=0, char_end=len(text), speakers=list(speakers), title="t")
+
+
+class _ScriptedReading:
+    """Each span's log-probability from a table of its text; anything else is no whole-token span."""
+
+    def __init__(self, texts: list[str], logps: dict[str, float]):
+        self.texts, self.logps = texts, logps
+
+    def logp_of(self, passage: int, start: int, end: int):
+        return self.logps.get(self.texts[passage][start:end])
+
+
+class _ScriptedSpanHead(Reader):
+    def __init__(self, logps: dict[str, float]):  # no weights: the reading is scripted
+        self.logps = logps
+
+    def reading(self, backbone, question, texts):
+        return _ScriptedReading(texts, self.logps)
+
+
+def test_an_either_or_question_is_answered_by_the_likelier_option_the_passages_name():
+    text = "John: I love the beach near my house, but we go mountain climbing every summer.\n"
+    evidence = [Scored(_chunk(text, ["John", "Maria"]), 1.0, 1)]
+    question = "Does John live close to a beach or the mountains?"
+    reader = _ScriptedSpanHead({"beach": math.log(0.4), "mountain climbing": math.log(0.5)})
+    out = step._reader_answer(None, reader, question, evidence, "yesno", True)
+    # "mountain climbing" has no whole-word span of its own: the beach is the only option read
+    assert out.text == "beach" and out.kind == "span"
+    assert text[out.start:out.end] == "beach"
+    # the singular names the plural option ("the mountains"), and the likelier option wins
+    reader = _ScriptedSpanHead({"beach": math.log(0.1), "mountain": math.log(0.6)})
+    assert step._reader_answer(None, reader, question, evidence, "yesno", True).text == "mountain"
+
+
+def test_the_options_of_a_choice_question_are_as_long_as_each_other():
+    from evsel.answer import grounding
+
+    assert grounding.options("Does John live close to a beach or the mountains?") == ["a beach", "the mountains"]
+    assert grounding.options("Would Melanie prefer a national park or a theme park?") == \
+        ["a national park", "a theme park"]
+    assert grounding.options("Which band was formed first, Killing Joke or Acceptance?") == ["Killing Joke", "Acceptance"]
