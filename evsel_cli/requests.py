@@ -9,8 +9,6 @@ daemon treats it. This module imports no engine, store or model code, so the cli
 request at start-up.
 """
 
-from __future__ import annotations
-
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
