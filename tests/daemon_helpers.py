@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,6 +119,27 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def outcome(code: int, stdout: str, stderr: str) -> tuple:
+    """What a command run stated, to compare two ways of running it: its exit code, its stdout
+    (the JSON document where it is one, without the timings that differ run to run), and what it
+    told the user on stderr: its error and warning lines, or Typer's usage block. Progress rows are
+    left out by what is kept: how many are written depends on the machine's load."""
+    try:
+        result = json.loads(stdout)
+    except ValueError:
+        result = stdout
+    if isinstance(result, dict):
+        result.pop("timings", None)
+    lines = [_ANSI.sub("", line).rstrip() for line in stderr.splitlines()]
+    usage = next((i for i, line in enumerate(lines) if line.lstrip().startswith("Usage:")), None)
+    told = lines[usage:] if usage is not None else [
+        line for line in lines if line.startswith(("evsel: error:", "evsel: warning:"))]
+    return code, result, told
 
 
 def docs_by_name(collection: str | None = None) -> dict[str, dict]:

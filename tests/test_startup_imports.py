@@ -1,15 +1,14 @@
 """The CLI's client path stays light: `evsel --version`, `--help`, and `docs list` and `ask` sent to
 a running daemon import no numpy, torch, sqlite_utils or evsel.engine; `--version`, `docs list` and
-`ask` to a running daemon not even Typer or rich (evsel.commands.forward), and print what the Typer
-app prints, byte for byte, errors included (what they import is read from `python -X importtime`;
-no timing is asserted). And the request declarations (evsel.requests) are what the engine takes
-and what both parsers read."""
+`ask` to a running daemon not even Typer or rich (evsel.commands.forward), whose outcome is the
+Typer app's, errors included (tests/test_path_parity.py). What they import is read from
+`python -X importtime`; no timing is asserted. And the request declarations (evsel.requests) are
+what the engine takes and what both parsers read."""
 
 from __future__ import annotations
 
 import inspect
 import io
-import os
 import subprocess
 import sys
 
@@ -86,84 +85,6 @@ def test_the_engine_takes_the_declared_requests():
                    if p.name not in ("self", "on_event")}
         declared = {f.name: inspect.Parameter.empty if f.default is MISSING else f.default for f in request.fields}
         assert list(declared) == list(engines) and declared == engines, f"Engine.{name}: {engines}"
-
-
-TYPER_APP = ("import sys, evsel.commands.forward\n"
-             "evsel.commands.forward.forwarded = lambda args: None  # every command to the Typer app\n"
-             "from evsel.cli import main\n"
-             "sys.exit(main(sys.argv[1:]))\n")
-
-
-def _without_timings(text: str) -> str:
-    """An `ask --json` reply without its timings (they differ run to run); other text as it is."""
-    import json
-
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text
-    if isinstance(data, dict):
-        data.pop("timings", None)
-    return json.dumps(data)
-
-
-def _settled(stderr: str) -> list[str]:
-    """stderr's lines without terminal control codes, blank lines and progress rows (a spinner,
-    then the step; or, on a pipe, `evsel: progress:` every few seconds of a long step: how often,
-    and with which frame and elapsed time, a row is written depends on the machine's load, not on
-    the path)."""
-    import re
-
-    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).rstrip() for line in stderr.splitlines()]
-    return [line for line in lines if line and not re.match("[\u2800-\u28ff] |evsel: progress: ", line)]
-
-
-@pytest.mark.parametrize("force_color", [False, True], ids=["pipe", "FORCE_COLOR"])
-def test_forwarded_commands_print_what_the_typer_app_prints(daemon_home, tmp_path, force_color):  # noqa: F811
-    """Each command, through evsel.commands.forward and through the Typer app, against one daemon: the same
-    stdout, stderr and exit code, on documents whose text rich's markup would change (brackets,
-    an emoji code, a tab, backslashes, wide characters) and on plain ones."""
-    odd = tmp_path / "odd.md"
-    odd.write_text("# Odd [bold]title[/] :smile:\n\nThe keeper said: \"time:now:\" and [red]nothing[/] at\tall.\n\n"
-                   "A backslash \\ here, café, “quotes”. Who keeps the light? The keeper keeps the light.\n")
-    (tmp_path / "wide.md").write_text("# 日本語のタイトル\n\n灯台守は誰ですか。The keeper keeps the light.\n")
-    (tmp_path / "plain.txt").write_text("Plain notes\n\nThe keeper keeps the light, said the plain note.\n")
-    evsel("daemon", "start", "--no-preload")
-    evsel("ingest", evsel("sample").stdout.strip())
-    evsel("ingest", str(odd), str(tmp_path / "wide.md"), str(tmp_path / "plain.txt"), "--collection", "odd")
-    question = "Who keeps the light?"
-    # the default method reads the model's states: loaded and computed once here, so each pair
-    # below does the same work on both paths
-    for scope in ([], ["--collection", "odd"]):
-        evsel("ask", question, "--evidence-only", *scope)
-    env = dict(os.environ)
-    if force_color:
-        env["FORCE_COLOR"] = "1"
-    cases = [
-        ["docs", "list"], ["docs", "list", "--json"], ["docs", "list", "--collection", "default"],
-        ["docs", "list", "--collection=odd"], ["docs", "list", "--collection", "nosuch"],
-        ["docs", "list", "--collection"], ["docs", "list", "extra"],
-        ["ask", question, "--evidence-only"], ["ask", question, "--evidence-only", "--collection", "default"],
-        ["ask", question, "--evidence-only", "--collection", "odd", "--top-n", "3"],
-        ["ask", question, "--evidence-only", "--doc", "2", "--doc", "4", "--json"],
-        ["ask", question, "--evidence-only", "--select", "random", "--top-n=2"],
-        ["ask", question, "--select", "nosuch"], ["ask", question, "--evidence-only", "--rerank", "nosuch"],
-        ["ask", question, "--evidence-only", "--doc", "99"], ["ask", question, "--style", "nosuch"],
-        ["ask", question, "--evidence-only", "--top-n", "x"], ["ask", question, "--evidence-only", "--bogus"],
-        ["ask", question, "--evidence-only", "--top-n", "3", "--top-n", "2"], ["ask", "--evidence-only"],
-    ]
-    for args in cases:
-        forwarded = subprocess.run([sys.executable, "-m", "evsel", *args], capture_output=True, text=True,
-                                   env=env, timeout=300)
-        typer_app = subprocess.run([sys.executable, "-c", TYPER_APP, *args], capture_output=True, text=True,
-                                   env=env, timeout=300)
-        assert forwarded.returncode == typer_app.returncode, (args, forwarded.stderr, typer_app.stderr)
-        assert _without_timings(forwarded.stdout) == _without_timings(typer_app.stdout), args
-        # a progress row is written as often as the load allows
-        assert _settled(forwarded.stderr) == _settled(typer_app.stderr), args
-    # the odd documents' text reached the output (rich rendered what it would change)
-    shown = evsel("ask", question, "--evidence-only", "--collection", "odd", env=env).stdout
-    assert "日本語" in shown and "😄" in shown and "[red]nothing[/]" in shown
 
 
 PARTS = [
