@@ -269,7 +269,7 @@ class Engine:
         found = pipeline.select(readable, chunks, on_event, timings, memory=request.memory,
                                 candidates=len(chunks) if opened is None else opened.n_chunks,
                                 corpus=None if opened is None else str(opened.path))
-        found.question = question
+        found.question = question  # the reply echoes the question as asked; the models read `readable`
         if not request.evidence_only:
             neighbours = self.scope_data("neighbours", chunks, lambda: neighbours_of(chunks)) if chunks else None
             found.read_answer(self.backbone, readable, request.max_new_tokens, request.style, neighbours, on_event)
