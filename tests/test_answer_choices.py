@@ -53,3 +53,29 @@ def test_the_options_of_a_choice_question_are_as_long_as_each_other():
     assert grounding.options("Would Melanie prefer a national park or a theme park?") == \
         ["a national park", "a theme park"]
     assert grounding.options("Which band was formed first, Killing Joke or Acceptance?") == ["Killing Joke", "Acceptance"]
+
+
+def test_a_name_the_passages_use_as_a_place_is_no_person_and_the_reverse():
+    from evsel.answer import grounding
+
+    texts = ["Josie Pye dared Anne to walk the ridgepole. They drove to Marysville for the concert.",
+             "In Marysville the band played. \"Never,\" said Josie Pye.", "The failure of the Abbey Bank was in the paper."]
+    roles = grounding.name_roles(texts)
+    assert roles["Marysville"] == "place" and roles["Josie Pye"] == "person"
+    people = [t[a:b] for t in texts for a, b in grounding.typed_spans(t, "person", roles)]
+    assert "Josie Pye" in people and "Marysville" not in people and "Abbey Bank" not in people
+    places = [t[a:b] for t in texts for a, b in grounding.typed_spans(t, "place", roles)]
+    assert "Marysville" in places and "Josie Pye" not in places
+    # without the passages' use, a capitalised name may be either
+    assert "Marysville" in [texts[0][a:b] for a, b in grounding.typed_spans(texts[0], "person")]
+
+
+def test_a_how_much_question_about_money_wants_an_amount_with_its_currency():
+    from evsel.answer import grounding
+
+    text = "The company sold 73.5 million shares for $2.1 billion in cash; the peddler took fifty cents."
+    assert grounding.tag_kind("How much cash did the company receive for the shares?", "number") == "money"
+    assert grounding.tag_kind("How much did Anne pay the peddler for the dye?", "number") == "money"
+    assert grounding.tag_kind("How many children did Mrs. Hammond have?", "number") == "number"
+    assert [text[a:b] for a, b in grounding.typed_spans(text, "money")] == ["$2.1 billion", "fifty cents"]
+    assert "73.5 million shares" in [text[a:b] for a, b in grounding.typed_spans(text, "number")]

@@ -430,10 +430,73 @@ _SENTENCE_STARTERS = STOPWORDS | {"but", "and", "yet", "now", "then", "when", "w
                                   "i'll", "i'd", "it's", "that's", "there's", "we're", "you're", "don't", "didn't"}
 
 
-def typed_spans(text: str, kind: str) -> list[tuple[int, int]]:
+# how the passages use a name: a title before it or a verb of speech after it makes a person of
+# it; a locative preposition before it, a place
+_PERSON_BEFORE = re.compile(r"\b(?:Mr|Mrs|Miss|Ms|Dr|Sir|Lady|Lord|Aunt|Uncle|Captain|Colonel|Major|Professor|"
+                            r"Madame|Mademoiselle|Monsieur|Mister|Master|Mistress|Signor|Herr|Frau)\.?\s+$")
+_PERSON_AFTER = re.compile(r"^,?\s+(?:said|says|asked|asks|replied|cried|answered|exclaimed|whispered|laughed|"
+                           r"smiled|nodded|sighed|shouted|thought|wrote|told|married|herself|himself)\b")
+_SAID_BEFORE = re.compile(r"\b(?:said|says|asked|replied|cried|answered|exclaimed|whispered|thought)\s+$")
+_PLACE_BEFORE = re.compile(r"\b(?:in|at|into|near|towards?|across|through|within|outside|inside|beyond|"
+                           r"(?:went|go|going|gone|come|came|coming|drove|walked|travelled|traveled|moved|returned|"
+                           r"sailed|back|way|road|journey|trip) (?:to|from))\s+$", re.I)
+_PLACE_HEADS = frozenset(
+    "street road lane avenue square lodge hall house manor castle abbey church chapel bank hotel inn station river "
+    "lake sea ocean island bay hill hills mountain mountains valley park town city village county court gardens "
+    "place college school university academy hospital asylum farm cottage bridge harbour harbor port point cove "
+    "creek wood woods forest gables".split())
+_MONEY_QUESTION = re.compile(
+    r"\bhow much (?:money|cash|\w+ (?:a|per|each) (?:year|week|month|day)|[^?]*\b(?:pay|paid|earn|earned|cost|costs|"
+    r"charge|charged|sell|sold|buy|bought|offer|offered|owe|owed|lose|lost|win|won|receive|received|get|got|give|gave|"
+    r"spend|spent|worth|salary|price|fee|rent|wage|wages|income|revenue)\b)|\bwhat (?:was|is|were|are) the "
+    r"(?:price|cost|fee|salary|wage|rent|income|revenue|fine|reward)\b", re.I)
+_MONEY = re.compile(r"[$£€¥]|\b(?:pounds?|shillings?|pence|guineas?|dollars?|cents?|euros?|francs?|crowns?|"
+                    r"sovereigns?|marks?|rupees?|yen|usd|gbp|eur)\b", re.I)
+
+
+def tag_kind(question: str, asked: str) -> str:
+    """The kind of phrase the tagger looks for: `money` for a how-much question about money (an amount
+    with its currency, not "73.5 million shares"), else what the question asks for."""
+    return "money" if asked == "number" and _MONEY_QUESTION.search(question) else asked
+
+
+def name_roles(texts: list[str]) -> dict[str, str]:
+    """Per capitalised name in the passages, "person" or "place" where the passages' own use of it
+    says so more often one way than the other (a name used both ways, or with no cue, is left out)."""
+    votes: dict[str, Counter] = {}
+    for text in texts:
+        for m in _NAME.finditer(text):
+            start, name = m.start(), re.split(r"[.!?]\s", m.group())[0].rstrip(".,'\u2019-&")
+            first = WORD.match(name)
+            while first and first.group().lower() in _SENTENCE_STARTERS:  # "In Marysville"
+                rest = name[first.end():].lstrip()
+                start, name = start + len(name) - len(rest), rest
+                first = WORD.match(name)
+            if not name:
+                continue
+            before, after = text[max(0, start - 40):start], text[start + len(name):start + len(name) + 30]
+            person = _PERSON_BEFORE.search(before) or _PERSON_AFTER.match(after) or _SAID_BEFORE.search(before) \
+                or _PERSON_BEFORE.search(name.split()[0] + " ")
+            for key in {name, name.split()[-1]} if person and " " in name else {name}:
+                tally = votes.setdefault(key, Counter())
+                tally["person"] += bool(person)
+                tally["place"] += bool(_PLACE_BEFORE.search(before)) or name.split()[-1].lower() in _PLACE_HEADS
+    return {name: role for name, tally in votes.items()
+            for role, other in (("person", "place"), ("place", "person")) if tally[role] > tally[other]}
+
+
+def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> list[tuple[int, int]]:
     """Spans of `text` that could answer a question of type `kind`: names (capitalised runs) for
-    people, places and organisations (and quoted titles), amounts and numbers, dates and times,
-    noun-phrase-like runs of content words for things. Plain rules, no tagger."""
+    people, places and organisations (and quoted titles), amounts and numbers (`money`: amounts with
+    a currency), dates and times, noun-phrase-like runs of content words for things. Plain rules, no
+    tagger; with `roles` (name_roles of the passages), a name the passages use as a place is no
+    person and one they use as a person no place."""
+    if kind == "money":
+        return [(a, b) for a, b in typed_spans(text, "number") if _MONEY.search(text[a:b])]
+    if roles and kind in ("person", "place"):
+        other = "place" if kind == "person" else "person"
+        return [(a, b) for a, b in typed_spans(text, kind)
+                if roles.get(text[a:b]) != other and not (kind == "person" and _is_place_name(text[a:b]))]
     spans: list[tuple[int, int]] = []
     if kind in ("person", "place", "organisation", "thing"):
         found = list(_NAME.finditer(text)) + ([] if kind == "person" else list(_TITLE.finditer(text)))
@@ -495,6 +558,12 @@ def typed_spans(text: str, kind: str) -> list[tuple[int, int]]:
             seen.add((a, b))
             out.append((a, b))
     return out
+
+
+def _is_place_name(phrase: str) -> bool:
+    """A capitalised name whose last word names a kind of place ("the Abbey Bank", "Briony Lodge")."""
+    last = phrase.split()[-1].lower() if phrase.split() else ""
+    return phrase[:1].isupper() and " " in phrase and last in _PLACE_HEADS
 
 
 def _trim_span(text: str, a: int, b: int) -> tuple[int, int]:

@@ -162,7 +162,7 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
     texts = [c.text for c in chunks]
     reading = reader.reading(backbone, question, texts)
     spans = [f for f in reading.top(LORA_TOP) if not grounding.echoes(question, f.text)]
-    best = _option_span(question, reading, texts) or (_typed_span(asked, spans, texts) if spans else None)
+    best = _option_span(question, reading, texts) or (_typed_span(question, asked, spans, texts) if spans else None)
     if best is None:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
     logp = reading.logp_of(best.passage, best.start, best.end)
@@ -179,12 +179,13 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
                     answer_type=asked, confidence=math.exp(logp))
 
 
-def _typed_span(asked: str, spans: list, texts: list[str]):
+def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
     """The best span, or the best one of the asked type within TYPE_MARGIN of it."""
     best = spans[0]
     if asked not in CHECKED_TYPES:
         return best
-    typed = {p: grounding.typed_spans(text, asked) for p, text in enumerate(texts)}
+    kind, roles = grounding.tag_kind(question, asked), grounding.name_roles(texts)
+    typed = {p: grounding.typed_spans(text, kind, roles) for p, text in enumerate(texts)}
     floor = math.log(best.probability) - TYPE_MARGIN
     for f in spans:
         if math.log(f.probability) < floor:
@@ -290,8 +291,10 @@ def candidate_spans(reading, question: str, asked: str, found: list, ranked: lis
     spans = {(f.passage, f.start, f.end) for f in reading.top(READER_TOP)}
     typed: set = set()
     if asked in grounding.ENTITY_TYPES:
+        # a name the passages use as a place is no person, an amount of shares no sum of money
+        kind, roles = grounding.tag_kind(question, asked), grounding.name_roles(reading.passages)
         for sentence in found:
-            for a, b in grounding.typed_spans(sentence.text, asked):
+            for a, b in grounding.typed_spans(sentence.text, kind, roles):
                 typed.add((sentence.passage, sentence.start + a, sentence.start + b))
     spans |= typed
     trimmed = set()
