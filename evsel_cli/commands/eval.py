@@ -67,34 +67,17 @@ def eval_command(
     all@k (every piece found), MRR and per-stage latency; with --generate, answer EM/F1 (SQuAD
     normalisation), LoCoMo's F1 and NoCha's pair accuracy.
     """
-    from evsel.evaluation.report import plot, run_info, tables
+    from evsel.evaluation.report import run_info
 
-    method_list = [m.strip() for m in methods.split(",") if m.strip()]
-    if not method_list:
-        raise EvselError("--methods is empty", f"e.g. --methods {DEFAULT_METHODS}")
+    method_list = _method_list(methods)
     if top_n < 1:
         raise EvselError(f"--top-n {top_n} must be at least 1")
     if chunk_tokens < 16:
         raise EvselError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
     k_list = _int_list(ks, "--k")
-    styles = [x.strip() for x in answer_style.split(",") if x.strip()]
-    unknown = [x for x in styles if x.split("@", 1)[0] not in STYLES]
-    if unknown or not styles:
-        raise InputError(f"unknown answer style {', '.join(unknown) or answer_style!r}",
-                         f"choose among: {', '.join(STYLES)}")
-    for i, style in enumerate(styles):  # short@DIR: style short with the reader in DIR (readers compared in one run)
-        if "@" in style:
-            name, folder = style.split("@", 1)
-            if name != "short" or not Path(folder).is_dir():
-                raise InputError(f"--answer-style {style}: give short@DIR with DIR a reader's folder",
-                                 "e.g. --answer-style short,short@runs/reader")
-            styles[i] = f"short@{Path(folder).absolute()}"
-    if not (dataset.endswith(".jsonl") or Path(dataset).is_file() or dataset in DATASET_NAMES):
-        raise InputError(f"unknown dataset {dataset!r}",
-                         f"choose one of: {', '.join(DATASET_NAMES)}, or give a path to a .jsonl file")
-    if plot_path is not None and not plot_path.absolute().parent.is_dir():
-        raise InputError(f"--plot {plot_path}: the folder {plot_path.absolute().parent} does not exist",
-                         "create it first, or give a path in a folder that exists")
+    styles = _answer_styles(answer_style)
+    _check_dataset(dataset)
+    _check_plot_path(plot_path)
     if fold is not None:
         from evsel.evaluation.folds import check_fold
 
@@ -107,6 +90,50 @@ def eval_command(
                              rerank_top=rerank_top, answer_style=",".join(styles), memory=memory,
                              reader=str(reader.absolute()) if reader else None, on_event=view)
     result["run"] = run_info(["evsel", *sys.argv[1:]] if sys.argv and "evsel" in Path(sys.argv[0]).name else None)
+    _show(result, plot_path, as_json)
+
+
+def _method_list(methods: str) -> list[str]:
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    if not method_list:
+        raise EvselError("--methods is empty", f"e.g. --methods {DEFAULT_METHODS}")
+    return method_list
+
+
+def _answer_styles(answer_style: str) -> list[str]:
+    """The styles compared, each a known one; short@DIR (style short with the reader in DIR, readers
+    compared in one run) with DIR made absolute, for the engine may run in the daemon."""
+    styles = [x.strip() for x in answer_style.split(",") if x.strip()]
+    unknown = [x for x in styles if x.split("@", 1)[0] not in STYLES]
+    if unknown or not styles:
+        raise InputError(f"unknown answer style {', '.join(unknown) or answer_style!r}",
+                         f"choose among: {', '.join(STYLES)}")
+    for i, style in enumerate(styles):
+        if "@" in style:
+            name, folder = style.split("@", 1)
+            if name != "short" or not Path(folder).is_dir():
+                raise InputError(f"--answer-style {style}: give short@DIR with DIR a reader's folder",
+                                 "e.g. --answer-style short,short@runs/reader")
+            styles[i] = f"short@{Path(folder).absolute()}"
+    return styles
+
+
+def _check_dataset(dataset: str) -> None:
+    if not (dataset.endswith(".jsonl") or Path(dataset).is_file() or dataset in DATASET_NAMES):
+        raise InputError(f"unknown dataset {dataset!r}",
+                         f"choose one of: {', '.join(DATASET_NAMES)}, or give a path to a .jsonl file")
+
+
+def _check_plot_path(plot_path: Path | None) -> None:
+    if plot_path is not None and not plot_path.absolute().parent.is_dir():
+        raise InputError(f"--plot {plot_path}: the folder {plot_path.absolute().parent} does not exist",
+                         "create it first, or give a path in a folder that exists")
+
+
+def _show(result: dict, plot_path: Path | None, as_json: bool) -> None:
+    """The plot (when asked), then the result as JSON or as tables with the dataset's notes."""
+    from evsel.evaluation.report import plot, tables
+
     if plot_path is not None:
         if plot(result, plot_path):
             result["plot"] = str(plot_path)

@@ -4,7 +4,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, List, Literal, Optional
+from typing import Annotated, Callable, List, Literal, Optional
 
 import typer
 
@@ -69,6 +69,24 @@ FoldOption = Annotated[Optional[int], typer.Option(
     "--fold", parser=INT,
     help="With --source locomo, musique or hotpotqa: train (and pick the adapter) on this fixed fold only "
          "(1 or 2); evaluate it on the other with evsel eval DATASET --fold N.")]
+TrainDeviceOption = Annotated[Optional[Literal["auto", "cpu", "cuda"]], typer.Option(
+    "--device", parser=choice(["auto", "cpu", "cuda"]), help="Where to train (default: evsel --device).")]
+
+
+def _command_line() -> str:
+    """The command as typed, recorded beside what it writes."""
+    return " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+
+
+def _with_progress(as_json: bool, train: Callable[[Callable[[dict], None]], dict]) -> dict:
+    """`train(on_event)` with its progress on stderr, --json or not; its log lines go to stderr,
+    never into --json's output."""
+    with ProgressView() as view:
+        def on_event(event: dict) -> None:
+            if not (as_json and event.get("type") == "log"):
+                view(event)
+
+        return train(on_event)
 
 
 @app.command("convert")
@@ -151,9 +169,7 @@ def train_unreal(
         "--dev-every", parser=INT, help="Steps between dev recall checks.")] = None,
     dev_queries: Annotated[Optional[int], typer.Option(
         "--dev-queries", parser=INT, help="Dev questions per check.")] = None,
-    train_device: Annotated[Optional[Literal["auto", "cpu", "cuda"]], typer.Option(
-        "--device", parser=choice(["auto", "cpu", "cuda"]), help="Where to train (default: evsel --device).")
-    ] = None,
+    train_device: TrainDeviceOption = None,
     threads: Annotated[Optional[int], typer.Option("--threads", parser=INT, help="CPU threads for torch.")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", parser=INT)] = None,
     init: Annotated[Optional[str], typer.Option(
@@ -177,20 +193,15 @@ def train_unreal(
                "init": str(Path(init).absolute()) if init else None, "fold": fold}
     # --device here is where to train: the engine (the daemon's, when one runs) for that device
     engine = engine_from(ctx, **({"device": train_device} if train_device else {}))
-    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
-    with ProgressView() as view:  # progress on stderr, --json or not
-        def on_event(event: dict) -> None:
-            if not (as_json and event.get("type") == "log"):  # log lines go to stderr, not into --json
-                view(event)
-
-        summary = engine.train_unreal(str(Path(out).absolute()), recipe, str(Path(data).absolute()) if data else None,
-                                      list(sources or ()), options, command, on_event=on_event)
-    out_path = Path(out)
+    command = _command_line()
+    summary = _with_progress(as_json, lambda on_event: engine.train_unreal(
+        str(Path(out).absolute()), recipe, str(Path(data).absolute()) if data else None, list(sources or ()),
+        options, command, on_event=on_event))
     if as_json:
         print_json(summary)
     else:
         stderr.print(f"done: {summary['steps']} steps, best dev recall@{summary['k']} {summary['best_dev']:.3f}; "
-                     f"adapter in {out_path / 'best'}")
+                     f"adapter in {Path(out) / 'best'}")
 
 
 @app.command("qrranker")
@@ -240,9 +251,7 @@ def train_qrranker(
     lr: Annotated[Optional[float], typer.Option("--lr", parser=FLOAT, help="Training: peak learning rate.")] = None,
     dev_every: Annotated[Optional[int], typer.Option(
         "--dev-every", parser=INT, help="Training: steps between dev recall checks.")] = None,
-    train_device: Annotated[Optional[Literal["auto", "cpu", "cuda"]], typer.Option(
-        "--device", parser=choice(["auto", "cpu", "cuda"]), help="Where to train (default: evsel --device).")
-    ] = None,
+    train_device: TrainDeviceOption = None,
     minutes: Annotated[Optional[float], typer.Option(
         "--minutes", parser=FLOAT,
         help="Stop after this many minutes (detection: stop taking seed questions; training: "
@@ -263,41 +272,46 @@ def train_qrranker(
     dev recall@3 goes to OUT beside OUT/heads.json; use it with EVSEL_QRRANKER_HEADS=OUT.
     Rerunning the same command resumes from OUT/checkpoint.
     """
-    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
-    if detect_heads:
-        options = {"sources": list(sources) if sources else None, "documents": documents,
-                   "questions_per_document": questions_per_document, "max_questions": max_questions,
-                   "candidates": candidates, "keep": keep,
-                   "encodings": ["block", "causal"] if encoding == "both" else [encoding], "minutes": minutes,
-                   "threads": threads, "seed": seed, "fold": fold}
-    else:
-        if encoding == "causal":
-            raise typer.BadParameter("training reads block-encoded candidates", param_hint="--encoding")
-        options = {"sources": list(sources) if sources else None, "stories": stories, "dev_stories": dev_stories,
-                   "questions_per_story": questions_per_document, "candidates": candidates, "heads": heads,
-                   "rank": rank, "batch": batch, "steps": steps, "lr": lr, "dev_every": dev_every,
-                   "minutes": minutes, "threads": threads, "seed": seed, "fold": fold}
+    options = _qrranker_options(
+        detect_heads, encoding, sources=list(sources) if sources else None, fold=fold, documents=documents,
+        questions_per_document=questions_per_document, max_questions=max_questions, candidates=candidates, keep=keep,
+        stories=stories, dev_stories=dev_stories, heads=heads, rank=rank, batch=batch, steps=steps, lr=lr,
+        dev_every=dev_every, minutes=minutes, threads=threads, seed=seed)
     # training's --device is where to train: the engine (the daemon's, when one runs) for that device
     engine = engine_from(ctx, **({"device": train_device} if train_device and not detect_heads else {}))
-    with ProgressView() as view:  # progress on stderr, --json or not
-        def on_event(event: dict) -> None:
-            if not (as_json and event.get("type") == "log"):  # log lines go to stderr, not into --json
-                view(event)
-
-        summary = engine.train_qrranker(str(Path(out).absolute()), detect_heads, options, command,
-                                        on_event=on_event, recipe_name=recipe)
+    summary = _with_progress(as_json, lambda on_event: engine.train_qrranker(
+        str(Path(out).absolute()), detect_heads, options, _command_line(), on_event=on_event, recipe_name=recipe))
     if as_json:
         print_json(summary)
-    elif detect_heads:
+    else:
+        _print_qrranker_done(summary, detect_heads, out)
+
+
+def _qrranker_options(detect_heads: bool, encoding: str, **given) -> dict:
+    """The recipe's options for head detection or for training, from the command's flags (each
+    mode reads its own; training reads block-encoded candidates only)."""
+    shared = ("sources", "candidates", "minutes", "threads", "seed", "fold")
+    if detect_heads:
+        picked = ("documents", "questions_per_document", "max_questions", "keep", *shared)
+        return {**{k: given[k] for k in picked},
+                "encodings": ["block", "causal"] if encoding == "both" else [encoding]}
+    if encoding == "causal":
+        raise typer.BadParameter("training reads block-encoded candidates", param_hint="--encoding")
+    picked = ("stories", "dev_stories", "heads", "rank", "batch", "steps", "lr", "dev_every", *shared)
+    return {**{k: given[k] for k in picked}, "questions_per_story": given["questions_per_document"]}
+
+
+def _print_qrranker_done(summary: dict, detect_heads: bool, out: str) -> None:
+    if detect_heads:
         for name, listed in summary["heads"].items():
             stderr.print(f"{name}: {', '.join(listed)}")
         stderr.print(f"wrote {summary['out']} from {summary['questions']} seed questions in {summary['seconds']:.0f} s")
-    else:
-        best = summary["best_dev"] or {}
-        k = summary["k"]
-        stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev recall@{k} "
-                     f"{best.get(f'recall@{k}', float('nan')):.3f} (BM25 {summary['dev_bm25'].get(f'recall@{k}', float('nan')):.3f}); "
-                     f"adapter in {out}")
+        return
+    best = summary["best_dev"] or {}
+    k = summary["k"]
+    stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev recall@{k} "
+                 f"{best.get(f'recall@{k}', float('nan')):.3f} (BM25 {summary['dev_bm25'].get(f'recall@{k}', float('nan')):.3f}); "
+                 f"adapter in {out}")
 
 
 @app.command("blocksearch")
@@ -332,9 +346,7 @@ def train_blocksearch(
     ] = None,
     dev_every: Annotated[Optional[int], typer.Option(
         "--dev-every", parser=INT, help="Steps between dev recall checks.")] = None,
-    train_device: Annotated[Optional[Literal["auto", "cpu", "cuda"]], typer.Option(
-        "--device", parser=choice(["auto", "cpu", "cuda"]), help="Where to train (default: evsel --device).")
-    ] = None,
+    train_device: TrainDeviceOption = None,
     minutes: Annotated[Optional[float], typer.Option(
         "--minutes", parser=FLOAT, help="Checkpoint and stop after this many minutes; a rerun continues.")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", parser=INT, help="CPU threads for torch.")] = None,
@@ -357,19 +369,14 @@ def train_blocksearch(
     EVSEL_BLOCKSEARCH_DECODER=OUT and --select blocksearch:trained. Rerunning resumes from
     OUT/checkpoint.
     """
-    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    command = _command_line()
     options = {"sources": list(sources) if sources else None, "stories": stories, "dev_stories": dev_stories,
                "questions_per_story": questions_per_story, "stories_per_context": stories_per_context,
                "rank": rank, "batch": batch, "steps": steps, "lr": lr, "aux_weight": aux_weight,
                "dev_every": dev_every, "minutes": minutes, "threads": threads, "seed": seed, "router": router, "fold": fold}
     engine = engine_from(ctx, **({"device": train_device} if train_device else {}))
-    with ProgressView() as view:  # progress on stderr, --json or not
-        def on_event(event: dict) -> None:
-            if not (as_json and event.get("type") == "log"):
-                view(event)
-
-        summary = engine.train_blocksearch(str(Path(out).absolute()), options, command, on_event=on_event,
-                                           recipe_name=recipe)
+    summary = _with_progress(as_json, lambda on_event: engine.train_blocksearch(
+        str(Path(out).absolute()), options, command, on_event=on_event, recipe_name=recipe))
     if as_json:
         print_json(summary)
     else:
@@ -419,7 +426,7 @@ def train_hybrid(
     proposes each kind's default candidate; evsel train defaults judges it on held-out runs and
     writes the defaults record.
     """
-    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    command = _command_line()
     options = {"sources": list(sources), "fold": fold, "groups": groups, "questions": questions,
                "dev_questions": dev_questions,
                "warm_ask_ratio": dict(_warm_ask_ratio(v) for v in warm_ask_ratios) if warm_ask_ratios else None}
@@ -472,7 +479,7 @@ def train_defaults(
     Writes OUT/defaults.json (format in docs/FUSION.md); evsel models info shows each kind's and why."""
     import os
 
-    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    command = _command_line()
     ratios: dict[str, dict[str, float]] = {}
     for given in warm_ask_ratios or ():
         kind, _, rest = given.partition(":")
@@ -562,7 +569,7 @@ def train_reader(
     states are cached in OUT/states; rerunning resumes from OUT/checkpoint. Use the head with
     evsel eval --reader OUT, or copy it into the model's adapters to make it the default.
     """
-    command = " ".join(shlex.quote(a) for a in ["evsel", *sys.argv[1:]])
+    command = _command_line()
     options = {"sources": list(sources) if sources else None, "fold": fold, "stories": stories,
                "questions_per_story": questions_per_story, "folded_questions": folded_questions, "steps": steps,
                "batch": batch, "lr": lr, "minutes": minutes, "threads": threads, "seed": seed,
@@ -570,17 +577,16 @@ def train_reader(
                "lora": lora or None, "resume": resume or None, "precache_only": precache_only or None,
                "cut": cut, "deepest": deepest, "rank": rank, "dev_every": dev_every}
     engine = engine_from(ctx)
-    with ProgressView() as view:  # progress on stderr, --json or not
-        def on_event(event: dict) -> None:
-            if not (as_json and event.get("type") == "log"):
-                view(event)
-
-        summary = engine.train_reader(str(Path(out).absolute()), options, command, on_event=on_event,
-                                      recipe_name=recipe)
+    summary = _with_progress(as_json, lambda on_event: engine.train_reader(
+        str(Path(out).absolute()), options, command, on_event=on_event, recipe_name=recipe))
     if as_json:
         print_json(summary)
-        return
-    if lora or resume:
+    else:
+        _print_reader_done(summary, lora or resume, rescore_only, out)
+
+
+def _print_reader_done(summary: dict, lora: bool, rescore_only: bool, out: str) -> None:
+    if lora:
         best = summary.get("best_dev") or {}
         stderr.print(f"done: {summary['steps']} of {summary['total_steps']} steps; best dev F1 "
                      f"{best.get('f1', float('nan')):.3f}; reader in {out}"
