@@ -282,41 +282,13 @@ def _latency(records: list[dict]) -> dict:
     return out
 
 
-def _method_result(results: dict, per_question: dict, name: str, method: "Method", records: list[dict],
-                   dataset: EvalDataset, config: EvalConfig, ks: list[int], claims: bool, not_fitting: int,
-                   index_s: float) -> None:
-    """One row of the results (a method, with one answer style when several are compared)."""
-    headline = [r for r in records if r["group"] not in dataset.separate_groups]
-    groups = sorted({r["group"] for r in records})
-    results[name] = {
-        **_summary(headline, ks, claims),
-        "latency": _latency(records),
-        "index_s": index_s,
-        "groups": {g: _summary([r for r in records if r["group"] == g], ks, claims) for g in groups},
-    }
-    typed = sorted({r["answer_type"] for r in headline if "answer_type" in r})
-    if typed:  # answer scores by what the question asks for (person, place, ...)
-        results[name]["answer_types"] = {
-            t: _summary([r for r in headline if r.get("answer_type") == t], ks, claims) for t in typed}
-    if method.full:
-        results[name]["not_fitting"] = not_fitting
-    if config.generate and not claims:
-        results[name]["abstention"] = _abstention(records, dataset)
-    if config.per_question:
-        per_question[name] = records
-
-
-def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[dict], None] = _ignore) -> dict:
-    """Evaluate `config.methods` on `dataset`. Returns a plain dict (see the --json output)."""
-    from evsel.models.selectors import Scored
-
+def _check(dataset: EvalDataset, config: EvalConfig) -> None:
+    """Refuse a configuration that cannot give numbers, before any model loads."""
     if not config.methods:
         raise EvselError("no methods to evaluate", f"give --methods, e.g. {DEFAULT_METHODS}")
     if any(k < 1 for k in config.ks) or not config.ks:
         raise EvselError("--k needs positive integers, e.g. 1,3,5,10")
-    ks = sorted(set(config.ks))
-    claims = dataset.task == "claims"
-    if claims and not config.generate:
+    if dataset.task == "claims" and not config.generate:
         raise EvselError(f"{dataset.name} has no gold evidence; its metric is answer accuracy",
                          "add --generate")
     if "full" in config.methods and not config.generate:
@@ -324,6 +296,167 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
     if "oracle" in config.methods and not config.generate:
         raise EvselError("the oracle row gives the answer step the gold evidence; it ranks nothing",
                          "add --generate or drop oracle")
+
+
+class _Trial:
+    """One eval run's fixed inputs (dataset, configuration, engine, the questions' gold units) and
+    the steps each method goes through: per scope, prepare; per question, evidence, ranking
+    metrics and, with --generate, one answer per style."""
+
+    def __init__(self, dataset: EvalDataset, config: EvalConfig, engine, units: dict[str, list[set[int]]],
+                 on_event: Callable[[dict], None], total: int):
+        self.dataset, self.config, self.engine, self.units = dataset, config, engine, units
+        self.ks = sorted(set(config.ks))
+        self.claims = dataset.task == "claims"
+        self.styles = [s for s in config.answer_style.split(",") if s] or ["short"]
+        self.on_event = on_event
+        self.total = total
+        self.done = 0
+
+    def method_rows(self, method: Method, scopes: dict[tuple, list[EvalQuestion]],
+                    corpus: Corpus) -> dict[str, tuple[dict, list[dict]]]:
+        """{row name: (that row's results, its questions' records)} for one method: one row, or one
+        per answer style."""
+        records: list[dict] = []
+        by_style: dict[str, list[dict]] = {s: [] for s in self.styles}
+        index_s = 0.0
+        not_fitting = 0
+        for scope_keys, scope_questions in scopes.items():
+            chunks = corpus.scope(list(scope_keys))
+            beside = neighbours_of(chunks) if self.config.generate else None  # what the reader reads beside a passage
+            if not method.full:
+                t = time.perf_counter()
+                method.prepare(chunks)
+                index_s += time.perf_counter() - t
+            for q in scope_questions:
+                self.on_event({"type": "progress", "task": "questions", "label": f"{method.spec}: {q.qid[-30:]}",
+                               "done": self.done, "total": self.total})
+                self.done += 1
+                record, evidence = self.ranked(method, q, chunks)
+                if evidence is None:  # the whole scope does not fit the window: no answer to score
+                    not_fitting += 1
+                    for style in self.styles:
+                        by_style[style].append(dict(record))
+                elif not self.config.generate:
+                    records.append(record)
+                else:
+                    for style, styled in self.answered(method, q, record, evidence, beside).items():
+                        by_style[style].append(styled)
+        rows = {}
+        for style, records in (by_style.items() if self.config.generate else [(None, records)]):
+            name = method.spec if style is None or len(self.styles) == 1 else f"{method.spec} [{style}]"
+            rows[name] = self.row(method, records, not_fitting, index_s), records
+        return rows
+
+    def ranked(self, method: Method, q: EvalQuestion, chunks: list[ChunkRecord]) -> tuple[dict, list | None]:
+        """The question's record with its ranking metrics, and the evidence the answer step reads
+        (None: `full` over a scope that does not fit the window)."""
+        from evsel.models.selectors import Scored
+
+        units = self.units[q.qid]
+        record: dict = {"qid": q.qid, "group": q.group, "timings": {}}
+        if self.claims:
+            record["pair"] = q.meta["pair"]
+        if method.oracle:
+            return record, _oracle_evidence(q, units, chunks, self.config.top_n)
+        if method.full:
+            if not _fits(self.engine, q, chunks, self.config.max_new_tokens):
+                return record, None
+            return record, [Scored(c, 0.0, i) for i, c in enumerate(chunks, 1)]
+        ranked, timings = method.rank(q.question, chunks)
+        record["timings"].update(timings)
+        evidence = method.pipeline.evidence(ranked)
+        record["evidence_tokens"] = sum(s.chunk.n_tokens for s in evidence)
+        if units:
+            ids = [s.chunk.id for s in ranked]
+            record["ranking"] = metrics.ranking_metrics(ids, units, self.ks)
+            if self.config.per_question:
+                record["top"] = ids[: max(self.ks)]
+                record["gold"] = [sorted(u) for u in units]
+        return record, evidence
+
+    def answered(self, method: Method, q: EvalQuestion, record: dict, evidence: list,
+                 beside: dict | None) -> dict[str, dict]:
+        """{style: the record with that style's answer and its scores (or the error that stopped it)}."""
+        held = metrics.shown([s.chunk.text for s in evidence], q.answers) if q.answers else False
+        out_by_style = {}
+        for style in self.styles:
+            styled = {**record, "timings": dict(record["timings"])}
+            try:
+                out = _generate(self.engine, q, evidence, self.config, self.claims, method.full, style, beside)
+            except ModelError as exc:  # prompt over the window: say so, do not guess
+                styled["error"] = exc.message
+            else:
+                styled["answer"] = out["text"]
+                styled["answer_kind"] = out["kind"]
+                styled["answer_shown"] = held
+                if out.get("answer_type"):
+                    styled["answer_type"] = out["answer_type"]
+                styled["prompt_tokens"] = out["prompt_tokens"]
+                styled["timings"]["generate_s"] = out["generate_s"]
+                styled["scores"] = _score_answer(self.dataset, q, out["metric_text"])
+            out_by_style[style] = styled
+        return out_by_style
+
+    def row(self, method: Method, records: list[dict], not_fitting: int, index_s: float) -> dict:
+        """One row of the results (a method, with one answer style when several are compared)."""
+        ks, claims = self.ks, self.claims
+        headline = [r for r in records if r["group"] not in self.dataset.separate_groups]
+        groups = sorted({r["group"] for r in records})
+        row = {
+            **_summary(headline, ks, claims),
+            "latency": _latency(records),
+            "index_s": index_s,
+            "groups": {g: _summary([r for r in records if r["group"] == g], ks, claims) for g in groups},
+        }
+        typed = sorted({r["answer_type"] for r in headline if "answer_type" in r})
+        if typed:  # answer scores by what the question asks for (person, place, ...)
+            row["answer_types"] = {
+                t: _summary([r for r in headline if r.get("answer_type") == t], ks, claims) for t in typed}
+        if method.full:
+            row["not_fitting"] = not_fitting
+        if self.config.generate and not claims:
+            row["abstention"] = _abstention(records, self.dataset)
+        return row
+
+
+def _dataset_record(dataset: EvalDataset, keys: list[str], questions: list[EvalQuestion], corpus: Corpus,
+                    units: dict[str, list[set[int]]], tally: dict[str, int]) -> dict:
+    n_chunks = sum(len(v) for v in corpus.chunks.values())
+    return {
+        "name": dataset.name,
+        "source": dataset.source,
+        "documents": len(keys),
+        "questions": len(questions),
+        "questions_in_dataset": len(dataset.questions),
+        "questions_with_gold": sum(1 for q in questions if units[q.qid]),
+        "chunks": n_chunks,
+        "chunk_tokens_mean": (sum(c.n_tokens for v in corpus.chunks.values() for c in v) / n_chunks)
+        if n_chunks else 0,
+        "gold_resolution": tally,
+        "separate_groups": list(dataset.separate_groups),
+        "notes": dataset.notes,
+    }
+
+
+def _config_record(config: EvalConfig, methods: list[Method], ks: list[int]) -> dict:
+    return {
+        "methods": [m.spec for m in methods],
+        "k": ks,
+        "generate": config.generate,
+        "limit": config.limit,
+        "top_n": config.top_n,
+        "chunk_tokens": config.chunk_tokens,
+        "max_new_tokens": config.max_new_tokens,
+        "rerank_top": config.rerank_top,
+        "answer_style": config.answer_style,
+        "reader": config.reader,
+    }
+
+
+def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[dict], None] = _ignore) -> dict:
+    """Evaluate `config.methods` on `dataset`. Returns a plain dict (see the --json output)."""
+    _check(dataset, config)
     started = time.perf_counter()
     context = engine.selector_context(on_event, for_eval=True)
     methods = [Method(name, spec, context, config) for name, spec in method_specs(config.methods, config.memory)]
@@ -339,104 +472,20 @@ def run(dataset: EvalDataset, config: EvalConfig, engine, on_event: Callable[[di
     for q in questions:
         scopes.setdefault(tuple(q.docs), []).append(q)
 
+    trial = _Trial(dataset, config, engine, units, on_event, len(questions) * len(methods))
     results: dict[str, dict] = {}
     per_question: dict[str, list[dict]] = {}
-    total = len(questions) * len(methods)
-    done = 0
-    styles = [s for s in config.answer_style.split(",") if s] or ["short"]
     for method in methods:
-        records: list[dict] = []
-        by_style: dict[str, list[dict]] = {s: [] for s in styles}
-        index_s = 0.0
-        not_fitting = 0
-        for scope_keys, scope_questions in scopes.items():
-            chunks = corpus.scope(list(scope_keys))
-            beside = neighbours_of(chunks) if config.generate else None  # what the reader reads beside a passage
-            if not method.full:
-                t = time.perf_counter()
-                method.prepare(chunks)
-                index_s += time.perf_counter() - t
-            for q in scope_questions:
-                on_event({"type": "progress", "task": "questions", "label": f"{method.spec}: {q.qid[-30:]}",
-                          "done": done, "total": total})
-                done += 1
-                record: dict = {"qid": q.qid, "group": q.group, "timings": {}}
-                if claims:
-                    record["pair"] = q.meta["pair"]
-                if method.oracle:
-                    evidence = _oracle_evidence(q, units[q.qid], chunks, config.top_n)
-                elif method.full:
-                    if not _fits(engine, q, chunks, config.max_new_tokens):
-                        not_fitting += 1
-                        for style in styles:
-                            by_style[style].append(dict(record))
-                        continue
-                    evidence = [Scored(c, 0.0, i) for i, c in enumerate(chunks, 1)]
-                else:
-                    ranked, timings = method.rank(q.question, chunks)
-                    record["timings"].update(timings)
-                    evidence = method.pipeline.evidence(ranked)
-                    record["evidence_tokens"] = sum(s.chunk.n_tokens for s in evidence)
-                    if units[q.qid]:
-                        ids = [s.chunk.id for s in ranked]
-                        record["ranking"] = metrics.ranking_metrics(ids, units[q.qid], ks)
-                        if config.per_question:
-                            record["top"] = ids[: max(ks)]
-                            record["gold"] = [sorted(u) for u in units[q.qid]]
-                if not config.generate:
-                    records.append(record)
-                    continue
-                held = metrics.shown([s.chunk.text for s in evidence], q.answers) if q.answers else False
-                for style in styles:
-                    styled = {**record, "timings": dict(record["timings"])}
-                    try:
-                        out = _generate(engine, q, evidence, config, claims, method.full, style, beside)
-                    except ModelError as exc:  # prompt over the window: say so, do not guess
-                        styled["error"] = exc.message
-                    else:
-                        styled["answer"] = out["text"]
-                        styled["answer_kind"] = out["kind"]
-                        styled["answer_shown"] = held
-                        if out.get("answer_type"):
-                            styled["answer_type"] = out["answer_type"]
-                        styled["prompt_tokens"] = out["prompt_tokens"]
-                        styled["timings"]["generate_s"] = out["generate_s"]
-                        styled["scores"] = _score_answer(dataset, q, out["metric_text"])
-                    by_style[style].append(styled)
-        for style, records in (by_style.items() if config.generate else [(None, records)]):
-            name = method.spec if style is None or len(styles) == 1 else f"{method.spec} [{style}]"
-            _method_result(results, per_question, name, method, records, dataset, config, ks, claims, not_fitting,
-                           index_s)
+        for name, (row, records) in trial.method_rows(method, scopes, corpus).items():
+            results[name] = row
+            if config.per_question:
+                per_question[name] = records
+    total = trial.total
     on_event({"type": "progress", "task": "questions", "label": "done", "done": total, "total": total})
 
-    n_chunks = sum(len(v) for v in corpus.chunks.values())
     result = {
-        "dataset": {
-            "name": dataset.name,
-            "source": dataset.source,
-            "documents": len(keys),
-            "questions": len(questions),
-            "questions_in_dataset": len(dataset.questions),
-            "questions_with_gold": sum(1 for q in questions if units[q.qid]),
-            "chunks": n_chunks,
-            "chunk_tokens_mean": (sum(c.n_tokens for v in corpus.chunks.values() for c in v) / n_chunks)
-            if n_chunks else 0,
-            "gold_resolution": tally,
-            "separate_groups": list(dataset.separate_groups),
-            "notes": dataset.notes,
-        },
-        "config": {
-            "methods": [m.spec for m in methods],
-            "k": ks,
-            "generate": config.generate,
-            "limit": config.limit,
-            "top_n": config.top_n,
-            "chunk_tokens": config.chunk_tokens,
-            "max_new_tokens": config.max_new_tokens,
-            "rerank_top": config.rerank_top,
-            "answer_style": config.answer_style,
-            "reader": config.reader,
-        },
+        "dataset": _dataset_record(dataset, keys, questions, corpus, units, tally),
+        "config": _config_record(config, methods, trial.ks),
         "methods": results,
         "seconds": {"chunking": corpus.seconds, "total": time.perf_counter() - started},
     }
