@@ -114,92 +114,31 @@ def question_groups(config, backbone, data_dir: Path | None, avoid_qids: set[str
     dev_stories, questions_per_story, dev_questions_per_story, chunk_tokens, seed and (unless
     `candidates` does) candidates, K. A source other than FairytaleQA takes about stories x
     questions_per_story training questions over all its documents."""
-    from evsel.evaluation.runner import build_corpus, gold_units
-    from evsel.models.selectors import SelectorContext, get_selector
-
     fold = getattr(config, "fold", None)
     check_sources(config.sources, fold)
-    top_k = config.candidates if candidates is None else candidates
-    rng = random.Random(config.seed)
-    bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
-
-    def groups_of(dataset, keys: list[str], per_doc: int, need_gold: bool, source: str, stats: dict,
-                  only: set[str] | None = None, skip: set[str] = frozenset()) -> list[dict]:
-        by_doc: dict[str, list] = {}
-        for q in dataset.questions:
-            if q.docs and q.gold and (only is None or q.qid in only) and q.qid not in skip:
-                by_doc.setdefault(q.docs[0], []).append(q)
-        corpus = build_corpus(dataset, keys, backbone, config.chunk_tokens, on_event)
-        out = []
-        single = len(dataset.loaders) == 1  # MuSiQue / HotpotQA: one corpus document, a group per question
-        for key in keys:
-            chunks = corpus.chunks[key]
-            index = {c.id: i for i, c in enumerate(chunks)}
-            pool = list(by_doc.get(key, []))
-            rng.shuffle(pool)
-            questions = []
-            for q in pool:
-                if len(questions) >= per_doc:
-                    break
-                units = gold_units(q, corpus, {})
-                if not units:
-                    stats["gold_unresolved"] = stats.get("gold_unresolved", 0) + 1
-                    continue
-                ranked = [index[s.chunk.id] for s in bm25.rank(q.question, chunks, len(chunks))]
-                cands = ranked[:top_k]
-                units = [sorted(index[c] for c in u) for u in units]
-                gold = [i for i, c in enumerate(cands) if any(c in u for u in units)]
-                if need_gold and (not gold or len(gold) == len(cands)):
-                    stats["gold_not_in_candidates"] = stats.get("gold_not_in_candidates", 0) + 1
-                    continue
-                questions.append({"id": f"{source}/{q.qid}", "question": q.question, "candidates": cands,
-                                  "rest": ranked[top_k:], "units": units, "gold": gold})
-            if single:
-                for item in questions:
-                    used = sorted(set(item["candidates"]))
-                    remap = {c: i for i, c in enumerate(used)}
-                    out.append({"id": item["id"], "texts": [chunks[c].text for c in used], "questions": [{
-                        **item, "candidates": [remap[c] for c in item["candidates"]], "rest": [],
-                        "units": [[remap[c] for c in u if c in remap] for u in item["units"]]}]})
-            elif questions:
-                out.append({"id": f"{source}/{key}", "texts": [c.text for c in chunks], "questions": questions})
-        return out
-
-    def question_ids(groups: list[dict]) -> list[str]:
-        return [q["id"] for g in groups for q in g["questions"]]
-
+    rng = random.Random(config.seed)  # drawn in this order: stories, the fold's dev split, each document's pool
+    grouper = QuestionGrouper(config, backbone, config.candidates if candidates is None else candidates, rng,
+                              on_event)
     ftqa = folded_dataset("fairytaleqa-train", data_dir, None)
     stories = sorted(ftqa.loaders)
     rng.shuffle(stories)
     described: dict = {"fold": fold}
-    stats: dict = {}
-    dev_per_doc = config.dev_stories * config.dev_questions_per_story
     folded = [s for s in config.sources if s in FOLDED_SOURCES]
     datasets = {s: folded_dataset(s, data_dir, fold) for s in folded}
     held_keys: dict[str, list[str]] = {}  # a folded source's documents kept for dev
     held_qids: dict[str, set[str]] = {}  # and its dev questions
     if folded:
         source = folded[0]
-        keys = sorted(datasets[source].loaders)
-        held_keys[source], held_qids[source] = fold_dev_split(datasets[source], keys, rng, dev_per_doc)
-        dev_keys = held_keys[source] or keys
-        dev = groups_of(datasets[source], dev_keys, dev_per_doc, False, source, stats,
-                        only=held_qids[source] or None)
-        described["dev"] = {"source": f"{source} fold {fold} (held out: "
-                            + (f"documents {', '.join(held_keys[source])})" if held_keys[source] else "questions)"),
-                            "documents": dev_keys, "question_ids": question_ids(dev), **stats}
+        dev, described["dev"], held_keys[source], held_qids[source] = _fold_dev(grouper, source, datasets[source],
+                                                                                fold)
         train_keys = stories
     else:
-        avoid = {q.docs[0] for q in ftqa.questions if q.qid in avoid_qids and q.docs}
-        dev_keys = [k for k in stories if k not in avoid][: config.dev_stories]
-        train_keys = [k for k in stories if k not in dev_keys]
-        dev = groups_of(ftqa, dev_keys, config.dev_questions_per_story, False, "fairytaleqa-train", stats)
-        described["dev"] = {"source": "fairytaleqa-train (held-out stories)", "stories": dev_keys,
-                            "question_ids": question_ids(dev), **stats}
+        dev, described["dev"] = _story_dev(grouper, ftqa, stories, avoid_qids)
+        train_keys = [k for k in stories if k not in described["dev"]["stories"]]
     described["dev"]["questions"] = sum(len(g["questions"]) for g in dev)
     train: list[dict] = []
     for source in config.sources:
-        stats = {}
+        stats: dict = {}
         if source == "fairytaleqa-train":
             dataset, keys = ftqa, train_keys[: config.stories]
             per_doc = config.questions_per_story
@@ -207,11 +146,114 @@ def question_groups(config, backbone, data_dir: Path | None, avoid_qids: set[str
             dataset = datasets[source]
             keys = [k for k in sorted(dataset.loaders) if k not in held_keys.get(source, ())]
             per_doc = -(-config.stories * config.questions_per_story // max(1, len(keys)))
-        got = groups_of(dataset, keys, per_doc, True, source, stats, skip=held_qids.get(source, set()))
+        got = grouper.groups(dataset, keys, per_doc, True, source, stats, skip=held_qids.get(source, set()))
         train += got
         described[source] = {"documents": len(keys), "questions": sum(len(g["questions"]) for g in got),
-                             "question_ids": question_ids(got), **stats}
+                             "question_ids": _question_ids(got), **stats}
     return train, dev, described
+
+
+def _question_ids(groups: list[dict]) -> list[str]:
+    return [q["id"] for g in groups for q in g["questions"]]
+
+
+def _fold_dev(grouper: "QuestionGrouper", source: str, dataset,
+              fold: int | None) -> tuple[list[dict], dict, list[str], set[str]]:
+    """Dev groups of a folded source, from data of the same fold held out (`fold_dev_split`): (the
+    groups, their description, the documents held out, the questions held out)."""
+    config = grouper.config
+    dev_per_doc = config.dev_stories * config.dev_questions_per_story
+    keys = sorted(dataset.loaders)
+    held_keys, held_qids = fold_dev_split(dataset, keys, grouper.rng, dev_per_doc)
+    dev_keys = held_keys or keys
+    stats: dict = {}
+    dev = grouper.groups(dataset, dev_keys, dev_per_doc, False, source, stats, only=held_qids or None)
+    described = {"source": f"{source} fold {fold} (held out: "
+                 + (f"documents {', '.join(held_keys)})" if held_keys else "questions)"),
+                 "documents": dev_keys, "question_ids": _question_ids(dev), **stats}
+    return dev, described, held_keys, held_qids
+
+
+def _story_dev(grouper: "QuestionGrouper", ftqa, stories: list[str], avoid_qids: set[str]) -> tuple[list[dict], dict]:
+    """Dev groups from held-out FairytaleQA train stories, none holding a question of `avoid_qids`."""
+    config = grouper.config
+    avoid = {q.docs[0] for q in ftqa.questions if q.qid in avoid_qids and q.docs}
+    dev_keys = [k for k in stories if k not in avoid][: config.dev_stories]
+    stats: dict = {}
+    dev = grouper.groups(ftqa, dev_keys, config.dev_questions_per_story, False, "fairytaleqa-train", stats)
+    return dev, {"source": "fairytaleqa-train (held-out stories)", "stories": dev_keys,
+                 "question_ids": _question_ids(dev), **stats}
+
+
+class QuestionGrouper:
+    """Builds question groups (see `question_groups`): a document's questions with BM25's top-K
+    candidates among its chunks and the gold chunks' positions in them."""
+
+    def __init__(self, config, backbone, top_k: int, rng: random.Random, on_event=ignore_event):
+        from evsel.models.selectors import SelectorContext, get_selector
+
+        self.config, self.backbone, self.top_k, self.rng, self.on_event = config, backbone, top_k, rng, on_event
+        self.bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
+
+    def groups(self, dataset, keys: list[str], per_doc: int, need_gold: bool, source: str, stats: dict,
+               only: set[str] | None = None, skip: set[str] = frozenset()) -> list[dict]:
+        """At most `per_doc` questions of each document in `keys` (drawn at random), grouped;
+        `stats` counts the questions left out and why."""
+        from evsel.evaluation.runner import build_corpus
+
+        by_doc: dict[str, list] = {}
+        for q in dataset.questions:
+            if q.docs and q.gold and (only is None or q.qid in only) and q.qid not in skip:
+                by_doc.setdefault(q.docs[0], []).append(q)
+        corpus = build_corpus(dataset, keys, self.backbone, self.config.chunk_tokens, self.on_event)
+        out = []
+        single = len(dataset.loaders) == 1  # MuSiQue / HotpotQA: one corpus document, a group per question
+        for key in keys:
+            chunks = corpus.chunks[key]
+            pool = list(by_doc.get(key, []))
+            self.rng.shuffle(pool)
+            questions = self.document_questions(pool, corpus, chunks, per_doc, need_gold, source, stats)
+            if single:
+                out += [_own_group(item, chunks) for item in questions]
+            elif questions:
+                out.append({"id": f"{source}/{key}", "texts": [c.text for c in chunks], "questions": questions})
+        return out
+
+    def document_questions(self, pool: list, corpus, chunks: list, per_doc: int, need_gold: bool, source: str,
+                           stats: dict) -> list[dict]:
+        """The first `per_doc` questions of `pool` whose gold resolves onto `chunks` (and, with
+        `need_gold`, lies among the candidates without filling them)."""
+        from evsel.evaluation.runner import gold_units
+
+        index = {c.id: i for i, c in enumerate(chunks)}
+        questions = []
+        for q in pool:
+            if len(questions) >= per_doc:
+                break
+            units = gold_units(q, corpus, {})
+            if not units:
+                stats["gold_unresolved"] = stats.get("gold_unresolved", 0) + 1
+                continue
+            ranked = [index[s.chunk.id] for s in self.bm25.rank(q.question, chunks, len(chunks))]
+            cands = ranked[:self.top_k]
+            units = [sorted(index[c] for c in u) for u in units]
+            gold = [i for i, c in enumerate(cands) if any(c in u for u in units)]
+            if need_gold and (not gold or len(gold) == len(cands)):
+                stats["gold_not_in_candidates"] = stats.get("gold_not_in_candidates", 0) + 1
+                continue
+            questions.append({"id": f"{source}/{q.qid}", "question": q.question, "candidates": cands,
+                              "rest": ranked[self.top_k:], "units": units, "gold": gold})
+        return questions
+
+
+def _own_group(item: dict, chunks: list) -> dict:
+    """One question as its own group over just its candidates' chunks (a corpus of one huge
+    document: its other chunks are never read)."""
+    used = sorted(set(item["candidates"]))
+    remap = {c: i for i, c in enumerate(used)}
+    return {"id": item["id"], "texts": [chunks[c].text for c in used], "questions": [{
+        **item, "candidates": [remap[c] for c in item["candidates"]], "rest": [],
+        "units": [[remap[c] for c in u if c in remap] for u in item["units"]]}]}
 
 
 def write_record(handle, record: dict, log: Callable[[str], None], nested: bool = True) -> None:
