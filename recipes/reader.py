@@ -103,101 +103,18 @@ def locate_answer(passages: list[str], answers: list[str]) -> list[tuple[int, in
 def training_examples(config: TrainConfig, backbone, data_dir: Path | None, on_event) -> tuple[list, list, list, dict]:
     """(train, dev, calibration, description): examples {"id", "question", "passages", "spans",
     "answers", "dialogue", "unanswerable"}."""
-    from evsel.evaluation.runner import build_corpus, gold_units
-    from evsel.models.selectors import SelectorContext, get_selector
-
     check_sources(config.sources, config.fold)
-    rng = random.Random(config.seed)
-    bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
+    rng = random.Random(config.seed)  # drawn in this order: each source's documents, then each part's questions
+    maker = ExampleMaker(config, backbone)
     train: list[dict] = []
     dev: list[dict] = []
     calibration: list[dict] = []
     described: dict = {"fold": config.fold}
-
-    def example(source: str, q, chunks: list, corpus, keep_unanswerable: bool = False) -> dict | None:
-        ranked = bm25.rank(q.question, chunks, config.top_n * 3)
-        shown = [s.chunk for s in ranked[: config.top_n]]
-        spare = [s.chunk.text for s in ranked[config.top_n:]]  # near misses: the LoRA reader's no-answer examples
-        dialogue = any(c.speakers for c in shown)
-        if keep_unanswerable:
-            return {"id": f"{source}/{q.qid}", "question": q.question, "passages": [c.text for c in shown],
-                    "spans": [], "answers": list(q.answers), "dialogue": dialogue, "unanswerable": True,
-                    "spare": spare}
-        spans = locate_answer([c.text for c in shown], q.answers)
-        if not spans:  # the retriever missed it: a gold passage that holds it takes the last place
-            by_id = {c.id: c for c in chunks}
-            for unit in gold_units(q, corpus, {}):
-                for cid in sorted(unit):
-                    chunk = by_id.get(cid)
-                    if chunk is None or chunk in shown:
-                        continue
-                    got = locate_answer([chunk.text], q.answers)
-                    if got:
-                        shown = shown[:-1] + [chunk] if len(shown) >= config.top_n else shown + [chunk]
-                        spans = [(len(shown) - 1, a, b) for _, a, b in got]
-                        break
-                if spans:
-                    break
-        if not spans:
-            return None
-        return {"id": f"{source}/{q.qid}", "question": q.question, "passages": [c.text for c in shown],
-                "spans": spans, "answers": list(q.answers), "dialogue": dialogue, "unanswerable": False,
-                "spare": spare}
-
     for source in config.sources:
-        dataset = folded_dataset(source, Path(data_dir) if data_dir else None,
-                                 config.fold if source != "fairytaleqa-train" else None)
-        keys = sorted(dataset.loaders)
-        rng.shuffle(keys)
-        stats = {"located": 0, "not_located": 0}
-        if source == "fairytaleqa-train":
-            dev_keys, train_keys = keys[: config.dev_stories], keys[config.dev_stories:][: config.stories]
-            quotas = {"dev": config.dev_questions_per_story, "train": config.questions_per_story}
-        elif source == "locomo":
-            dev_keys, train_keys = keys[:1], keys[1:]  # one held-out conversation: calibration
-            quotas = {}
-        else:
-            dev_keys, train_keys = [], keys
-            quotas = {}
-        corpus = build_corpus(dataset, dev_keys + train_keys, backbone, config.chunk_tokens, on_event)
-        by_doc: dict[str, list] = {}
-        for q in dataset.questions:
-            if q.docs:
-                by_doc.setdefault(q.docs[0], []).append(q)
-        for part, part_keys in (("dev", dev_keys), ("train", train_keys)):
-            pool = [q for k in part_keys for q in by_doc.get(k, [])]
-            rng.shuffle(pool)
-            made: list[dict] = []
-            per_doc: dict[str, int] = {}
-            limit = (config.calibration_questions if part == "dev" else config.folded_questions) \
-                if source != "fairytaleqa-train" else None
-            for i, q in enumerate(pool):
-                if limit is not None and len(made) >= limit:
-                    break
-                if quotas and per_doc.get(q.docs[0], 0) >= quotas[part]:
-                    continue
-                on_event({"type": "progress", "task": "examples", "label": f"{source} {part}", "done": i,
-                          "total": len(pool)})
-                adversarial = q.group == "adversarial"
-                if adversarial and part == "train":
-                    continue
-                chunks = corpus.chunks[q.docs[0]]
-                got = example(source, q, chunks, corpus, keep_unanswerable=adversarial) if q.answers or adversarial \
-                    else None
-                if got is None:
-                    stats["not_located"] += 1
-                    continue
-                stats["located"] += 1
-                per_doc[q.docs[0]] = per_doc.get(q.docs[0], 0) + 1
-                made.append(got)
-            if part == "train":
-                train += made
-            elif source == "locomo":
-                calibration += made
-            else:
-                dev += made
-        described[source] = {"train_documents": len(train_keys), "held_out_documents": dev_keys,
-                             "question_ids": [e["id"] for e in train if e["id"].startswith(source + "/")], **stats}
+        made, described[source] = _source_examples(maker, source, rng, data_dir, on_event)
+        train += made["train"]
+        (calibration if source == "locomo" else dev).extend(made["dev"])
+        described[source]["question_ids"] = [e["id"] for e in train if e["id"].startswith(source + "/")]
     if not dev and len(train) > 1:  # no FairytaleQA: a tenth of the training questions checks the head
         rng.shuffle(train)
         dev, train = train[: max(1, len(train) // 10)], train[max(1, len(train) // 10):]
@@ -206,6 +123,117 @@ def training_examples(config: TrainConfig, backbone, data_dir: Path | None, on_e
     described["dev_question_ids"] = [e["id"] for e in dev]
     described["calibration_question_ids"] = [e["id"] for e in calibration]
     return train, dev, calibration, described
+
+
+def _held_out_split(source: str, keys: list[str], config: TrainConfig) -> tuple[list[str], list[str], dict]:
+    """(held-out documents, training documents, questions per document of each part: none = no quota).
+    FairytaleQA holds out dev stories; LoCoMo one conversation, whose questions calibrate abstention."""
+    if source == "fairytaleqa-train":
+        return (keys[: config.dev_stories], keys[config.dev_stories:][: config.stories],
+                {"dev": config.dev_questions_per_story, "train": config.questions_per_story})
+    if source == "locomo":
+        return keys[:1], keys[1:], {}
+    return [], keys, {}
+
+
+def _source_examples(maker: "ExampleMaker", source: str, rng: random.Random, data_dir: Path | None,
+                     on_event) -> tuple[dict[str, list[dict]], dict]:
+    """({"dev": examples, "train": examples} of one source, its description; the caller fills in
+    its question ids)."""
+    from evsel.evaluation.runner import build_corpus
+
+    config = maker.config
+    dataset = folded_dataset(source, Path(data_dir) if data_dir else None,
+                             config.fold if source != "fairytaleqa-train" else None)
+    keys = sorted(dataset.loaders)
+    rng.shuffle(keys)
+    stats = {"located": 0, "not_located": 0}
+    dev_keys, train_keys, quotas = _held_out_split(source, keys, config)
+    corpus = build_corpus(dataset, dev_keys + train_keys, maker.backbone, config.chunk_tokens, on_event)
+    by_doc: dict[str, list] = {}
+    for q in dataset.questions:
+        if q.docs:
+            by_doc.setdefault(q.docs[0], []).append(q)
+    made = {}
+    for part, part_keys in (("dev", dev_keys), ("train", train_keys)):
+        pool = [q for k in part_keys for q in by_doc.get(k, [])]
+        rng.shuffle(pool)
+        limit = (config.calibration_questions if part == "dev" else config.folded_questions) \
+            if source != "fairytaleqa-train" else None
+        made[part] = maker.part(source, part, pool, corpus, quotas.get(part), limit, stats, on_event)
+    return made, {"train_documents": len(train_keys), "held_out_documents": dev_keys, "question_ids": [], **stats}
+
+
+class ExampleMaker:
+    """A question's training example: BM25's top passages of its document with the answer located
+    in them."""
+
+    def __init__(self, config: TrainConfig, backbone):
+        from evsel.models.selectors import SelectorContext, get_selector
+
+        self.config, self.backbone = config, backbone
+        self.bm25 = get_selector("bm25", SelectorContext(load_backbone=lambda: backbone, states=None))
+
+    def part(self, source: str, part: str, pool: list, corpus, quota: int | None, limit: int | None, stats: dict,
+             on_event) -> list[dict]:
+        """Examples of `pool`'s questions in order: at most `limit`, at most `quota` a document;
+        adversarial questions only held out, as unanswerable examples."""
+        made: list[dict] = []
+        per_doc: dict[str, int] = {}
+        for i, q in enumerate(pool):
+            if limit is not None and len(made) >= limit:
+                break
+            if quota is not None and per_doc.get(q.docs[0], 0) >= quota:
+                continue
+            on_event({"type": "progress", "task": "examples", "label": f"{source} {part}", "done": i,
+                      "total": len(pool)})
+            adversarial = q.group == "adversarial"
+            if adversarial and part == "train":
+                continue
+            chunks = corpus.chunks[q.docs[0]]
+            got = self.example(source, q, chunks, corpus, keep_unanswerable=adversarial) \
+                if q.answers or adversarial else None
+            if got is None:
+                stats["not_located"] += 1
+                continue
+            stats["located"] += 1
+            per_doc[q.docs[0]] = per_doc.get(q.docs[0], 0) + 1
+            made.append(got)
+        return made
+
+    def example(self, source: str, q, chunks: list, corpus, keep_unanswerable: bool = False) -> dict | None:
+        """The example, or None when the answer is in no shown passage nor in a gold one."""
+        top_n = self.config.top_n
+        ranked = self.bm25.rank(q.question, chunks, top_n * 3)
+        shown = [s.chunk for s in ranked[:top_n]]
+        spare = [s.chunk.text for s in ranked[top_n:]]  # near misses: the LoRA reader's no-answer examples
+        dialogue = any(c.speakers for c in shown)
+        spans = [] if keep_unanswerable else locate_answer([c.text for c in shown], q.answers)
+        if not spans and not keep_unanswerable:  # the retriever missed it: a gold passage that holds it takes the last place
+            shown, spans = _with_gold_passage(q, chunks, corpus, shown, top_n)
+            if not spans:
+                return None
+        return {"id": f"{source}/{q.qid}", "question": q.question, "passages": [c.text for c in shown],
+                "spans": spans, "answers": list(q.answers), "dialogue": dialogue, "unanswerable": keep_unanswerable,
+                "spare": spare}
+
+
+def _with_gold_passage(q, chunks: list, corpus, shown: list, top_n: int) -> tuple[list, list]:
+    """(passages, spans) with the first gold chunk that holds an answer in the last place; no
+    spans when none does."""
+    from evsel.evaluation.runner import gold_units
+
+    by_id = {c.id: c for c in chunks}
+    for unit in gold_units(q, corpus, {}):
+        for cid in sorted(unit):
+            chunk = by_id.get(cid)
+            if chunk is None or chunk in shown:
+                continue
+            got = locate_answer([chunk.text], q.answers)
+            if got:
+                shown = shown[:-1] + [chunk] if len(shown) >= top_n else shown + [chunk]
+                return shown, [(len(shown) - 1, a, b) for _, a, b in got]
+    return shown, []
 
 
 class StateCache:
