@@ -34,7 +34,7 @@ def eval_command(
     dataset: Annotated[str, declared(EvalRequest, "dataset")],
     # the request's lists, typed as comma-separated text
     methods: Annotated[str, declared(EvalRequest, "methods")] = DEFAULT_METHODS,
-    ks: Annotated[str, declared(EvalRequest, "ks")] = "1,3,5,10",
+    ks: Annotated[str, declared(EvalRequest, "ks", parser=str)] = "1,3,5,10",
     generate: Annotated[bool, declared(EvalRequest, "generate")] = EvalRequest.generate,
     limit: Annotated[Optional[int], declared(EvalRequest, "limit")] = EvalRequest.limit,
     split: Annotated[Optional[str], declared(EvalRequest, "split")] = EvalRequest.split,
