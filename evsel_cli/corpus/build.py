@@ -277,19 +277,9 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
 
     say = on_line or (lambda line: print(line, file=sys.stderr, flush=True))
     states = list(STATES if states is None else states)
-    unknown = [s for s in states if s not in STATES]
-    if unknown:
-        raise InputError(f"unknown state {unknown[0]!r}", f"choose from {', '.join(STATES)}")
-    if chunk_tokens < 16:
-        raise InputError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
-    if batch_docs < 1:
-        raise InputError("--batch-docs must be 1 or more", "give a positive number")
     source_path = Path(source).expanduser().resolve()
     out_dir = Path(out).expanduser().resolve()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError("--out is not a directory", "give a new or existing corpus directory", path=str(out_dir))
-    if out_dir == source_path or source_path in out_dir.parents:
-        raise InputError("--out is inside SOURCE", "put the corpus outside the folder it indexes", path=str(out_dir))
+    _check_build(states, chunk_tokens, batch_docs, source_path, out_dir)
     kind, items = corpus_rows.source_items(source_path)
     settings = settings or Settings()
     backbone_fp, configs, dims = _expected_configs(settings, states)
@@ -297,29 +287,7 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
     methods = ["bm25", *[s for s in STATES if s in configs]]
     manifest = schema.new_manifest(backbone=backbone_fp, chunk_tokens=chunk_tokens, source=str(source_path),
                                    methods=methods, dims=dims, configs=configs)
-    done_paths: set[str] = set()
-    doc_paths: dict[str, set[str]] = {}
-    if (out_dir / schema.MANIFEST).is_file():
-        try:
-            old = schema.read_manifest(out_dir)
-        except ValueError as exc:
-            raise InputError(str(exc), "give --out a new directory or an evsel corpus") from None
-        same = {k: old.get(k) for k in ("backbone", "chunk_tokens", "methods", "configs")} == {
-            k: manifest[k] for k in ("backbone", "chunk_tokens", "methods", "configs")}
-        if not same:
-            raise InputError("this corpus was built with other settings (model, --chunk-tokens or states)",
-                             "build into a new --out, or rerun with the settings it was built with", path=str(out_dir))
-        manifest = dict(old, complete=False)
-        if Path(uri).exists():
-            lost = drop_lost_fragments(uri)
-            if lost:
-                say(f"corpus build: {lost} data file(s) of {out_dir} were missing; their documents are read again")
-            done_paths, doc_paths, rows_before = _committed(uri)
-            if done_paths:
-                say(f"corpus build: resuming; {len(done_paths)} documents ({rows_before} chunks) already in {out_dir}")
-    elif out_dir.exists() and any(out_dir.iterdir()):
-        raise InputError("--out is a directory that is not an evsel corpus", "give a new or empty directory",
-                         path=str(out_dir))
+    manifest, done_paths, doc_paths = _resumed(out_dir, uri, manifest, say)
     manifest["complete"] = False
     schema.write_manifest(out_dir, manifest)
     dense_dim = dims.get("dense", schema.DENSE_DIM)
@@ -330,17 +298,7 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
         target = schema.arrow_schema(dense_dim, unreal_hidden)
         lance.write_dataset(pa.Table.from_pylist([], schema=target), uri, schema=target, mode="create")
 
-    work = []
-    for index, item in enumerate(items):
-        if kind == "jsonl":
-            key = item["id"]
-            entry = {"key": key, "path": None, "root": None, "doc": json.dumps(item)}
-        else:
-            key = item.relative_to(source_path).as_posix() if item != source_path else item.name
-            entry = {"key": key, "path": str(item), "root": str(source_path if source_path.is_dir() else item.parent),
-                     "doc": None}
-        if key not in done_paths:
-            work.append(entry)
+    work = [entry for entry in _work_entries(kind, items, source_path) if entry["key"] not in done_paths]
     failed: list[dict] = []
     if work:
         try:
@@ -356,6 +314,63 @@ def build(source: str, out: str, address: str | None = None, chunk_tokens: int =
     manifest = _finish(out_dir, uri, say)
     manifest["failed"] = failed
     return manifest
+
+
+def _check_build(states: list[str], chunk_tokens: int, batch_docs: int, source_path: Path, out_dir: Path) -> None:
+    unknown = [s for s in states if s not in STATES]
+    if unknown:
+        raise InputError(f"unknown state {unknown[0]!r}", f"choose from {', '.join(STATES)}")
+    if chunk_tokens < 16:
+        raise InputError(f"--chunk-tokens {chunk_tokens} is too small", "use 16 or more (default 140)")
+    if batch_docs < 1:
+        raise InputError("--batch-docs must be 1 or more", "give a positive number")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError("--out is not a directory", "give a new or existing corpus directory", path=str(out_dir))
+    if out_dir == source_path or source_path in out_dir.parents:
+        raise InputError("--out is inside SOURCE", "put the corpus outside the folder it indexes", path=str(out_dir))
+
+
+def _resumed(out_dir: Path, uri: str, manifest: dict,
+             say: Callable[[str], None]) -> tuple[dict, set[str], dict[str, set[str]]]:
+    """(the manifest, the documents already committed, each one's paths): a corpus already in OUT
+    resumes when it was built with the same settings; a new OUT starts empty."""
+    if not (out_dir / schema.MANIFEST).is_file():
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise InputError("--out is a directory that is not an evsel corpus", "give a new or empty directory",
+                             path=str(out_dir))
+        return manifest, set(), {}
+    try:
+        old = schema.read_manifest(out_dir)
+    except ValueError as exc:
+        raise InputError(str(exc), "give --out a new directory or an evsel corpus") from None
+    same = {k: old.get(k) for k in ("backbone", "chunk_tokens", "methods", "configs")} == {
+        k: manifest[k] for k in ("backbone", "chunk_tokens", "methods", "configs")}
+    if not same:
+        raise InputError("this corpus was built with other settings (model, --chunk-tokens or states)",
+                         "build into a new --out, or rerun with the settings it was built with", path=str(out_dir))
+    manifest = dict(old, complete=False)
+    if not Path(uri).exists():
+        return manifest, set(), {}
+    lost = drop_lost_fragments(uri)
+    if lost:
+        say(f"corpus build: {lost} data file(s) of {out_dir} were missing; their documents are read again")
+    done_paths, doc_paths, rows_before = _committed(uri)
+    if done_paths:
+        say(f"corpus build: resuming; {len(done_paths)} documents ({rows_before} chunks) already in {out_dir}")
+    return manifest, done_paths, doc_paths
+
+
+def _work_entries(kind: str, items: list, source_path: Path) -> list[dict]:
+    """What a worker is handed for each source item: its key, and its file or its JSONL line."""
+    entries = []
+    for item in items:
+        if kind == "jsonl":
+            entries.append({"key": item["id"], "path": None, "root": None, "doc": json.dumps(item)})
+        else:
+            key = item.relative_to(source_path).as_posix() if item != source_path else item.name
+            entries.append({"key": key, "path": str(item),
+                            "root": str(source_path if source_path.is_dir() else item.parent), "doc": None})
+    return entries
 
 
 def _ray_env(settings) -> dict:

@@ -102,20 +102,9 @@ def add(directory: str, targets: list[str], backbone, settings, on_event=None) -
     require_extra()
     path, manifest = check_directory(directory)
     on_event = on_event or (lambda _e: None)
-    if manifest.get("backbone") and manifest["backbone"] != backbone.fingerprint:
-        raise InputError(f"the corpus was built with backbone {manifest['backbone'][:16]}, not this model's "
-                         f"{backbone.fingerprint[:16]}", "add with the --model it was built with")
-    methods = manifest.get("methods") or ["bm25"]
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    encoder = corpus_rows.StateEncoder(backbone, dense="dense" in methods, unreal="unreal" in methods,
-                                       adapter=settings.unreal_adapter)
-    made = {k: v for k, v in encoder.configs().items()}
-    wanted = {k: v for k, v in (manifest.get("configs") or {}).items() if k in methods}
-    if made != wanted:
-        raise InputError("the corpus' states were made with other models or configs than this evsel has "
-                         f"({', '.join(sorted(set(wanted) | set(made)))})",
-                         "add with the model and adapter it was built with (--model, EVSEL_UNREAL_ADAPTER)")
+    encoder = _matching_encoder(manifest, backbone, settings)
     timings["load_s"] = round(time.perf_counter() - t, 4)
     dataset = lance.dataset(str(path / schema.CHUNKS))
     existing = _documents(dataset)
@@ -127,32 +116,8 @@ def add(directory: str, targets: list[str], backbone, settings, on_event=None) -
     files: list[Path] = []
     for target in targets:
         files.extend(corpus_rows.collect_files(Path(target).expanduser()))
-    results, new_rows, replaced = [], [], []
     t = time.perf_counter()
-    for index, file in enumerate(files):
-        on_event({"type": "progress", "task": "files", "label": file.name, "done": index, "total": len(files)})
-        file = file.resolve()
-        doc_path = PurePath(file.relative_to(source)).as_posix() if source in file.parents else str(file)
-        try:
-            rows = corpus_rows.rows_of_file(file, None, backbone, int(manifest.get("chunk_tokens") or 140))
-        except EvselError as exc:
-            results.append({"path": str(file), "status": "failed", "error": exc.to_dict()})
-            continue
-        except OSError as exc:
-            results.append({"path": str(file), "status": "failed",
-                            "error": InputError(f"cannot read the file: {exc.strerror or exc}").to_dict()})
-            continue
-        for row in rows:
-            row["doc_path"] = doc_path
-        sha = rows[0]["doc_sha256"]
-        if sha in by_sha:
-            results.append({"path": str(file), "status": "unchanged", "sha256": sha, "chunks": 0})
-            continue
-        replaced += [(d["sha256"], d["part"]) for d in by_path.get(doc_path, [])]
-        by_sha.add(sha)
-        new_rows.extend(rows)
-        results.append({"path": str(file), "status": "added", "sha256": sha, "doc_path": doc_path,
-                        "chunks": len(rows)})
+    results, new_rows, replaced = _parsed_files(files, source, manifest, backbone, by_sha, by_path, on_event)
     timings["parse_s"] = round(time.perf_counter() - t, 4)
     on_event({"type": "progress", "task": "files", "label": "", "done": len(files), "total": len(files)})
     t = time.perf_counter()
@@ -179,6 +144,56 @@ def add(directory: str, targets: list[str], backbone, settings, on_event=None) -
                                  docs_delta)
     return {"corpus": str(path), "files": results, "added_chunks": n_added, "removed_chunks": n_removed,
             "n_chunks": manifest["n_chunks"], "n_docs": manifest["n_docs"], "timings": timings}
+
+
+def _matching_encoder(manifest: dict, backbone, settings):
+    """The state encoder for the corpus' methods; refused unless this backbone and its configs are
+    the ones the corpus was built with."""
+    if manifest.get("backbone") and manifest["backbone"] != backbone.fingerprint:
+        raise InputError(f"the corpus was built with backbone {manifest['backbone'][:16]}, not this model's "
+                         f"{backbone.fingerprint[:16]}", "add with the --model it was built with")
+    methods = manifest.get("methods") or ["bm25"]
+    encoder = corpus_rows.StateEncoder(backbone, dense="dense" in methods, unreal="unreal" in methods,
+                                       adapter=settings.unreal_adapter)
+    made = {k: v for k, v in encoder.configs().items()}
+    wanted = {k: v for k, v in (manifest.get("configs") or {}).items() if k in methods}
+    if made != wanted:
+        raise InputError("the corpus' states were made with other models or configs than this evsel has "
+                         f"({', '.join(sorted(set(wanted) | set(made)))})",
+                         "add with the model and adapter it was built with (--model, EVSEL_UNREAL_ADAPTER)")
+    return encoder
+
+
+def _parsed_files(files: list[Path], source: Path, manifest: dict, backbone, by_sha: set[str],
+                  by_path: dict[str, list[dict]], on_event) -> tuple[list[dict], list[dict], list[tuple]]:
+    """(each file's result, the rows of the files not in the corpus yet, the (sha256, part) of the
+    documents they replace). A file whose content is already there is unchanged."""
+    results, new_rows, replaced = [], [], []
+    for index, file in enumerate(files):
+        on_event({"type": "progress", "task": "files", "label": file.name, "done": index, "total": len(files)})
+        file = file.resolve()
+        doc_path = PurePath(file.relative_to(source)).as_posix() if source in file.parents else str(file)
+        try:
+            rows = corpus_rows.rows_of_file(file, None, backbone, int(manifest.get("chunk_tokens") or 140))
+        except EvselError as exc:
+            results.append({"path": str(file), "status": "failed", "error": exc.to_dict()})
+            continue
+        except OSError as exc:
+            results.append({"path": str(file), "status": "failed",
+                            "error": InputError(f"cannot read the file: {exc.strerror or exc}").to_dict()})
+            continue
+        for row in rows:
+            row["doc_path"] = doc_path
+        sha = rows[0]["doc_sha256"]
+        if sha in by_sha:
+            results.append({"path": str(file), "status": "unchanged", "sha256": sha, "chunks": 0})
+            continue
+        replaced += [(d["sha256"], d["part"]) for d in by_path.get(doc_path, [])]
+        by_sha.add(sha)
+        new_rows.extend(rows)
+        results.append({"path": str(file), "status": "added", "sha256": sha, "doc_path": doc_path,
+                        "chunks": len(rows)})
+    return results, new_rows, replaced
 
 
 def resolve(existing: list[dict], names: list[str]) -> list[dict]:

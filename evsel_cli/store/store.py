@@ -184,6 +184,24 @@ class ChunkCache(Protocol):
 WRITE_BATCH = 2000
 
 
+class _WriteProgress:
+    """`Store.replace_file`'s `on_batch` calls: chunks written so far, of `total` (None while
+    streamed). A call is also where a cancel raised by `on_batch` lands."""
+
+    def __init__(self, on_batch: Callable[[int, int | None], None] | None, total: int | None):
+        self.on_batch = on_batch
+        self.total = total
+        self.stored = 0
+
+    def written(self, count: int) -> None:
+        self.stored += count
+        if self.on_batch is not None:
+            self.on_batch(self.stored, self.total)
+
+    def checkpoint(self) -> None:
+        self.written(0)
+
+
 class Store:
     """The engine's view of the database. Every write of one source file is one transaction."""
 
@@ -249,26 +267,13 @@ class Store:
         inside the transaction: whatever it raises (a cancel) rolls the whole file back, so the store
         stays as it was.
         """
-        from . import bm25_index
-
         now = time.time()
         ids = []
         dropped: set[str] = set()  # content hashes of the chunks this replaces
-        total = sum(len(doc["chunks"]) for doc in docs) if all(
-            hasattr(doc["chunks"], "__len__") for doc in docs) else None
-        stored = 0
-
-        def written(count: int) -> None:
-            nonlocal stored
-            stored += count
-            if on_batch is not None:
-                on_batch(stored, total)
-
-        def checkpoint() -> None:
-            written(0)
-
+        progress = _WriteProgress(on_batch, sum(len(doc["chunks"]) for doc in docs) if all(
+            hasattr(doc["chunks"], "__len__") for doc in docs) else None)
         with self.transaction() as conn:
-            written(0)
+            progress.written(0)
             old = {row["part"]: row for row in self.documents_for_path(collection_id, path)}
             for doc in docs:
                 values = {
@@ -284,49 +289,61 @@ class Store:
                     "n_tokens": 0,
                     "updated_at": now,
                 }
-                previous = old.pop(doc["part"], None)
-                if previous:
-                    doc_id = previous["id"]
-                    dropped |= self._chunk_hashes(doc_id)
-                    bm25_index.drop_document(conn, doc_id, on_progress=checkpoint)
-                    self._delete_chunks(doc_id, on_progress=checkpoint)
-                    sets = ", ".join(f"{k} = ?" for k in values)
-                    conn.execute(f"update documents set {sets} where id = ?", [*values.values(), doc_id])
-                else:
-                    values["created_at"] = now
-                    cols = ", ".join(values)
-                    marks = ", ".join("?" for _ in values)
-                    doc_id = conn.execute(
-                        f"insert into documents ({cols}) values ({marks})", list(values.values())
-                    ).lastrowid
-                indexer = bm25_index.DocumentIndexer(conn, doc_id)
-                n_chunks = n_tokens = 0
-                batch: list[dict] = []
-                for chunk in doc["chunks"]:
-                    batch.append(chunk)
-                    if len(batch) >= WRITE_BATCH:
-                        n_tokens += self._write_chunks(doc_id, batch, indexer)
-                        n_chunks += len(batch)
-                        written(len(batch))
-                        batch = []
-                if batch:
-                    n_tokens += self._write_chunks(doc_id, batch, indexer)
-                    n_chunks += len(batch)
-                    written(len(batch))
-                    batch = []
-                # the BM25 postings of a long document take seconds too: checked within and after them
-                indexer.finish(on_progress=checkpoint)
+                doc_id = self._document_row(conn, values, old.pop(doc["part"], None), dropped, progress)
+                n_chunks, n_tokens = self._write_document_chunks(conn, doc_id, doc["chunks"], progress)
                 conn.execute("update documents set n_chunks = ?, n_tokens = ? where id = ?", [n_chunks, n_tokens, doc_id])
-                written(0)
+                progress.written(0)
                 ids.append(doc_id)
-            if total is None:  # streamed: the true total, once every chunk is written
-                total = stored
-                written(0)
+            if progress.total is None:  # streamed: the true total, once every chunk is written
+                progress.total = progress.stored
+                progress.written(0)
             for stale in old.values():  # parts that vanished from the new version of the file
                 dropped |= self._delete_document(stale["id"])
             orphans = self._drop_orphan_states(dropped)
         self._drop_orphan_files(orphans)
         return ids
+
+    def _document_row(self, conn, values: dict, previous: dict | None, dropped: set[str],
+                      progress: "_WriteProgress") -> int:
+        """The document's row: the previous version's, emptied of its chunks and BM25 rows (their
+        hashes added to `dropped`) and updated, or a new one. Returns its id."""
+        from . import bm25_index
+
+        if previous:
+            doc_id = previous["id"]
+            dropped |= self._chunk_hashes(doc_id)
+            bm25_index.drop_document(conn, doc_id, on_progress=progress.checkpoint)
+            self._delete_chunks(doc_id, on_progress=progress.checkpoint)
+            sets = ", ".join(f"{k} = ?" for k in values)
+            conn.execute(f"update documents set {sets} where id = ?", [*values.values(), doc_id])
+            return doc_id
+        values["created_at"] = values["updated_at"]
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        return conn.execute(f"insert into documents ({cols}) values ({marks})", list(values.values())).lastrowid
+
+    def _write_document_chunks(self, conn, doc_id: int, chunks: Iterable[dict],
+                               progress: "_WriteProgress") -> tuple[int, int]:
+        """Write a document's chunks `WRITE_BATCH` at a time with their BM25 rows. Returns (chunks, tokens)."""
+        from . import bm25_index
+
+        indexer = bm25_index.DocumentIndexer(conn, doc_id)
+        n_chunks = n_tokens = 0
+        batch: list[dict] = []
+        for chunk in chunks:
+            batch.append(chunk)
+            if len(batch) >= WRITE_BATCH:
+                n_tokens += self._write_chunks(doc_id, batch, indexer)
+                n_chunks += len(batch)
+                progress.written(len(batch))
+                batch = []
+        if batch:
+            n_tokens += self._write_chunks(doc_id, batch, indexer)
+            n_chunks += len(batch)
+            progress.written(len(batch))
+        # the BM25 postings of a long document take seconds too: checked within and after them
+        indexer.finish(on_progress=progress.checkpoint)
+        return n_chunks, n_tokens
 
     def _write_chunks(self, doc_id: int, batch: list[dict], indexer) -> int:
         """Insert one batch of a document's chunks and index them (inside the caller's transaction).
