@@ -3,6 +3,7 @@
     python bench/startup.py                          # 15 rounds
     python bench/startup.py --before 273603c         # ... and the code of that commit beside it
     python bench/startup.py --rounds 5               # a quick look
+    python bench/startup.py --pin-build              # while others edit the checkout
 
 Each round runs, as a user would (a new process, timed from start to exit), `python -c pass`,
 `evsel --version`, `evsel docs list` and an evidence-only `evsel ask` through a warm daemon, and
@@ -164,6 +165,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15, help="runs of each command")
     parser.add_argument("--before", metavar="COMMIT", help="also run the evsel commands of this commit")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "startup.json")
+    parser.add_argument("--pin-build", action="store_true",
+                        help="pin the daemons' build id (EVSEL_DAEMON_BUILD): in a checkout being edited, an "
+                             "edited file changes the build id and a command restarts its daemon mid-run; "
+                             "pinned, no client (before or after) walks the source files to compute it")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     from common import load_1m, write_result
@@ -174,6 +179,8 @@ def main() -> int:
                TERM=os.environ.get("TERM", "xterm-256color"))
     for name in ("EVSEL_NO_DAEMON", "EVSEL_DAEMON_BUILD", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH"):
         env.pop(name, None)
+    if args.pin_build:
+        env["EVSEL_DAEMON_BUILD"] = "bench-startup"
     envs = {"": dict(env, EVSEL_HOME=str(scratch / "home"))}
     before_commit = None
     if args.before:
@@ -236,6 +243,7 @@ def main() -> int:
     record = {"run": run_info(["python", "bench/startup.py", *sys.argv[1:]]), "rounds": args.rounds,
               "baseline": BASELINE, "before_commit": before_commit, "bytecode": "cached (as after pip install)",
               "load_1m_before": load_before, "load_1m_after": load_1m(),
+              "daemon_build": "pinned" if args.pin_build else "from the source files",
               "same_daemon_throughout": same_daemon, "commands": rows}
     write_result(args.out, record)
     print(f"wrote {args.out}")

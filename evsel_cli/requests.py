@@ -9,8 +9,9 @@ daemon treats it. This module imports no engine, store or model code, so the cli
 request at start-up.
 """
 
+import threading
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Callable
 
@@ -18,7 +19,8 @@ from .defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, DEFAULT_SELECT, 
 
 __all__ = [
     "REQUEST", "REQUESTS", "AskRequest", "CorpusAddRequest", "CorpusRmRequest", "DocsListRequest",
-    "DocsRmRequest", "DocsShowRequest", "EncodeStatesRequest", "EvalRequest", "FieldSpec", "IngestRequest",
+    "Declaration", "DocsRmRequest", "DocsShowRequest", "EncodeStatesRequest", "EvalRequest", "FieldSpec",
+    "IngestRequest",
     "ModelsInfoRequest", "Output", "Request", "TrainBlocksearchRequest", "TrainConvertRequest", "TrainHybridRequest",
     "TrainQrrankerRequest", "TrainReaderRequest", "TrainUnrealRequest", "WatchAddRequest", "WatchListRequest",
     "WatchRemoveRequest", "fields_of", "methods", "select_help", "spec",
@@ -54,6 +56,58 @@ def _field(default: Any = MISSING, **meta: Any) -> Any:
     return field(default=default, metadata={"evsel": FieldSpec(**meta)})
 
 
+# the declarations not yet made dataclasses: {class: its fields as declared}
+_UNMADE: dict[type, dict[str, Field]] = {}
+_MAKING = threading.RLock()
+
+
+def _make(declaration: type) -> None:
+    """Make a declaration the frozen dataclass it declares, once (a daemon's threads may meet it
+    together; the one making it sees it unmade while dataclass() reads it)."""
+    with _MAKING:
+        declared = _UNMADE.pop(declaration, None)
+        if declared is not None:
+            for name, declared_field in declared.items():
+                setattr(declaration, name, declared_field)
+            dataclass(frozen=True)(declaration)
+
+
+class _Declared(type):
+    """The declarations' type: `dataclasses.fields`, `is_dataclass` and the like make one first."""
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__dataclass_") and cls in _UNMADE:
+            _make(cls)
+            return getattr(cls, name)
+        raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+
+
+class Declaration(metaclass=_Declared):
+    """A request declaration: a frozen dataclass, made one on first use (built, or read by
+    `dataclasses.fields`). dataclass() writes and compiles each class's methods, which for every
+    request took longer than all else a forwarded `ask` imports; that command uses two of them.
+    Until then a field's class attribute is its default, as the dataclass's is."""
+
+    __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        annotated = vars(cls).get("__annotations__", {})
+        declared = {name: value for name, value in vars(cls).items()
+                    if name in annotated and isinstance(value, Field)}
+        for name, declared_field in declared.items():
+            if declared_field.default is MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, declared_field.default)
+        _UNMADE[cls] = declared
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        if cls in _UNMADE:
+            _make(cls)
+        return super().__new__(cls)
+
+
 def spec(request: type, name: str) -> FieldSpec:
     """The `FieldSpec` of a request class's field."""
     for f in fields(request):
@@ -85,8 +139,7 @@ _CHUNK_TOKENS_HELP = "Target chunk size in backbone tokens."
 _OUT_HELP = "The output folder."
 
 
-@dataclass(frozen=True)
-class IngestRequest:
+class IngestRequest(Declaration):
     targets: list[str] = _field(path=True, argument=True, metavar="PATHS...")
     collection: str = _field(DEFAULT_COLLECTION, metavar="NAME", help="Collection to add the documents to.")
     kind: str = _field("auto", choices=KINDS, help="How to read the files: auto picks by extension and content.")
@@ -101,8 +154,7 @@ class IngestRequest:
                     "session; by the backbone; in the daemon, in the background).")
 
 
-@dataclass(frozen=True)
-class EncodeStatesRequest:
+class EncodeStatesRequest(Declaration):
     doc_ids: list[int] | None = _field(None, cli=False)
     batch: int = _field(64, cli=False)
     states: bool = _field(True, cli=False)
@@ -110,8 +162,7 @@ class EncodeStatesRequest:
     slice_s: float | None = _field(None, cli=False)
 
 
-@dataclass(frozen=True)
-class AskRequest:
+class AskRequest(Declaration):
     question: str = _field(argument=True)
     doc_ids: list[int] | None = _field(None, flag="--doc", metavar="ID",
                                        help="Ask about this document only (repeatable). See: evsel docs list.")
@@ -139,8 +190,7 @@ class AskRequest:
              "answer run here.")
 
 
-@dataclass(frozen=True)
-class EvalRequest:
+class EvalRequest(Declaration):
     dataset: str = _field(argument=True)
     methods: list[str] = _field(
         metavar="LIST",
@@ -182,15 +232,13 @@ class EvalRequest:
 
 # the train requests: the commands gather their many recipe options into `options` (a dict the
 # recipe's config reads) and record the command line in `command`
-@dataclass(frozen=True)
-class TrainConvertRequest:
+class TrainConvertRequest(Declaration):
     out: str = _field(path=True, help=_OUT_HELP)
     options: dict = _field(cli=False)
     data_dir: str | None = _field(None, path=True, cli=False)
 
 
-@dataclass(frozen=True)
-class TrainUnrealRequest:
+class TrainUnrealRequest(Declaration):
     out: str = _field(path=True, help=_OUT_HELP)
     recipe_name: str = _field("full", cli=False)
     data: str | None = _field(None, path=True, cli=False)
@@ -199,8 +247,7 @@ class TrainUnrealRequest:
     command: str | None = _field(None, cli=False)
 
 
-@dataclass(frozen=True)
-class TrainQrrankerRequest:
+class TrainQrrankerRequest(Declaration):
     out: str = _field(path=True, help=_OUT_HELP)
     detect_heads: bool = _field(False, cli=False)
     options: dict | None = _field(None, cli=False)
@@ -208,81 +255,68 @@ class TrainQrrankerRequest:
     recipe_name: str = _field("full", cli=False)
 
 
-@dataclass(frozen=True)
-class TrainBlocksearchRequest:
+class TrainBlocksearchRequest(Declaration):
     out: str = _field(path=True, help=_OUT_HELP)
     options: dict | None = _field(None, cli=False)
     command: str | None = _field(None, cli=False)
     recipe_name: str = _field("full", cli=False)
 
 
-@dataclass(frozen=True)
-class TrainHybridRequest:
+class TrainHybridRequest(Declaration):
     out: str = _field(path=True, help=_OUT_HELP)
     options: dict | None = _field(None, cli=False)
     command: str | None = _field(None, cli=False)
     recipe_name: str = _field("full", cli=False)
 
 
-@dataclass(frozen=True)
-class TrainReaderRequest:
+class TrainReaderRequest(Declaration):
     out: str = _field(path=True, help=_OUT_HELP)
     options: dict | None = _field(None, cli=False)
     command: str | None = _field(None, cli=False)
     recipe_name: str = _field("full", cli=False)
 
 
-@dataclass(frozen=True)
-class DocsListRequest:
+class DocsListRequest(Declaration):
     collection: str | None = _field(None, metavar="NAME", help="Restrict to one collection.")
 
 
-@dataclass(frozen=True)
-class DocsShowRequest:
+class DocsShowRequest(Declaration):
     doc_id: int = _field(argument=True, metavar="ID")
     with_chunks: bool = _field(False, flag="--chunks", help="Include every chunk with its provenance.")
 
 
-@dataclass(frozen=True)
-class DocsRmRequest:
+class DocsRmRequest(Declaration):
     doc_ids: list[int] = _field(argument=True, metavar="ID...")
 
 
-@dataclass(frozen=True)
-class WatchAddRequest:
+class WatchAddRequest(Declaration):
     path: str = _field(path=True, argument=True)
     collection: str = _field(DEFAULT_COLLECTION, metavar="NAME")
 
 
-@dataclass(frozen=True)
-class WatchRemoveRequest:
+class WatchRemoveRequest(Declaration):
     path: str = _field(path=True)
 
 
-@dataclass(frozen=True)
-class WatchListRequest:
+class WatchListRequest(Declaration):
     pass
 
 
-@dataclass(frozen=True)
-class ModelsInfoRequest:
+class ModelsInfoRequest(Declaration):
     load: bool = _field(True, cli=False)
 
 
-@dataclass(frozen=True)
-class CorpusAddRequest:
+class CorpusAddRequest(Declaration):
     corpus: str = _field(path=True, argument=True, metavar="DIR", help="A corpus directory (evsel corpus build --out).")
     targets: list[str] = _field(path=True, argument=True, metavar="FILES...", help="Files or folders to add.")
 
 
-@dataclass(frozen=True)
-class CorpusRmRequest:
+class CorpusRmRequest(Declaration):
     corpus: str = _field(path=True, argument=True, metavar="DIR", help="A corpus directory (evsel corpus build --out).")
     docs: list[str] = _field(argument=True)
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(Declaration):
     """How a command prints its reply: an option of the commands, not of any request."""
 
     as_json: bool = _field(False, flag="--json", help="Print one JSON document on stdout.")
