@@ -12,8 +12,7 @@ request at start-up.
 import threading
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
-from functools import cached_property
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, DEFAULT_SELECT, KINDS, RERANK_TOP, STYLES
 
@@ -27,8 +26,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class FieldSpec:
+class FieldSpec(NamedTuple):
     """What a request field means beyond its type and default.
 
     `help`: its --help text (a callable gives it on first use: the selector registry's);
@@ -36,7 +34,7 @@ class FieldSpec:
     doc_ids, `--encode/--no-encode`); `metavar`: the value's name in help; `choices`: the values
     it takes; `path`: the client makes it absolute where the user typed it (the daemon runs in /);
     `argument`: a positional argument, not an option; `cli`: False for what no option sets (the
-    command fills it in)."""
+    command fills it in). (A named tuple, not a dataclass: one is built per field at import.)"""
 
     help: str | Callable[[], str] | None = None
     flag: str | None = None
@@ -109,11 +107,13 @@ class Declaration(metaclass=_Declared):
 
 
 def spec(request: type, name: str) -> FieldSpec:
-    """The `FieldSpec` of a request class's field."""
-    for f in fields(request):
-        if f.name == name:
-            return f.metadata.get("evsel", FieldSpec())
-    raise KeyError(f"{request.__name__} has no field {name!r}")
+    """The `FieldSpec` of a request class's field (read from a declaration without making it)."""
+    declared = _UNMADE.get(request) or {}
+    if name not in declared:
+        declared = {f.name: f for f in fields(request)}
+    if name not in declared:
+        raise KeyError(f"{request.__name__} has no field {name!r}")
+    return declared[name].metadata.get("evsel", FieldSpec())
 
 
 def fields_of(request) -> dict:
@@ -322,12 +322,11 @@ class Output(Declaration):
     as_json: bool = _field(False, flag="--json", help="Print one JSON document on stdout.")
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """One engine request: its name (the `Engine` method it calls), its declaration, whether the
     daemon answers it at once on the connection's own thread (`fast`: it never waits behind model
     work), and whether it may run beside model work when its method needs no model (`light`: an
-    evidence-only ask with a light selector)."""
+    evidence-only ask with a light selector). (A named tuple: one is built per request at import.)"""
 
     name: str
     declaration: type
@@ -351,7 +350,7 @@ class Request:
         """{field: default} for every field that has one."""
         return {f.name: f.default for f in self.fields if f.default is not MISSING}
 
-    @cached_property
+    @property
     def types(self) -> dict:
         """{field: type}, the annotations resolved."""
         return typing.get_type_hints(self.declaration)
