@@ -291,11 +291,12 @@ class DocsRmRequest(Declaration):
 
 class WatchAddRequest(Declaration):
     path: str = _field(path=True, argument=True)
-    collection: str = _field(DEFAULT_COLLECTION, metavar="NAME")
+    collection: str = _field(DEFAULT_COLLECTION, metavar="NAME", help="Collection the folder's documents go to.")
 
 
 class WatchRemoveRequest(Declaration):
-    path: str = _field(path=True)
+    path: str = _field(path=True, flag="--remove", metavar="DIR",
+                       help="Stop watching DIR (its documents stay; remove them with evsel docs rm).")
 
 
 class WatchListRequest(Declaration):
@@ -313,7 +314,9 @@ class CorpusAddRequest(Declaration):
 
 class CorpusRmRequest(Declaration):
     corpus: str = _field(path=True, argument=True, metavar="DIR", help="A corpus directory (evsel corpus build --out).")
-    docs: list[str] = _field(argument=True)
+    docs: list[str] = _field(
+        argument=True, metavar="DOC...",
+        help="Documents by doc_path or sha256 (the first 12 digits ask --corpus shows will do).")
 
 
 class Output(Declaration):

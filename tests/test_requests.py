@@ -8,7 +8,9 @@ import dataclasses
 
 import pytest
 
-from evsel.requests import REQUEST, REQUESTS, AskRequest, EvalRequest, FieldSpec, Request, WatchAddRequest, spec
+from evsel.requests import (REQUEST, REQUESTS, AskRequest, CorpusAddRequest, CorpusRmRequest, DocsListRequest,
+                            DocsRmRequest, DocsShowRequest, EvalRequest, FieldSpec, IngestRequest, Request,
+                            WatchAddRequest, WatchRemoveRequest, spec)
 
 
 def test_every_request_is_a_frozen_declaration_with_its_paths_among_its_fields():
@@ -73,19 +75,28 @@ def test_the_checks_name_unknown_missing_and_mistyped_fields():
 
 
 def test_the_typer_options_come_from_the_declarations():
-    """Each option of ask and eval that is a request field has the field's spelling, help and
-    default (eval's --methods and --k are the request's lists typed as text)."""
+    """Each option and argument of a command that is a request field has the field's spelling,
+    help and default (eval's --methods and --k are the request's lists typed as text; `evsel
+    watch` is three requests: its FOLDER is watch_add's path, its --remove watch_remove's)."""
     from evsel.cli import cli
 
-    for command, declaration, as_text in ((cli.commands["ask"], AskRequest, ()),
-                                          (cli.commands["eval"], EvalRequest, ("methods", "ks"))):
+    docs, corpus, watch = cli.commands["docs"].commands, cli.commands["corpus"].commands, cli.commands["watch"]
+    cases = [(cli.commands["ask"], AskRequest, {}, ()), (cli.commands["eval"], EvalRequest, {}, ("methods", "ks")),
+             (cli.commands["ingest"], IngestRequest, {}, ()), (docs["list"], DocsListRequest, {}, ()),
+             (docs["show"], DocsShowRequest, {}, ()), (docs["rm"], DocsRmRequest, {}, ()),
+             (corpus["add"], CorpusAddRequest, {}, ()), (corpus["rm"], CorpusRmRequest, {}, ()),
+             (watch, WatchAddRequest, {"path": "folder"}, ()), (watch, WatchRemoveRequest, {"path": "remove"}, ())]
+    for command, declaration, named, as_text in cases:
         params = {p.name: p for p in command.params}
         for f in dataclasses.fields(declaration):
             field_spec = spec(declaration, f.name)
-            param = params[f.name]
-            assert param.help == field_spec.help_text, f.name
+            if not field_spec.cli:
+                continue
+            param = params[named.get(f.name, f.name)]
+            assert param.help == field_spec.help_text, (command.name, f.name)
             if field_spec.argument:
                 continue
-            assert param.opts == [field_spec.flag or "--" + f.name.replace("_", "-")], f.name
+            spelled = "/".join(param.opts + param.secondary_opts)  # a flag's "--on/--off"
+            assert spelled == (field_spec.flag or "--" + f.name.replace("_", "-")), (command.name, f.name)
             if f.name not in as_text and f.default is not dataclasses.MISSING:
-                assert param.default == f.default, f.name
+                assert param.default == f.default, (command.name, f.name)

@@ -1,14 +1,15 @@
 # annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
-from typing import Annotated, List, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from evsel.defaults import DEFAULT_CHUNK_TOKENS
 from evsel.commands.output import print_json, stderr, stdout
+from evsel.requests import CorpusAddRequest, CorpusRmRequest, IngestRequest
 
 from .base import FLOAT, INT, App, path
 from .common import JsonOption, engine_from, settings
+from .options import declared, with_request
 
 app = App(help="A corpus index past one machine (pip install 'evsel[scale]'): built on a Ray cluster into Lance.")
 
@@ -39,8 +40,8 @@ def corpus_build(
     address: Annotated[Optional[str], typer.Option(
         "--address", metavar="RAY_ADDRESS",
         help="A running Ray cluster (HOST:PORT of its head); default: a local Ray instance of its own.")] = None,
-    chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", parser=INT,
-                                              help="Target chunk size in backbone tokens.")] = DEFAULT_CHUNK_TOKENS,
+    # a corpus's chunks are those of a local ingest
+    chunk_tokens: Annotated[int, declared(IngestRequest, "chunk_tokens")] = IngestRequest.chunk_tokens,
     states: Annotated[str, typer.Option(
         "--states", metavar="LIST",
         help="Per-chunk states to compute: dense, unreal (comma-separated; 'none' for BM25 only). UNREAL's "
@@ -87,12 +88,8 @@ def corpus_build(
 
 
 @app.command("add")
-def corpus_add(
-    ctx: typer.Context,
-    corpus: Annotated[str, typer.Argument(metavar="DIR", help="A corpus directory (evsel corpus build --out).")],
-    targets: Annotated[List[str], typer.Argument(metavar="FILES...", help="Files or folders to add.")],
-    as_json: JsonOption = False,
-):
+@with_request(CorpusAddRequest)
+def corpus_add(ctx: typer.Context, request: CorpusAddRequest, as_json: JsonOption = False):
     """Append documents to a corpus without rebuilding it: parsed, chunked and encoded as the
     build does (the same backbone, states and chunk size), folded into its indexes and BM25
     statistics. A file whose bytes are in the corpus already is left as it is; a file stored
@@ -104,7 +101,7 @@ def corpus_add(
 
     engine = engine_from(ctx)
     with ProgressView() as view:  # progress on stderr, --json or not
-        result = engine.corpus_add(corpus, list(targets), on_event=view)
+        result = engine.corpus_add(request.corpus, request.targets, on_event=view)
     if as_json:
         print_json(result)
     else:
@@ -123,19 +120,14 @@ def corpus_add(
 
 
 @app.command("rm")
-def corpus_rm(
-    ctx: typer.Context,
-    corpus: Annotated[str, typer.Argument(metavar="DIR", help="A corpus directory (evsel corpus build --out).")],
-    docs: Annotated[List[str], typer.Argument(
-        metavar="DOC...", help="Documents by doc_path or sha256 (the first 12 digits ask --corpus shows will do).")],
-    as_json: JsonOption = False,
-):
+@with_request(CorpusRmRequest)
+def corpus_rm(ctx: typer.Context, request: CorpusRmRequest, as_json: JsonOption = False):
     """Delete documents from a corpus without rebuilding it; its BM25 statistics follow. Nothing
     is deleted when one of the names matches no document."""
     from evsel.corpus.query import require_extra
 
     require_extra()
-    result = engine_from(ctx).corpus_rm(corpus, list(docs))
+    result = engine_from(ctx).corpus_rm(request.corpus, request.docs)
     if as_json:
         print_json(result)
         return

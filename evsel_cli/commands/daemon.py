@@ -6,11 +6,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from evsel.defaults import DEFAULT_COLLECTION
 from evsel.commands.output import escape, print_json, stderr, stdout
+from evsel.requests import WatchAddRequest, WatchRemoveRequest
 
 from .base import FLOAT, App, path
 from .common import JsonOption, engine_from, settings
+from .options import declared
 
 NOT_RUNNING_EXIT = 3  # as `systemctl status` and LSB init scripts say "not running"
 
@@ -158,13 +159,11 @@ def _duration(seconds: float) -> str:
 
 def watch(
     ctx: typer.Context,
-    folder: Annotated[Optional[str], typer.Argument(parser=path())] = None,
-    collection: Annotated[str, typer.Option("--collection", metavar="NAME",
-                                            help="Collection the folder's documents go to.")] = DEFAULT_COLLECTION,
+    # one command for three requests: FOLDER adds a watch, --remove DIR removes one, --list lists them
+    folder: Annotated[Optional[str], declared(WatchAddRequest, "path", parser=path())] = None,
+    collection: Annotated[str, declared(WatchAddRequest, "collection")] = WatchAddRequest.collection,
     list_watches: Annotated[bool, typer.Option("--list", help="List watched folders and their failed files.")] = False,
-    remove: Annotated[Optional[str], typer.Option(
-        "--remove", metavar="DIR", help="Stop watching DIR (its documents stay; remove them with evsel docs rm).")
-    ] = None,
+    remove: Annotated[Optional[str], declared(WatchRemoveRequest, "path")] = None,
     as_json: JsonOption = False,
 ):
     """Keep FOLDER ingested: the daemon ingests new and changed files and removes deleted ones.

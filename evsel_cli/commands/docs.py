@@ -1,14 +1,12 @@
 # annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
-from typing import Annotated, List
-
 import typer
 
 from evsel.commands.output import escape, print_json, stderr, stdout
-from evsel.requests import DocsListRequest
+from evsel.requests import DocsListRequest, DocsRmRequest, DocsShowRequest
 
 from . import replies
-from .base import INT, App
+from .base import App
 from .common import JsonOption, engine_from
 from .options import with_request
 
@@ -23,14 +21,10 @@ def docs_list(ctx: typer.Context, request: DocsListRequest, as_json: JsonOption 
 
 
 @app.command("show")
-def docs_show(
-    ctx: typer.Context,
-    doc_id: Annotated[int, typer.Argument(metavar="ID", parser=INT)],
-    with_chunks: Annotated[bool, typer.Option("--chunks", help="Include every chunk with its provenance.")] = False,
-    as_json: JsonOption = False,
-):
+@with_request(DocsShowRequest)
+def docs_show(ctx: typer.Context, request: DocsShowRequest, as_json: JsonOption = False):
     """Show one document's details (and its chunks with --chunks)."""
-    doc = engine_from(ctx).docs_show(doc_id, with_chunks)
+    doc = engine_from(ctx).docs_show(request.doc_id, request.with_chunks)
     _mark_table_chunks(doc)
     labels = doc["metadata"].get("page_labels")
     if isinstance(labels, dict):  # the store keeps them in string order ('1', '10', '2')
@@ -94,13 +88,10 @@ def _page_number(page: str) -> tuple:
 
 
 @app.command("rm")
-def docs_rm(
-    ctx: typer.Context,
-    doc_ids: Annotated[List[int], typer.Argument(metavar="ID...", parser=INT)],
-    as_json: JsonOption = False,
-):
+@with_request(DocsRmRequest)
+def docs_rm(ctx: typer.Context, request: DocsRmRequest, as_json: JsonOption = False):
     """Remove documents and their chunks. Nothing is removed if any ID is unknown."""
-    removed = engine_from(ctx).docs_rm(list(doc_ids))
+    removed = engine_from(ctx).docs_rm(request.doc_ids)
     if as_json:
         print_json(removed)
         return

@@ -1,35 +1,17 @@
 # annotations are evaluated at import: Typer reads them all at start-up (commands/__init__.py)
 
-from typing import Annotated, List, Literal, Optional
-
 import typer
 
-from evsel.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, KINDS
 from evsel.commands.output import ProgressView, escape, print_json, stdout
+from evsel.requests import IngestRequest, fields_of
 
-from .base import INT, choice, path
+from .base import path
 from .common import JsonOption, engine_from
+from .options import with_request
 
 
-def ingest(
-    ctx: typer.Context,
-    paths: Annotated[List[str], typer.Argument(parser=path())],
-    collection: Annotated[str, typer.Option("--collection", metavar="NAME",
-                                            help="Collection to add the documents to.")] = DEFAULT_COLLECTION,
-    kind: Annotated[Literal[KINDS], typer.Option(
-        "--kind", parser=choice(KINDS), help="How to read the files: auto picks by extension and content.")] = "auto",
-    chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", parser=INT,
-                                              help="Target chunk size in backbone tokens.")] = DEFAULT_CHUNK_TOKENS,
-    encode: Annotated[Optional[bool], typer.Option(
-        "--encode/--no-encode",
-        help="Compute the chunks' UNREAL states now, so the first ask needs no encoding "
-             "(default: on; env EVSEL_ENCODE=0 turns it off).")] = None,
-    summaries: Annotated[bool, typer.Option(
-        "--summaries",
-        help="Also write the summaries QRRanker's --memory reads (one per 20 chunks, or per dialogue "
-             "session; by the backbone; in the daemon, in the background).")] = False,
-    as_json: JsonOption = False,
-):
+@with_request(IngestRequest, targets={"parser": path()})
+def ingest(ctx: typer.Context, request: IngestRequest, as_json: JsonOption = False):
     """Add books, PDFs and dialogues to the store.
 
     PATHS are files or directories (searched recursively for .txt, .md, .epub, .pdf, .json and
@@ -41,8 +23,7 @@ def ingest(
     """
     engine = engine_from(ctx)  # --encode unset (None): the engine applies EVSEL_ENCODE, from the same settings
     with ProgressView() as view:
-        results = engine.ingest(list(paths), collection=collection, kind=kind, chunk_tokens=chunk_tokens,
-                                on_event=view, encode=encode, summaries=summaries)
+        results = engine.ingest(**fields_of(request), on_event=view)
     failed = [r for r in results if r["status"] == "failed"]
     if as_json:
         print_json({"files": results, "failed": len(failed)})
