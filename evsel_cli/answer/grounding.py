@@ -317,12 +317,15 @@ _PERSON_NOUNS = r"(?:person|man|woman|boy|girl|men|women|people|actor|actress|au
                 r"musician|player|king|queen|prince|princess|president|director|character|artist|painter|" \
                 r"composer|son|daughter|father|mother|brother|sister|wife|husband|child|friend|leader|founder|" \
                 r"member|politician|scientist|doctor|lawyer|owner|creator|producer|coach|captain|emperor|" \
-                r"ruler|saint|god|goddess|family)"
+                r"ruler|saint|god|goddess|family|maid|servant|teacher|governess|nurse|cook|butler|housekeeper|" \
+                r"clerk|assistant|banker|editor|partner|lover|suitor|companion|landlord|landlady|heir|heiress|" \
+                r"detective|inspector|officer|sergeant|soldier|sailor|uncle|aunt|cousin|nephew|niece|baby|" \
+                r"grandfather|grandmother|neighbou?r|guest|visitor|client|employer|chaperone|proprietor|attendant)"
 _PLACE_NOUNS = r"(?:place|city|town|country|state|county|province|region|continent|location|island|river|" \
                r"mountain|village|street|area|nation|capital|district|neighbou?rhood|building|venue|stadium|" \
                r"lake|sea|ocean|park|room|house|castle|land|kingdom|borough|municipality|port|hotel|inn|" \
                r"square|road|lodge|hall|estate|farm|cottage|villa|manor|shop|restaurant|county)"
-_ORG_NOUNS = r"(?:company|organi[sz]ation|band|group|team|club|newspaper|magazine|university|college|school|" \
+_ORG_NOUNS = r"(?:company|organi[sz]ation|band|group|team|club|newspaper|paper|magazine|bank|university|college|school|" \
              r"party|network|channel|label|film|movie|book|novel|album|song|show|series|game|play|opera|" \
              r"brand|airline|firm|agency|institution|association|league|title|publication|station|church|" \
              r"society|corporation|army|ship|journal|newspapers|record label|tv show|television series)"
@@ -343,7 +346,9 @@ _TYPE_RULES = [
     ("place", re.compile(rf"\b(?:where|{_WHAT} (?:\w+ )?{_PLACE_NOUNS}\b)", re.I)),
     ("organisation", re.compile(rf"\b(?:{_WHAT} (?:\w+ )?{_ORG_NOUNS}\b|what is the name of the {_ORG_NOUNS})", re.I)),
     ("person", re.compile(rf"\b(?:who|whom|whose|{_WHAT} (?:\w+ )?{_PERSON_NOUNS}\b|what (?:is|was) (?:his|her|"
-                          rf"their|the \w+'s) name|(?:what (?:is|was) )?the name of the (?:\w+ )?{_PERSON_NOUNS}\b|"
+                          rf"their|the \w+'s|\w+(?:'s|\u2019s)) (?:real |full |first |last |maiden |christian |"
+                          rf"middle |own )*name|what (?:is|was) the (?:real |full |first |last |maiden |christian )+name of|"
+                          rf"(?:what (?:is|was) the )?name of (?:[A-Z][\w.]*\s)*[A-Z]\w*(?:'s|\u2019s) (?:\w+ )?{_PERSON_NOUNS}\b|(?:what (?:is|was) )?the name of the (?:\w+ )?{_PERSON_NOUNS}\b|"
                           rf"under what name)", re.I)),
     ("description", re.compile(r"\bhow\b", re.I)),
     ("thing", re.compile(r"\b(?:what|which)\b", re.I)),

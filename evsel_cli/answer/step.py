@@ -107,7 +107,7 @@ def grounded_answer(backbone, question: str, evidence: list, style: str = "short
     if style == "short":
         from evsel.models.reader.shipped import reader_for
 
-        reader = reader_for(backbone, reader_dir) if Scorer(backbone).ready else None
+        reader = reader_for(backbone, reader_dir, dialogue) if Scorer(backbone).ready else None
         # an either/or question ("... a beach or the mountains?") reads as yes/no: the reader answers
         # it with one of its options
         chooses = bool(grounding.options(question))
@@ -143,15 +143,12 @@ def reader_answers(question: str, asked: str, dialogue: bool) -> bool:
 
 
 LORA_TOP = 20  # the LoRA reader's best spans the type and option checks choose among
-# a span of the asked type is preferred to a likelier untyped one while it is at most this much
-# less likely (nats): the reader ranks well, the type only breaks near ties
-TYPE_MARGIN = 2.3
 CHECKED_TYPES = ("person", "place", "number", "date", "organisation")
 
 
 def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
     """The LoRA reader's answer: its likeliest span that adds to the question, of the asked type
-    when one nearly as likely is (TYPE_MARGIN), one of the question's options when it offers
+    when one of its LORA_TOP best is (_typed_span), one of the question's options when it offers
     some; in dialogues, none when the reader's no-answer beats that span by more than its calibrated
     margin."""
     chunks = [s.chunk for s in evidence]
@@ -180,20 +177,16 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
 
 
 def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
-    """The best span, or the best one of the asked type within TYPE_MARGIN of it."""
-    best = spans[0]
+    """The likeliest of the reader's best spans that is of the asked type, else the likeliest: a
+    who-question is not answered by a town, nor a when-question by a clause, while the reader offers
+    a name or a time among its LORA_TOP best."""
     if asked not in CHECKED_TYPES:
-        return best
+        return spans[0]
     kind, roles = grounding.tag_kind(question, asked), grounding.name_roles(texts)
     typed = {p: grounding.typed_spans(text, kind, roles) for p, text in enumerate(texts)}
-    floor = math.log(best.probability) - TYPE_MARGIN
-    for f in spans:
-        if math.log(f.probability) < floor:
-            break
-        # of the type: a typed phrase makes up most of it ("Norton", "£ 4 a week", not a clause)
-        if any(f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start for a, b in typed[f.passage]):
-            return f
-    return best
+    # of the type: a typed phrase makes up most of it ("Norton", "£ 4 a week", not a clause)
+    return next((f for f in spans if any(f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start
+                                         for a, b in typed[f.passage])), spans[0])
 
 
 def _option_span(question: str, reading, texts: list[str]):

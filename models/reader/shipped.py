@@ -7,21 +7,40 @@ from __future__ import annotations
 from pathlib import Path
 
 from evsel.models.reader.span_head import CONFIG_FILE, Reader
+from evsel.errors import EvselError
 from evsel.models.shared.trained_files import read_json
 
 
-def shipped_reader_dir(fingerprint: str) -> Path:
-    """Where the package keeps the trained reader of a backbone (by fingerprint prefix)."""
-    return Path(__file__).parent.parent / "adapters" / fingerprint[:16] / "reader"
+READERS_FILE = "readers.json"  # which shipped reader reads prose and which dialogues
+READERS_FORMAT = "evsel-readers/1"
+
+
+def shipped_reader_dir(fingerprint: str, dialogue: bool = False) -> Path:
+    """Where the package keeps the trained reader of a backbone (by fingerprint prefix) for prose
+    or for dialogues: the folder the backbone's readers.json names for that kind, else `reader`."""
+    root = Path(__file__).parent.parent / "adapters" / fingerprint[:16]
+    name = "reader"
+    if (root / READERS_FILE).is_file():
+        record = read_json(root / READERS_FILE, "the readers record", "reinstall evsel")
+        if record.get("format") != READERS_FORMAT:
+            raise EvselError(f"{root / READERS_FILE} is not a {READERS_FORMAT} record", "reinstall evsel")
+        name = record["dialogue" if dialogue else "prose"]["reader"]
+    return root / name
+
+
+def shipped_readers(fingerprint: str) -> dict:
+    """The readers record of a backbone (the reader per kind and why), or {} without one."""
+    path = Path(__file__).parent.parent / "adapters" / fingerprint[:16] / READERS_FILE
+    return read_json(path, "the readers record", "reinstall evsel") if path.is_file() else {}
 
 
 _LOADED: dict = {}
 
 
-def reader_for(backbone, folder: str | Path | None = None) -> "Reader | None":
-    """The reader in `folder`, else the one shipped for the backbone (None when there is none);
-    loaded once per process."""
-    path = Path(folder) if folder else shipped_reader_dir(backbone.fingerprint)
+def reader_for(backbone, folder: str | Path | None = None, dialogue: bool = False) -> "Reader | None":
+    """The reader in `folder`, else the one shipped for the backbone to read prose or dialogues
+    (None when there is none); loaded once per process."""
+    path = Path(folder) if folder else shipped_reader_dir(backbone.fingerprint, dialogue)
     if folder is None and not (path / CONFIG_FILE).is_file():
         return None
     key = (str(path.resolve()), backbone.fingerprint)
