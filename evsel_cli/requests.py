@@ -22,7 +22,7 @@ __all__ = [
     "IngestRequest",
     "ModelsInfoRequest", "Output", "Request", "TrainBlocksearchRequest", "TrainConvertRequest", "TrainHybridRequest",
     "TrainQrrankerRequest", "TrainReaderRequest", "TrainUnrealRequest", "WatchAddRequest", "WatchListRequest",
-    "WatchRemoveRequest", "fields_of", "methods", "select_help", "spec",
+    "WatchRemoveRequest", "fields_of", "methods", "option", "select_help", "spec",
 ]
 
 
@@ -114,6 +114,12 @@ def spec(request: type, name: str) -> FieldSpec:
     if name not in declared:
         raise KeyError(f"{request.__name__} has no field {name!r}")
     return declared[name].metadata.get("evsel", FieldSpec())
+
+
+def option(request: type, name: str) -> str:
+    """The command-line spelling of a request field: its declared flag, or `--` and the field's
+    name with dashes (`--top-n` for top_n)."""
+    return spec(request, name).flag or "--" + name.replace("_", "-")
 
 
 def fields_of(request) -> dict:

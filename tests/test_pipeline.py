@@ -10,6 +10,10 @@ import pytest
 
 from evsel.cli import main
 from evsel.pipeline import PipelineSpec
+from evsel.requests import AskRequest, EvalRequest, option
+
+# the options as their requests declare them
+RERANK_TOP, EVAL_RERANK_TOP = option(AskRequest, "rerank_top"), option(EvalRequest, "rerank_top")
 
 PLACES = [
     ("Lighthouse", "The lighthouse keeper lit the lamp every evening at dusk and wound the brass clockwork."),
@@ -54,7 +58,7 @@ def test_ask_and_eval_give_the_same_top_n(tmp_path, capsys, rerank):
     assert main(["ingest", str(document)]) == 0
     capsys.readouterr()
     # the same first stage as eval's below (with no --select a book runs the fusion)
-    options = ["--select", "bm25", "--top-n", "3"] + (["--rerank", rerank, "--rerank-top", "4"] if rerank else [])
+    options = ["--select", "bm25", "--top-n", "3"] + (["--rerank", rerank, RERANK_TOP, "4"] if rerank else [])
     asked = _ask(capsys, QUESTION, *options)
     asked_spans = sorted((e["char_start"], e["char_end"]) for e in asked["evidence"])
 
@@ -63,7 +67,7 @@ def test_ask_and_eval_give_the_same_top_n(tmp_path, capsys, rerank):
     dataset = tmp_path / "village.jsonl"
     dataset.write_text(json.dumps(rows[0]) + "\n", encoding="utf-8")
     method = "bm25" if rerank is None else f"bm25>{rerank}"
-    code = main(["eval", str(dataset), "--methods", method, "--k", "3", "--top-n", "3", "--rerank-top", "4",
+    code = main(["eval", str(dataset), "--methods", method, "--k", "3", "--top-n", "3", EVAL_RERANK_TOP, "4",
                  "--per-question", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -90,7 +94,7 @@ def test_rerank_reorders_only_the_first_stage_top(tmp_path, capsys):
     plain = _ask(capsys, QUESTION, "--top-n", "8")
     by_rank = sorted(plain["evidence"], key=lambda e: e["rank"])
     top2 = {e["chunk_id"] for e in by_rank[:2]}
-    reranked = _ask(capsys, QUESTION, "--top-n", "2", "--rerank", "random", "--rerank-top", "2")
+    reranked = _ask(capsys, QUESTION, "--top-n", "2", "--rerank", "random", RERANK_TOP, "2")
     assert {e["chunk_id"] for e in reranked["evidence"]} == top2  # the same two, in the reranker's order
 
 
@@ -100,8 +104,8 @@ def test_rerank_errors_are_one_line(tmp_path, capsys):
     assert main(["ask", QUESTION, "--rerank", "nonsense"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("evsel: error: unknown selector 'nonsense'") and err.count("\n") == 1
-    assert main(["ask", QUESTION, "--rerank", "random", "--rerank-top", "0"]) == 1
-    assert "--rerank-top 0 must be at least 1" in capsys.readouterr().err
+    assert main(["ask", QUESTION, "--rerank", "random", RERANK_TOP, "0"]) == 1
+    assert f"{RERANK_TOP} 0 must be at least 1" in capsys.readouterr().err
 
 
 def test_spec_parsing():

@@ -16,7 +16,7 @@ import sys
 import typing
 
 from evsel import settings
-from evsel.requests import AskRequest, DocsListRequest, Output, spec
+from evsel.requests import AskRequest, DocsListRequest, Output, option, spec
 
 # options the Typer app reads from the environment (--model, --device, --no-daemon): with any of
 # them set, the app resolves and checks them
@@ -40,7 +40,7 @@ def options(*declarations: type) -> tuple[dict, set]:
             if typing.get_origin(kind) is list:
                 kind = typing.get_args(kind)[0]
                 repeatable.add(name)
-            table[field_spec.flag or "--" + name.replace("_", "-")] = (
+            table[option(declaration, name)] = (
                 name, field_spec.choices or (_FLAG if kind is bool else kind))
     return table, repeatable
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, List, Optional
 
 import typer
 
-from evsel.requests import spec
+from evsel.requests import option, spec
 
 from .base import FLOAT, INT, choice
 
@@ -44,7 +44,7 @@ def declared(request: type, name: str, **changes: Any):
     keywords = {key: value for key, value in keywords.items() if value is not None}
     if field_spec.argument:
         return typer.Argument(**keywords)
-    return typer.Option(field_spec.flag or "--" + name.replace("_", "-"), **keywords)
+    return typer.Option(option(request, name), **keywords)
 
 
 def _typer_type(hint: Any) -> Any:
