@@ -17,12 +17,12 @@ from typing import Any, Callable, NamedTuple
 from .defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_COLLECTION, DEFAULT_SELECT, KINDS, RERANK_TOP, STYLES
 
 __all__ = [
-    "REQUEST", "REQUESTS", "AskRequest", "CorpusAddRequest", "CorpusRmRequest", "DocsListRequest",
-    "Declaration", "DocsRmRequest", "DocsShowRequest", "EncodeStatesRequest", "EvalRequest", "FieldSpec",
-    "IngestRequest",
-    "ModelsInfoRequest", "Output", "Request", "TrainBlocksearchRequest", "TrainConvertRequest", "TrainHybridRequest",
-    "TrainQrrankerRequest", "TrainReaderRequest", "TrainUnrealRequest", "WatchAddRequest", "WatchListRequest",
-    "WatchRemoveRequest", "fields_of", "methods", "option", "select_help", "spec",
+    "RECIPES", "REQUEST", "REQUESTS", "TRAINING_SOURCE_HELP", "AskRequest", "CorpusAddRequest", "CorpusRmRequest",
+    "Declaration", "DocsListRequest", "DocsRmRequest", "DocsShowRequest", "EncodeStatesRequest", "EvalRequest",
+    "FieldSpec", "IngestRequest", "ModelsInfoRequest", "Output", "Request", "TrainBlocksearchRequest",
+    "TrainConvertRequest", "TrainHybridRequest", "TrainQrrankerRequest", "TrainReaderRequest", "TrainUnrealRequest",
+    "WatchAddRequest", "WatchListRequest", "WatchRemoveRequest", "fields_of", "methods", "option", "select_help",
+    "spec",
 ]
 
 
@@ -142,7 +142,6 @@ def methods() -> list[tuple[str, str]]:
 
 
 _CHUNK_TOKENS_HELP = "Target chunk size in backbone tokens."
-_OUT_HELP = "The output folder."
 
 
 class IngestRequest(Declaration):
@@ -238,48 +237,80 @@ class EvalRequest(Declaration):
 
 # the train requests: the commands gather their many recipe options into `options` (a dict the
 # recipe's config reads) and record the command line in `command`
+RECIPES = ("smoke", "full")
+TRAINING_SOURCE_HELP = ("Training source (repeatable): fairytaleqa-train (default); locomo, musique or hotpotqa with "
+                        "--fold (their questions are evaluation questions). FairytaleQA val is refused.")
+
+
 class TrainConvertRequest(Declaration):
-    out: str = _field(path=True, help=_OUT_HELP)
+    out: str = _field(path=True, help="Folder to write.")
     options: dict = _field(cli=False)
-    data_dir: str | None = _field(None, path=True, cli=False)
+    data_dir: str | None = _field(None, path=True,
+                                  help="Folder with the benchmark data (default: ../shared/data or $EVSEL_DATA).")
 
 
 class TrainUnrealRequest(Declaration):
-    out: str = _field(path=True, help=_OUT_HELP)
-    recipe_name: str = _field("full", cli=False)
-    data: str | None = _field(None, path=True, cli=False)
-    sources: list[str] | None = _field(None, cli=False)
+    out: str = _field(path=True, help="Run folder: checkpoint/ (resumable), best/ (adapter), log.jsonl, config.json.")
+    recipe_name: str = _field(
+        "full", flag="--recipe", choices=RECIPES,
+        help="smoke: minutes on a CPU, proves the path; full: the shipped adapter's settings.")
+    data: str | None = _field(
+        None, path=True, help="Training folder from `evsel train convert` (default: OUT/data, converted first).")
+    sources: list[str] | None = _field(None, flag="--source",
+                                       help=TRAINING_SOURCE_HELP + " Used when OUT/data is converted.")
     options: dict | None = _field(None, cli=False)
     command: str | None = _field(None, cli=False)
 
 
 class TrainQrrankerRequest(Declaration):
-    out: str = _field(path=True, help=_OUT_HELP)
-    detect_heads: bool = _field(False, cli=False)
+    out: str = _field(
+        path=True,
+        help="Folder to write: heads.json (with --detect-heads); else the trained adapter "
+             "(adapter.safetensors beside heads.json, metrics.json), checkpoint/ (resumable), log.jsonl.")
+    detect_heads: bool = _field(
+        False, help="Detect QR heads: every head's QR score on a seed set, the top ones kept.")
     options: dict | None = _field(None, cli=False)
     command: str | None = _field(None, cli=False)
-    recipe_name: str = _field("full", cli=False)
+    recipe_name: str = _field(
+        "full", flag="--recipe", choices=RECIPES,
+        help="Training: smoke (minutes on a CPU, proves the path) or full (docs/QRRANKER.md's run).")
 
 
 class TrainBlocksearchRequest(Declaration):
-    out: str = _field(path=True, help=_OUT_HELP)
+    out: str = _field(
+        path=True,
+        help="Folder to write: the decoder adapter (adapter.safetensors, the best by dev recall@1), "
+             "metrics.json, checkpoint/ (resumable), log.jsonl.")
     options: dict | None = _field(None, cli=False)
     command: str | None = _field(None, cli=False)
-    recipe_name: str = _field("full", cli=False)
+    recipe_name: str = _field(
+        "full", flag="--recipe", choices=RECIPES,
+        help="smoke (a minute on a CPU, proves the path) or full (docs/BLOCKSEARCH.md's run).")
 
 
 class TrainHybridRequest(Declaration):
-    out: str = _field(path=True, help=_OUT_HELP)
+    out: str = _field(
+        path=True,
+        help="Folder to write: hybrid.json (the weight sets, dev metrics, ablation, the default they "
+             "imply, this command), features/ (the signals per question, reused by a rerun).")
     options: dict | None = _field(None, cli=False)
     command: str | None = _field(None, cli=False)
-    recipe_name: str = _field("full", cli=False)
+    recipe_name: str = _field(
+        "full", flag="--recipe", choices=RECIPES,
+        help="smoke (a few questions, proves the path) or full (docs/FUSION.md's run).")
 
 
 class TrainReaderRequest(Declaration):
-    out: str = _field(path=True, help=_OUT_HELP)
+    out: str = _field(
+        path=True,
+        help="Folder to write: the span head (adapter.safetensors, the best by dev F1, and reader.json: "
+             "what it was trained on, its dev F1, its abstention threshold), states/ (the backbone's "
+             "states of every example, reused by a rerun), checkpoint/ (resumable), log.jsonl.")
     options: dict | None = _field(None, cli=False)
     command: str | None = _field(None, cli=False)
-    recipe_name: str = _field("full", cli=False)
+    recipe_name: str = _field(
+        "full", flag="--recipe", choices=RECIPES,
+        help="smoke (a minute on a CPU, proves the path) or full (docs/ANSWERS.md's run).")
 
 
 class DocsListRequest(Declaration):

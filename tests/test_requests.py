@@ -77,7 +77,8 @@ def test_the_checks_name_unknown_missing_and_mistyped_fields():
 def test_the_typer_options_come_from_the_declarations():
     """Each option and argument of a command that is a request field has the field's spelling,
     help and default (eval's --methods and --k are the request's lists typed as text; `evsel
-    watch` is three requests: its FOLDER is watch_add's path, its --remove watch_remove's)."""
+    watch` is three requests: its FOLDER is watch_add's path, its --remove watch_remove's; a train
+    command's other options go into its request's `options`)."""
     from evsel.cli import cli
 
     docs, corpus, watch = cli.commands["docs"].commands, cli.commands["corpus"].commands, cli.commands["watch"]
@@ -86,6 +87,9 @@ def test_the_typer_options_come_from_the_declarations():
              (docs["show"], DocsShowRequest, {}, ()), (docs["rm"], DocsRmRequest, {}, ()),
              (corpus["add"], CorpusAddRequest, {}, ()), (corpus["rm"], CorpusRmRequest, {}, ()),
              (watch, WatchAddRequest, {"path": "folder"}, ()), (watch, WatchRemoveRequest, {"path": "remove"}, ())]
+    train = cli.commands["train"].commands
+    cases += [(train[name.removeprefix("train_")], REQUEST[name].declaration, {"recipe_name": "recipe"}, ())
+              for name in REQUEST if name.startswith("train_")]
     for command, declaration, named, as_text in cases:
         params = {p.name: p for p in command.params}
         for f in dataclasses.fields(declaration):

@@ -11,8 +11,12 @@ import typer
 from evsel.errors import InputError
 from evsel.commands.output import ProgressView, print_json, stderr
 
+from evsel.requests import (TRAINING_SOURCE_HELP, TrainBlocksearchRequest, TrainConvertRequest, TrainHybridRequest,
+                            TrainQrrankerRequest, TrainReaderRequest, TrainUnrealRequest)
+
 from .base import FLOAT, INT, App, choice, path
 from .common import JsonOption, engine_from
+from .options import declared
 
 
 def _layers(value: str | None) -> list[int] | None:
@@ -63,8 +67,7 @@ def _held_out_entries(file: str) -> list[dict]:
 
 app = App(help="Train the adapters of model-internal selectors (the backbone stays frozen).")
 
-_source_help = ("Training source (repeatable): fairytaleqa-train (default); locomo, musique or hotpotqa with --fold "
-                "(their questions are evaluation questions). FairytaleQA val is refused.")
+_source_help = TRAINING_SOURCE_HELP
 FoldOption = Annotated[Optional[int], typer.Option(
     "--fold", parser=INT,
     help="With --source locomo, musique or hotpotqa: train (and pick the adapter) on this fixed fold only "
@@ -92,7 +95,7 @@ def _with_progress(as_json: bool, train: Callable[[Callable[[dict], None]], dict
 @app.command("convert")
 def convert_cmd(
     ctx: typer.Context,
-    out: Annotated[str, typer.Option("--out", parser=path(file_okay=False), help="Folder to write.")],
+    out: Annotated[str, declared(TrainConvertRequest, "out", parser=path(file_okay=False))],
     sources: Annotated[List[str], typer.Option("--source", help=_source_help)] = ["fairytaleqa-train"],
     stories: Annotated[Optional[int], typer.Option(
         "--stories", parser=INT, help="FairytaleQA train stories to use (default: all).")] = None,
@@ -102,9 +105,8 @@ def convert_cmd(
     skip: Annotated[int, typer.Option(
         "--skip", parser=INT, help="Top BM25 ranks skipped when mining negatives (near-duplicates of the oracle).")
     ] = 10,
-    data_dir: Annotated[Optional[str], typer.Option(
-        "--data-dir", parser=path(file_okay=False),
-        help="Folder with the benchmark data (default: ../shared/data or $EVSEL_DATA).")] = None,
+    data_dir: Annotated[Optional[str], declared(TrainConvertRequest, "data_dir", parser=path(file_okay=False))
+                        ] = TrainConvertRequest.data_dir,
     seed: Annotated[int, typer.Option("--seed", parser=INT)] = 0,
     fold: FoldOption = None,
     as_json: JsonOption = False,
@@ -126,17 +128,12 @@ def convert_cmd(
 @app.command("unreal")
 def train_unreal(
     ctx: typer.Context,
-    out: Annotated[str, typer.Option(
-        "--out", parser=path(file_okay=False),
-        help="Run folder: checkpoint/ (resumable), best/ (adapter), log.jsonl, config.json.")],
-    data: Annotated[Optional[str], typer.Option(
-        "--data", parser=path(file_okay=False),
-        help="Training folder from `evsel train convert` (default: OUT/data, converted first).")] = None,
-    recipe: Annotated[Literal["smoke", "full"], typer.Option(
-        "--recipe", parser=choice(["smoke", "full"]),
-        help="smoke: minutes on a CPU, proves the path; full: the shipped adapter's settings.")] = "full",
-    sources: Annotated[Optional[List[str]], typer.Option(
-        "--source", help=_source_help + " Used when OUT/data is converted.")] = None,
+    out: Annotated[str, declared(TrainUnrealRequest, "out", parser=path(file_okay=False))],
+    data: Annotated[Optional[str], declared(TrainUnrealRequest, "data", parser=path(file_okay=False))
+                    ] = TrainUnrealRequest.data,
+    recipe: Annotated[Literal["smoke", "full"], declared(TrainUnrealRequest, "recipe_name")
+                      ] = TrainUnrealRequest.recipe_name,
+    sources: Annotated[Optional[List[str]], declared(TrainUnrealRequest, "sources")] = TrainUnrealRequest.sources,
     layer: Annotated[Optional[int], typer.Option(
         "--layer", parser=INT, help="l_c: chunk states after this many layers (default 20).")] = None,
     pool: Annotated[Optional[int], typer.Option(
@@ -207,15 +204,10 @@ def train_unreal(
 @app.command("qrranker")
 def train_qrranker(
     ctx: typer.Context,
-    out: Annotated[str, typer.Option(
-        "--out", parser=path(file_okay=False),
-        help="Folder to write: heads.json (with --detect-heads); else the trained adapter "
-             "(adapter.safetensors beside heads.json, metrics.json), checkpoint/ (resumable), log.jsonl.")],
-    detect_heads: Annotated[bool, typer.Option(
-        "--detect-heads", help="Detect QR heads: every head's QR score on a seed set, the top ones kept.")] = False,
-    recipe: Annotated[Literal["smoke", "full"], typer.Option(
-        "--recipe", parser=choice(["smoke", "full"]),
-        help="Training: smoke (minutes on a CPU, proves the path) or full (docs/QRRANKER.md's run).")] = "full",
+    out: Annotated[str, declared(TrainQrrankerRequest, "out", parser=path(file_okay=False))],
+    detect_heads: Annotated[bool, declared(TrainQrrankerRequest, "detect_heads")] = TrainQrrankerRequest.detect_heads,
+    recipe: Annotated[Literal["smoke", "full"], declared(TrainQrrankerRequest, "recipe_name")
+                      ] = TrainQrrankerRequest.recipe_name,
     sources: Annotated[Optional[List[str]], typer.Option(
         "--source", help="Seed-set / training source (repeatable): fairytaleqa-train (default); locomo, musique "
                          "or hotpotqa with --fold. FairytaleQA val is refused.")] = None,
@@ -317,13 +309,9 @@ def _print_qrranker_done(summary: dict, detect_heads: bool, out: str) -> None:
 @app.command("blocksearch")
 def train_blocksearch(
     ctx: typer.Context,
-    out: Annotated[str, typer.Option(
-        "--out", parser=path(file_okay=False),
-        help="Folder to write: the decoder adapter (adapter.safetensors, the best by dev recall@1), "
-             "metrics.json, checkpoint/ (resumable), log.jsonl.")],
-    recipe: Annotated[Literal["smoke", "full"], typer.Option(
-        "--recipe", parser=choice(["smoke", "full"]),
-        help="smoke (a minute on a CPU, proves the path) or full (docs/BLOCKSEARCH.md's run).")] = "full",
+    out: Annotated[str, declared(TrainBlocksearchRequest, "out", parser=path(file_okay=False))],
+    recipe: Annotated[Literal["smoke", "full"], declared(TrainBlocksearchRequest, "recipe_name")
+                      ] = TrainBlocksearchRequest.recipe_name,
     sources: Annotated[Optional[List[str]], typer.Option(
         "--source", help=_source_help)] = None,
     fold: FoldOption = None,
@@ -390,13 +378,9 @@ def train_blocksearch(
 @app.command("hybrid")
 def train_hybrid(
     ctx: typer.Context,
-    out: Annotated[str, typer.Option(
-        "--out", parser=path(file_okay=False),
-        help="Folder to write: hybrid.json (the weight sets, dev metrics, ablation, the default they "
-             "imply, this command), features/ (the signals per question, reused by a rerun).")],
-    recipe: Annotated[Literal["smoke", "full"], typer.Option(
-        "--recipe", parser=choice(["smoke", "full"]),
-        help="smoke (a few questions, proves the path) or full (docs/FUSION.md's run).")] = "full",
+    out: Annotated[str, declared(TrainHybridRequest, "out", parser=path(file_okay=False))],
+    recipe: Annotated[Literal["smoke", "full"], declared(TrainHybridRequest, "recipe_name")
+                      ] = TrainHybridRequest.recipe_name,
     sources: Annotated[List[str], typer.Option(
         "--source", help="fairytaleqa-train (default; dev: held-out train stories), or locomo, musique, "
                          "hotpotqa with --fold N (dev: the other fold). Repeatable: one model over every "
@@ -512,14 +496,9 @@ def train_defaults(
 @app.command("reader")
 def train_reader(
     ctx: typer.Context,
-    out: Annotated[str, typer.Option(
-        "--out", parser=path(file_okay=False),
-        help="Folder to write: the span head (adapter.safetensors, the best by dev F1, and reader.json: "
-             "what it was trained on, its dev F1, its abstention threshold), states/ (the backbone's "
-             "states of every example, reused by a rerun), checkpoint/ (resumable), log.jsonl.")],
-    recipe: Annotated[Literal["smoke", "full"], typer.Option(
-        "--recipe", parser=choice(["smoke", "full"]),
-        help="smoke (a minute on a CPU, proves the path) or full (docs/ANSWERS.md's run).")] = "full",
+    out: Annotated[str, declared(TrainReaderRequest, "out", parser=path(file_okay=False))],
+    recipe: Annotated[Literal["smoke", "full"], declared(TrainReaderRequest, "recipe_name")
+                      ] = TrainReaderRequest.recipe_name,
     sources: Annotated[Optional[List[str]], typer.Option("--source", help=_source_help)] = None,
     fold: FoldOption = None,
     stories: Annotated[Optional[int], typer.Option(
