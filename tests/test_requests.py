@@ -24,6 +24,32 @@ def test_every_request_is_a_frozen_declaration_with_its_paths_among_its_fields()
             assert isinstance(spec(request.declaration, name), FieldSpec), (request.name, name)
 
 
+def test_a_declaration_becomes_its_dataclass_on_first_use_in_any_thread():
+    """Declarations are made dataclasses when first built or read by `dataclasses.fields`, once,
+    whichever of a daemon's threads gets there first; until then they read as the dataclass would."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evsel.requests import Declaration
+
+    def declare():
+        class Probe(Declaration):
+            name: str = dataclasses.field(metadata={"evsel": FieldSpec(argument=True)})
+            top_n: int = dataclasses.field(default=5, metadata={"evsel": FieldSpec(help="How many.")})
+
+        return Probe
+
+    built, read = declare(), declare()
+    assert built.top_n == 5 and spec(built, "top_n").help == "How many."
+    assert "__dataclass_fields__" not in vars(built)  # read so far without making it
+    with ThreadPoolExecutor(8) as pool:
+        made = list(pool.map(lambda i: built(str(i)), range(64)))
+    assert [p.name for p in made] == [str(i) for i in range(64)] and made[3] == built("3", top_n=5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made[0].top_n = 1  # type: ignore[misc]
+    assert dataclasses.is_dataclass(read) and [f.name for f in dataclasses.fields(read)] == ["name", "top_n"]
+    assert dataclasses.fields(read)[1].metadata["evsel"].help == "How many."
+
+
 def test_the_ask_request_holds_the_engines_fields_and_defaults():
     from evsel.defaults import DEFAULT_SELECT, RERANK_TOP
 
