@@ -50,7 +50,7 @@ class FieldSpec(NamedTuple):
 
 
 def _field(default: Any = MISSING, **meta: Any) -> Any:
-    """A request field with its `FieldSpec`; a list default is built fresh for each request."""
+    """A request field with its `FieldSpec`."""
     return field(default=default, metadata={"evsel": FieldSpec(**meta)})
 
 
@@ -60,8 +60,8 @@ _MAKING = threading.RLock()
 
 
 def _make(declaration: type) -> None:
-    """Make a declaration the frozen dataclass it declares, once (a daemon's threads may meet it
-    together; the one making it sees it unmade while dataclass() reads it)."""
+    """Make a declaration the frozen dataclass it declares, once: a daemon's threads may reach it
+    together, and the others wait until it is made."""
     with _MAKING:
         declared = _UNMADE.pop(declaration, None)
         if declared is not None:
@@ -82,9 +82,9 @@ class _Declared(type):
 
 class Declaration(metaclass=_Declared):
     """A request declaration: a frozen dataclass, made one on first use (built, or read by
-    `dataclasses.fields`). dataclass() writes and compiles each class's methods, which for every
-    request took longer than all else a forwarded `ask` imports; that command uses two of them.
-    Until then a field's class attribute is its default, as the dataclass's is."""
+    `dataclasses.fields`). dataclass() writes and compiles each class's methods: for every request
+    at import that took longer than all other evsel modules a forwarded `ask` imports, and it uses
+    two of the requests. Until it is made a field's class attribute is its default, as a dataclass's."""
 
     __slots__ = ()
 
