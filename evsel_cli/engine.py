@@ -409,9 +409,14 @@ class Engine:
 
     def train_reader(self, out: str, options: dict | None = None, command: str | None = None,
                      on_event: EventSink = _ignore, recipe_name: str = "full") -> dict:
-        """`evsel train reader`: the answer-span head (OUT/adapter.safetensors, OUT/reader.json)."""
+        """`evsel train reader`: the answer-span head, or with `lora`/`resume` the LoRA reader
+        (OUT/adapter.safetensors, OUT/reader.json)."""
         out = writable_folder(out)
-        from evsel.recipes import reader as recipe
+        options = options or {}
+        if options.get("lora") or options.get("resume"):
+            from evsel.recipes import lora_reader as recipe
+        else:
+            from evsel.recipes import reader as recipe
 
         return recipe.run_training(self, out, recipe_name, options or {}, command, self.settings.data_dir, on_event)
 

@@ -561,11 +561,7 @@ def fit_rescoring(config: TrainConfig, backbone, data_dir: Path | None, on_event
 
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
                  data_dir: str | None = None, on_event: Callable[[dict], None] = ignore_event) -> dict:
-    """`evsel train reader`: the recipe's settings with the given options over them."""
-    if options.get("lora") or options.get("resume"):
-        from .lora_reader import run_training as run_lora
-
-        return run_lora(engine, out, recipe_name, dict(options), command, data_dir, on_event)
+    """`evsel train reader` (the span head): the recipe's settings with the given options over them."""
     options = {k: v for k, v in options.items() if k not in LORA_ONLY}
     config = config_of(TrainConfig, out, pick_recipe(recipe_name, SMOKE, FULL), options)
     if config.threads:

@@ -79,3 +79,17 @@ def test_a_how_much_question_about_money_wants_an_amount_with_its_currency():
     assert grounding.tag_kind("How many children did Mrs. Hammond have?", "number") == "number"
     assert [text[a:b] for a, b in grounding.typed_spans(text, "money")] == ["$2.1 billion", "fifty cents"]
     assert "73.5 million shares" in [text[a:b] for a, b in grounding.typed_spans(text, "number")]
+
+
+def test_the_shipped_readers_record_names_a_reader_per_kind():
+    from evsel.models.reader.shipped import READERS_FORMAT, shipped_reader_dir, shipped_readers
+    from evsel.models.shared.trained_files import SHIPPED
+
+    fingerprints = [p.name for p in SHIPPED.iterdir() if (p / "readers.json").is_file()]
+    assert fingerprints, "no backbone ships a readers record"
+    for fingerprint in fingerprints:
+        record = shipped_readers(fingerprint)
+        assert record["format"] == READERS_FORMAT
+        prose, dialogue = shipped_reader_dir(fingerprint), shipped_reader_dir(fingerprint, dialogue=True)
+        assert prose.name == record["prose"]["reader"] and dialogue.name == record["dialogue"]["reader"]
+        assert (prose / "reader.json").is_file() and (dialogue / "reader.json").is_file()

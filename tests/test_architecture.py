@@ -468,3 +468,98 @@ def test_the_bm25_check_finds_a_second_bm25(tmp_path):
         planted = tmp_path / f"m{number}.py"
         planted.write_text(code, encoding="utf-8")
         assert bm25_definitions(planted) == hits, code
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """{module: the evsel modules it imports}, every import counted (lazy ones inside functions too:
+    a circle closed at call time is still a circle)."""
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {owner(a.name) for a in node.names if a.name.startswith("evsel")}
+            elif isinstance(node, ast.ImportFrom):
+                base = package
+                for _ in range(max(node.level - 1, 0)):
+                    base = base.rpartition(".")[0]
+                module = (base + ("." + node.module if node.module else "")) if node.level else (node.module or "")
+                if module.startswith("evsel"):
+                    # `from evsel.x import y` imports the module x.y when there is one, else x
+                    found |= {owner(module + "." + a.name) if module + "." + a.name in modules else owner(module)
+                              for a in node.names}
+        graph[name] = {m for m in found if m and m != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle_between_modules():
+    assert import_circles(import_graph(_modules())) == []
+
+
+def test_the_circle_check_finds_a_lazy_circle(tmp_path):
+    (tmp_path / "a.py").write_text("from evsel import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import x\n")
+    (tmp_path / "c.py").write_text("import evsel.a\n")
+    modules = {"evsel.a": tmp_path / "a.py", "evsel.b": tmp_path / "b.py", "evsel.c": tmp_path / "c.py"}
+    assert import_circles(import_graph(modules)) == [["evsel.a", "evsel.b"]]
+
+
+def long_functions(modules: dict[str, Path], limit: int) -> list[str]:
+    """Functions (methods too) longer than `limit` lines, as module:name:lines."""
+    out = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                out.append(f"{name}:{node.name}:{node.end_lineno - node.lineno + 1}")
+    return out
+
+
+def test_no_function_over_80_lines_and_the_engine_asks_in_40():
+    # a function past a screen is a program inside a function: the next change costs its whole read
+    assert long_functions(_modules(), 80) == []
+    engine = ast.parse((ROOT / "evsel_cli" / "engine.py").read_text())
+    ask = next(n for n in ast.walk(engine) if isinstance(n, ast.FunctionDef) and n.name == "ask")
+    assert ask.end_lineno - ask.lineno + 1 <= 40
+
+
+def test_the_length_check_counts_a_long_function(tmp_path):
+    (tmp_path / "m.py").write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 81)
+    assert long_functions({"evsel.m": tmp_path / "m.py"}, 80) == ["evsel.m:long:82"]

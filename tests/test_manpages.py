@@ -7,26 +7,27 @@ from pathlib import Path
 import pytest
 
 from evsel.commands import manpages
+from evsel.commands.typer_cli import CONTEXT_SETTINGS, cli
 
 MAN = Path(__file__).resolve().parent.parent / "man"
 
 
 def test_man_pages_match_help():
-    wanted = manpages.pages()
+    wanted = manpages.pages(cli, CONTEXT_SETTINGS["help_option_names"])
     present = {p.name: p.read_text() for p in MAN.glob("*.1")}
     drifted = sorted(n for n in set(wanted) | set(present) if wanted.get(n) != present.get(n))
-    assert not drifted, f"run: python -m evsel.commands.manpages man/  (drifted: {drifted})"
+    assert not drifted, f"run: python -m evsel.commands.write_man_pages man/  (drifted: {drifted})"
 
 
 def test_every_command_has_a_page():
-    names = set(manpages.pages())
+    names = set(manpages.pages(cli, CONTEXT_SETTINGS["help_option_names"]))
     for expected in ("evsel.1", "evsel-ingest.1", "evsel-ask.1", "evsel-docs-list.1", "evsel-models-info.1"):
         assert expected in names
 
 
 def test_pages_document_completion_and_rerank():
     """Made from the Typer app's command tree: the root page has shell completion, ask's the reranker."""
-    wanted = manpages.pages()
+    wanted = manpages.pages(cli, CONTEXT_SETTINGS["help_option_names"])
     assert "\\-\\-install\\-completion" in wanted["evsel.1"]
     assert "\\-\\-rerank METHOD" in wanted["evsel-ask.1"] and "\\-\\-rerank\\-top N" in wanted["evsel-ask.1"]
 
@@ -49,7 +50,7 @@ def test_pyproject_installs_every_page_into_share_man():
 
     data_files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
     listed = {p.name for pattern in data_files["share/man/man1"] for p in ROOT.glob(pattern)}
-    assert listed == set(manpages.pages())
+    assert listed == set(manpages.pages(cli, CONTEXT_SETTINGS["help_option_names"]))
 
 
 def test_the_wheel_installs_the_pages_where_man_finds_them(tmp_path):
@@ -73,7 +74,7 @@ def test_the_wheel_installs_the_pages_where_man_finds_them(tmp_path):
                           str(source)], check=True, capture_output=True)
     [wheel] = (tmp_path / "dist").glob("evsel-*.whl")
     pages = {n.rsplit("/", 1)[-1] for n in zipfile.ZipFile(wheel).namelist() if "/data/share/man/man1/" in n}
-    assert pages == set(manpages.pages())
+    assert pages == set(manpages.pages(cli, CONTEXT_SETTINGS["help_option_names"]))
 
     man = shutil.which("man")
     if man is None:

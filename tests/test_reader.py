@@ -44,7 +44,8 @@ def real_backbone():
 def shipped(real_backbone):
     from evsel.models.reader.shipped import reader_for
 
-    reader = reader_for(real_backbone)
+    # the span head: the shipped reader of dialogues (readers.json gives prose the LoRA reader)
+    reader = reader_for(real_backbone, dialogue=True)
     assert reader is not None, "the default model ships a trained reader (models/adapters/<fingerprint>/reader)"
     return reader
 

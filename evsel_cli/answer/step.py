@@ -143,6 +143,7 @@ def reader_answers(question: str, asked: str, dialogue: bool) -> bool:
 
 
 LORA_TOP = 20  # the LoRA reader's best spans the type and option checks choose among
+NAME_MARGIN = 2.3  # nats: a person's name is preferred to a likelier description while this close
 CHECKED_TYPES = ("person", "place", "number", "date", "organisation")
 
 
@@ -179,14 +180,28 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
 def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
     """The likeliest of the reader's best spans that is of the asked type, else the likeliest: a
     who-question is not answered by a town, nor a when-question by a clause, while the reader offers
-    a name or a time among its LORA_TOP best."""
+    a name or a time among its LORA_TOP best. A person is named where the reader nearly as much
+    likes a name as a description ("Norton" over "an English lawyer", NAME_MARGIN)."""
     if asked not in CHECKED_TYPES:
         return spans[0]
     kind, roles = grounding.tag_kind(question, asked), grounding.name_roles(texts)
     typed = {p: grounding.typed_spans(text, kind, roles) for p, text in enumerate(texts)}
     # of the type: a typed phrase makes up most of it ("Norton", "£ 4 a week", not a clause)
-    return next((f for f in spans if any(f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start
-                                         for a, b in typed[f.passage])), spans[0])
+    of_type = [f for f in spans if any(f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start
+                                       for a, b in typed[f.passage])]
+    if not of_type:
+        return spans[0]
+    if kind == "person" and not _named(of_type[0].text):
+        floor = math.log(of_type[0].probability) - NAME_MARGIN
+        return next((f for f in of_type if _named(f.text) and math.log(f.probability) >= floor), of_type[0])
+    return of_type[0]
+
+
+def _named(text: str) -> bool:
+    """Every content word capitalised: a name ("Mr. Wolfshiem", "Norton"), not a description."""
+    content = [w for w in grounding.words(text) if w.lower() not in grounding.STOPWORDS]
+    return bool(content) and all(w[:1].isupper() for w in re.findall(r"\w[\w'\u2019-]*", text)
+                                 if w.lower() not in grounding.STOPWORDS)
 
 
 def _option_span(question: str, reading, texts: list[str]):

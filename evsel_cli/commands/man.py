@@ -16,6 +16,7 @@ from evsel.commands.output import stdout
 
 
 def man(
+    ctx: typer.Context,
     command: Annotated[Optional[List[str]], typer.Argument(metavar="[COMMAND]...")] = None,
     roff: Annotated[bool, typer.Option("--roff", help="Print the page's roff source (e.g. for man -l -).")] = False,
 ):
@@ -25,7 +26,8 @@ def man(
     pip install the same pages are installed for man(1): man evsel, man evsel-ask.
     """
     name = manpages.page_name(list(command or ()))
-    page = manpages.pages().get(name)
+    root = ctx.find_root()  # the whole command tree this `man` runs in
+    page = manpages.pages(root.command, root.help_option_names).get(name)
     if page is None:
         raise EvselError(f"no manual page for 'evsel {' '.join(command or ())}'",
                          "see evsel --help for the commands")

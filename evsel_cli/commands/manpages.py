@@ -1,7 +1,8 @@
-"""Generate man pages for `evsel` and each command from the CLI's own help.
+"""Man pages for `evsel` and each command, rendered from the CLI's own help (the Click command
+tree is handed in: `evsel man` passes its own root, evsel.commands.write_man_pages the app's).
 
-    python -m evsel.commands.manpages man/          # write the pages
-    python -m evsel.commands.manpages --check man/  # exit 1 if they drifted from --help
+    python -m evsel.commands.write_man_pages man/          # write the pages
+    python -m evsel.commands.write_man_pages --check man/  # exit 1 if they drifted from --help
 
 pyproject.toml installs man/ as data files in share/man/man1, where man(1) finds them next to the
 `evsel` script (`man evsel`, `man evsel-ask`); `evsel man COMMAND` shows the same pages anywhere.
@@ -10,8 +11,6 @@ pyproject.toml installs man/ as data files in share/man/man1, where man(1) finds
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 from typer import Context
 from typer.core import TyperCommand, TyperGroup
@@ -39,12 +38,9 @@ def _commands(group: TyperGroup, prefix: list[str]):
             yield from _commands(command, prefix + [name])
 
 
-def _help_text(command: TyperCommand | TyperGroup, words: list[str]) -> str:
-    from .typer_cli import CONTEXT_SETTINGS
-
+def _help_text(command: TyperCommand | TyperGroup, words: list[str], names: list[str]) -> str:
     # the CLI's own help option names (-h, --help): click caches a command's help option the first
     # time it is asked, so pages made with other names would depend on what ran before
-    names = CONTEXT_SETTINGS["help_option_names"]
     parent = None
     for i, word in enumerate(words[:-1]):
         parent = Context(TyperGroup(name=word), info_name=word, parent=parent, help_option_names=names)
@@ -53,7 +49,8 @@ def _help_text(command: TyperCommand | TyperGroup, words: list[str]) -> str:
     return command.get_help(ctx)
 
 
-def render(command: TyperCommand | TyperGroup, words: list[str], subcommands: list[list[str]]) -> str:
+def render(command: TyperCommand | TyperGroup, words: list[str], subcommands: list[list[str]],
+           names: list[str]) -> str:
     name = "-".join(words)
     summary = (command.get_short_help_str(limit=200) or "").rstrip(".")
     out = [
@@ -62,7 +59,7 @@ def render(command: TyperCommand | TyperGroup, words: list[str], subcommands: li
         f"{_escape(name)} \\- {_escape(summary)}",
         ".SH HELP",
         ".nf",
-        _escape(_help_text(command, words)),
+        _escape(_help_text(command, words, names)),
         ".fi",
     ]
     if subcommands:
@@ -71,13 +68,12 @@ def render(command: TyperCommand | TyperGroup, words: list[str], subcommands: li
     return "\n".join(out) + "\n"
 
 
-def pages() -> dict[str, str]:
-    from .typer_cli import cli  # the Click command tree Typer builds from evsel's app
-
+def pages(cli: TyperGroup, help_option_names: list[str]) -> dict[str, str]:
+    """Every page, by file name, of the command tree `cli` (Typer's Click group for evsel's app)."""
     found = list(_commands(cli, ["evsel"]))
-    result = {"evsel.1": render(cli, ["evsel"], [w for w, _ in found])}
+    result = {"evsel.1": render(cli, ["evsel"], [w for w, _ in found], help_option_names)}
     for words, command in found:
-        result["-".join(words) + ".1"] = render(command, words, [])
+        result["-".join(words) + ".1"] = render(command, words, [], help_option_names)
     return result
 
 
@@ -104,29 +100,3 @@ def plain_text(page: str) -> str:
             text = _ROFF_ESCAPE.sub(lambda m: {"\\\\": "\\", "\\-": "-"}.get(m.group(0), ""), line)
             out.append("  " + text if text else text)
     return "\n".join(out) + "\n"
-
-
-def main(argv: list[str]) -> int:
-    check = "--check" in argv
-    args = [a for a in argv if a != "--check"]
-    target = Path(args[0] if args else "man")
-    wanted = pages()
-    if check:
-        present = {p.name: p.read_text() for p in target.glob("*.1")} if target.is_dir() else {}
-        drift = sorted(n for n in set(wanted) | set(present) if wanted.get(n) != present.get(n))
-        if drift:
-            print(f"man pages drifted from --help: {', '.join(drift)}; run: python -m evsel.commands.manpages {target}",
-                  file=sys.stderr)
-            return 1
-        return 0
-    target.mkdir(parents=True, exist_ok=True)
-    for old in target.glob("*.1"):
-        if old.name not in wanted:
-            old.unlink()
-    for name, text in wanted.items():
-        (target / name).write_text(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

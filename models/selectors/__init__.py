@@ -75,7 +75,7 @@ def needs_model(method: str) -> bool:
     """Does running `method` (`FIRST` or `FIRST>RERANKER`, each `NAME[:ARGUMENT]`) load a model, the
     backbone or an encoder? False only where every stage's selector is light (ranks with no model:
     the daemon answers an evidence-only ask with it beside model work). `default` counts as
-    needing one: resolve it first (selectors.default.resolve_selects). A method no selector takes
+    needing one: resolve it first (selectors.default.resolve). A method no selector takes
     counts as needing one too; building it reports why."""
     _load_builtins()
     try:
