@@ -459,6 +459,14 @@ _MONEY = re.compile(r"[$£€¥]|\b(?:pounds?|shillings?|pence|guineas?|dollars?
                     r"sovereigns?|marks?|rupees?|yen|usd|gbp|eur)\b", re.I)
 
 
+# a nationality is no person or place ("an English lawyer named Norton")
+_NATIONALITY = re.compile(
+    r"(?:English|French|German|Dutch|Irish|Scotch|Scottish|Welsh|British|American|Italian|Spanish|Portuguese|"
+    r"Russian|Polish|Greek|Swiss|Swedish|Danish|Norwegian|Chinese|Japanese|Indian|African|European|Canadian|"
+    r"Australian|Mexican|Turkish|Persian|Egyptian|Austrian|Hungarian|Bohemian|Roman|Jewish|Christian|Catholic|"
+    r"Protestant|Englishman|Frenchman|Englishwoman|Frenchwoman|Yankee)")
+
+
 def tag_kind(question: str, asked: str) -> str:
     """The kind of phrase the tagger looks for: `money` for a how-much question about money (an amount
     with its currency, not "73.5 million shares"), else what the question asks for."""
@@ -495,13 +503,14 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
     people, places and organisations (and quoted titles), amounts and numbers (`money`: amounts with
     a currency), dates and times, noun-phrase-like runs of content words for things. Plain rules, no
     tagger; with `roles` (name_roles of the passages), a name the passages use as a place is no
-    person and one they use as a person no place."""
+    person and one they use as a person no place, and a nationality neither."""
     if kind == "money":
         return [(a, b) for a, b in typed_spans(text, "number") if _MONEY.search(text[a:b])]
-    if roles and kind in ("person", "place"):
+    if roles is not None and kind in ("person", "place"):
         other = "place" if kind == "person" else "person"
         return [(a, b) for a, b in typed_spans(text, kind)
-                if roles.get(text[a:b]) != other and not (kind == "person" and _is_place_name(text[a:b]))]
+                if roles.get(text[a:b]) != other and not (kind == "person" and _is_place_name(text[a:b]))
+                and not _NATIONALITY.fullmatch(text[a:b])]
     spans: list[tuple[int, int]] = []
     if kind in ("person", "place", "organisation", "thing"):
         found = list(_NAME.finditer(text)) + ([] if kind == "person" else list(_TITLE.finditer(text)))

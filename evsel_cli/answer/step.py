@@ -143,14 +143,14 @@ def reader_answers(question: str, asked: str, dialogue: bool) -> bool:
 
 
 LORA_TOP = 20  # the LoRA reader's best spans the type and option checks choose among
-NAME_MARGIN = 2.3  # nats: a person's name is preferred to a likelier description while this close
+NAME_MARGIN = 2.3  # nats: a person's name is preferred to a description holding more while this close
 CHECKED_TYPES = ("person", "place", "number", "date", "organisation")
 
 
 def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
-    """The LoRA reader's answer: its likeliest span that adds to the question, of the asked type
-    when one of its LORA_TOP best is (_typed_span), one of the question's options when it offers
-    some; in dialogues, none when the reader's no-answer beats that span by more than its calibrated
+    """The LoRA reader's answer: its likeliest span that adds to the question; for a phrase question
+    the phrase of the asked type its LORA_TOP best spans hold most (_typed_span); one of the
+    question's options when it offers some; in dialogues, none when the reader's no-answer beats that span by more than its calibrated
     margin."""
     chunks = [s.chunk for s in evidence]
     found = grounding.sentences(chunks)
@@ -163,8 +163,7 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
     best = _option_span(question, reading, texts) or (_typed_span(question, asked, spans, texts) if spans else None)
     if best is None:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
-    logp = reading.logp_of(best.passage, best.start, best.end)
-    logp = math.log(best.probability) if logp is None else logp
+    logp = math.log(best.probability)  # of a typed phrase: the probability its spans hold together
     said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
     speaker = said.speaker if said else None
     # the margin is calibrated on dialogues (LoCoMo's adversarial questions); prose has no
@@ -178,23 +177,37 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
 
 
 def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
-    """The likeliest of the reader's best spans that is of the asked type, else the likeliest: a
-    who-question is not answered by a town, nor a when-question by a clause, while the reader offers
-    a name or a time among its LORA_TOP best. A person is named where the reader nearly as much
-    likes a name as a description ("Norton" over "an English lawyer", NAME_MARGIN)."""
+    """For a phrase question, the phrase of the asked type that the reader's best spans hold the most
+    probability for (summed over the spans that contain it, and over its repeats): "Warsaw", held by
+    the clauses "a lengthy visit to Warsaw, I made the acquaintance..." together, over "Prague", a
+    likelier single span. A who-question is not answered by a town, nor a when-question by a clause,
+    while the reader's LORA_TOP best hold a name or a time; a person is named where a name holds
+    nearly as much as a description ("Norton" over "an English lawyer", NAME_MARGIN). Else the
+    likeliest span."""
+    from evsel.models.reader.span_head import Found
+
     if asked not in CHECKED_TYPES:
         return spans[0]
     kind, roles = grounding.tag_kind(question, asked), grounding.name_roles(texts)
     typed = {p: grounding.typed_spans(text, kind, roles) for p, text in enumerate(texts)}
-    # of the type: a typed phrase makes up most of it ("Norton", "£ 4 a week", not a clause)
-    of_type = [f for f in spans if any(f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start
-                                       for a, b in typed[f.passage])]
-    if not of_type:
+    mass: dict[str, float] = {}
+    first: dict[str, tuple] = {}  # each phrase where the likeliest span holding it has it
+    for f in spans:
+        for a, b in typed[f.passage]:
+            phrase = texts[f.passage][a:b]
+            if f.start <= a and b <= f.end and not grounding.echoes(question, phrase):
+                key = " ".join(grounding.words(phrase))
+                mass[key] = mass.get(key, 0.0) + f.probability
+                first.setdefault(key, (f.passage, a, b, phrase))
+    if not mass:
         return spans[0]
-    if kind == "person" and not _named(of_type[0].text):
-        floor = math.log(of_type[0].probability) - NAME_MARGIN
-        return next((f for f in of_type if _named(f.text) and math.log(f.probability) >= floor), of_type[0])
-    return of_type[0]
+    ranked = sorted(mass, key=mass.get, reverse=True)
+    chosen = ranked[0]
+    if kind == "person" and not _named(first[chosen][3]):
+        floor = mass[chosen] * math.exp(-NAME_MARGIN)
+        chosen = next((k for k in ranked if _named(first[k][3]) and mass[k] >= floor), chosen)
+    p, a, b, phrase = first[chosen]
+    return Found(p, a, b, phrase, min(1.0, mass[chosen]))
 
 
 def _named(text: str) -> bool:
