@@ -132,6 +132,9 @@ def check_methods(method: str, params: dict) -> None:
     takes (the checks the engine runs when it builds the selectors, without building anything)."""
     if method not in ("ask", "eval"):
         return
+    if method == "ask" and params.get("select") in (None, DEFAULT_SELECT) and not params.get("rerank") \
+            and not params.get("memory"):
+        return  # the default needs no selector's check: a plain ask starts without the registry
     from evsel.models.selectors import MethodSpec, check_stage  # the registry: not for other requests
 
     if method == "ask":
