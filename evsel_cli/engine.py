@@ -479,7 +479,11 @@ class Engine:
         info["default_method"], info["default_why"] = default_method(backbone, self.settings)
         info["default_by_kind"] = {kind: {"method": method, "why": why}
                                    for kind, (method, why) in default_methods(backbone, self.settings).items()}
-        from evsel.models.reader.shipped import describe, reader_for
+        from evsel.models.reader.shipped import describe, reader_for, shipped_readers
 
-        info["reader"] = describe(reader_for(backbone)) if load else None
+        chosen = shipped_readers(backbone.fingerprint)
+        info["reader_by_kind"] = {
+            kind: {"reader": describe(reader_for(backbone, dialogue=kind == "dialogue")) if load else None,
+                   "why": chosen.get(kind, {}).get("why", "the backbone's one shipped reader")}
+            for kind in ("prose", "dialogue")}
         return info

@@ -111,6 +111,9 @@ def test_models_info_reports_device_and_reason():
     assert info["dtype"] in ("bfloat16", "float32")
     assert info["reason"]
     assert info["layers"] == 30 and info["hidden_size"] == 576
+    readers = info["reader_by_kind"]  # readers.json: the LoRA reader for prose, the span head for dialogues
+    assert readers["prose"]["reader"]["kind"] == "lora" and readers["prose"]["why"]
+    assert "kind" not in readers["dialogue"]["reader"] and readers["dialogue"]["reader"]["dev"]
 
 
 def test_threads_setting_is_used_and_checked():

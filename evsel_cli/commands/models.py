@@ -30,6 +30,11 @@ def models_info(ctx: typer.Context, as_json: JsonOption = False):
             for kind, chosen in value.items():
                 stdout.print(f"  [bold]{kind}:[/] {escape(chosen['method'])} ({escape(chosen['why'])})")
             continue
+        if key == "reader_by_kind":  # prose and dialogues may be read by different readers
+            stdout.print(f"[bold]{key}:[/]")
+            for kind, chosen in value.items():
+                stdout.print(f"  [bold]{kind}:[/] {escape(str(chosen['reader']))} ({escape(chosen['why'])})")
+            continue
         stdout.print(f"[bold]{key}:[/] {escape(str(value))}")
 
 
