@@ -95,7 +95,7 @@ def test_the_shipped_readers_record_names_a_reader_per_kind():
         assert (prose / "reader.json").is_file() and (dialogue / "reader.json").is_file()
 
 
-def test_a_phrase_held_by_many_of_the_readers_spans_beats_a_likelier_single_span():
+def test_a_phrase_in_the_sentence_that_matches_the_question_beats_a_likelier_one():
     from evsel.models.reader.span_head import Found
 
     texts = ["Some five years ago, during a lengthy visit to Warsaw, I made the acquaintance of the adventuress. "
@@ -109,7 +109,14 @@ def test_a_phrase_held_by_many_of_the_readers_spans_beats_a_likelier_single_span
     question = "Where did the King meet the adventuress?"
     spans = [found("Some five years ago, during a lengthy visit to Warsaw, I made", 0.06), found("from Prague", 0.04),
              found("a lengthy visit to Warsaw", 0.03), found("Prague", 0.028), found("Warsaw", 0.01)]
-    best = step._typed_span(question, "place", spans, texts)
+    # "Prague" fills more of the reader's spans; "Warsaw" is in the sentence that matches the question
+    assert step._typed_span(question, "place", spans, texts).text == "Prague"
+    meeting = text.index("The letter")
+
+    def support(passage: int, offset: int) -> float:
+        return 1.0 if offset < meeting else 0.2
+
+    best = step._typed_span(question, "place", spans, texts, support)
     assert best.text == "Warsaw" and text[best.start:best.end] == "Warsaw"
     # with no phrase of the type among the spans, the likeliest span stands
     assert step._typed_span(question, "place", [found("during a lengthy visit", 0.06)], texts).text == \
@@ -126,5 +133,5 @@ def test_a_person_is_named_rather_than_described_and_a_nationality_is_no_person(
         start = text.index(phrase)
         return Found(0, start, start + len(phrase), phrase, probability)
 
-    spans = [found("an English lawyer", 0.5), found("an English lawyer named Norton", 0.1), found("Norton", 0.05)]
+    spans = [found("an English lawyer", 0.5), found("an English lawyer named Norton", 0.1), found("Norton", 0.06)]
     assert step._typed_span("Whom did Irene Adler marry?", "person", spans, texts).text == "Norton"

@@ -444,7 +444,9 @@ _PERSON_AFTER = re.compile(r"^,?\s+(?:said|says|asked|asks|replied|cried|answere
 _SAID_BEFORE = re.compile(r"\b(?:said|says|asked|replied|cried|answered|exclaimed|whispered|thought)\s+$")
 _PLACE_BEFORE = re.compile(r"\b(?:in|at|into|near|towards?|across|through|within|outside|inside|beyond|"
                            r"(?:went|go|going|gone|come|came|coming|drove|walked|travelled|traveled|moved|returned|"
-                           r"sailed|back|way|road|journey|trip) (?:to|from))\s+$", re.I)
+                           r"sailed|back|way|road|journey|trip|visit|visits|visited|visiting|arrived|arrive|fled|"
+                           r"escaped|rode|ran|flew|emigrated|headed|bound|sent|letter|train|boat|ship|coach|"
+                           r"removed|gone back|set off|started) (?:to|from|for))\s+$", re.I)
 _PLACE_HEADS = frozenset(
     "street road lane avenue square lodge hall house manor castle abbey church chapel bank hotel inn station river "
     "lake sea ocean island bay hill hills mountain mountains valley park town city village county court gardens "
@@ -510,7 +512,8 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
         other = "place" if kind == "person" else "person"
         return [(a, b) for a, b in typed_spans(text, kind)
                 if roles.get(text[a:b]) != other and not (kind == "person" and _is_place_name(text[a:b]))
-                and not _NATIONALITY.fullmatch(text[a:b])]
+                and not _NATIONALITY.fullmatch(text[a:b])
+                and not (kind == "place" and _unplaced_name(text, a, b, roles))]
     spans: list[tuple[int, int]] = []
     if kind in ("person", "place", "organisation", "thing"):
         found = list(_NAME.finditer(text)) + ([] if kind == "person" else list(_TITLE.finditer(text)))
@@ -572,6 +575,14 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
             seen.add((a, b))
             out.append((a, b))
     return out
+
+
+def _unplaced_name(text: str, a: int, b: int, roles: dict[str, str]) -> bool:
+    """A capitalised name the passages never use as a place (no locative before it here, no place
+    word in it, not a place by `roles`): "IRENE NORTON" signing a letter is no answer to where."""
+    phrase = text[a:b]
+    return phrase[:1].isupper() and roles.get(phrase) != "place" and not _is_place_name(phrase) \
+        and phrase.split()[-1].lower() not in _PLACE_HEADS and not _PLACE_BEFORE.search(text[max(0, a - 40):a])
 
 
 def _is_place_name(phrase: str) -> bool:

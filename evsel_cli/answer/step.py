@@ -143,15 +143,18 @@ def reader_answers(question: str, asked: str, dialogue: bool) -> bool:
 
 
 LORA_TOP = 20  # the LoRA reader's best spans the type and option checks choose among
-NAME_MARGIN = 2.3  # nats: a person's name is preferred to a description holding more while this close
+NAME_MARGIN = 2.3  # nats: a name (person, place) is preferred to a description scoring this much more
+# nats per unit of sentence support (0-1) for the LoRA reader's typed phrases: the weight the span
+# head's answer step chose for support on held-out training questions (its reader.json, rescore)
+LORA_SUPPORT = 8.0
 CHECKED_TYPES = ("person", "place", "number", "date", "organisation")
 
 
 def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
     """The LoRA reader's answer: its likeliest span that adds to the question; for a phrase question
-    the phrase of the asked type its LORA_TOP best spans hold most (_typed_span); one of the
-    question's options when it offers some; in dialogues, none when the reader's no-answer beats that span by more than its calibrated
-    margin."""
+    the phrase of the asked type its LORA_TOP best spans and the question's words support most
+    (_typed_span); one of the question's options when it offers some; in dialogues, none when the
+    reader's no-answer beats that span by more than its calibrated margin."""
     chunks = [s.chunk for s in evidence]
     found = grounding.sentences(chunks)
     ranked = grounding.rank_sentences(question, found)
@@ -160,7 +163,8 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
     texts = [c.text for c in chunks]
     reading = reader.reading(backbone, question, texts)
     spans = [f for f in reading.top(LORA_TOP) if not grounding.echoes(question, f.text)]
-    best = _option_span(question, reading, texts) or (_typed_span(question, asked, spans, texts) if spans else None)
+    best = _option_span(question, reading, texts) or \
+        (_typed_span(question, asked, spans, texts, _support_lookup(question, found, ranked)) if spans else None)
     if best is None:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
     logp = math.log(best.probability)  # of a typed phrase: the probability its spans hold together
@@ -176,14 +180,15 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
                     answer_type=asked, confidence=math.exp(logp))
 
 
-def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
-    """For a phrase question, the phrase of the asked type that the reader's best spans hold the most
-    probability for (summed over the spans that contain it, and over its repeats): "Warsaw", held by
-    the clauses "a lengthy visit to Warsaw, I made the acquaintance..." together, over "Prague", a
-    likelier single span. A who-question is not answered by a town, nor a when-question by a clause,
-    while the reader's LORA_TOP best hold a name or a time; a person is named where a name holds
-    nearly as much as a description ("Norton" over "an English lawyer", NAME_MARGIN). Else the
-    likeliest span."""
+def _typed_span(question: str, asked: str, spans: list, texts: list[str], support=None):
+    """For a phrase question, the phrase of the asked type held by the reader's best spans, each
+    span lending its probability times the share of it the phrase makes up, plus LORA_SUPPORT times
+    how well the phrase's sentence (or the one or two before it) matches the question
+    (`support(passage, offset)`, 0-1): "Roland Pryce", the reader's own span in "Roland Pryce killed
+    Ambrose Tenterden.", over Bart Skerry of a likelier clause about his marlinspike; "Warsaw", in the
+    sentence about meeting the adventuress, over "Prague". People and places are named where a name
+    scores nearly as well as a description ("Norton" over "an English lawyer", NAME_MARGIN). Without
+    a phrase of the type among the spans, the likeliest span."""
     from evsel.models.reader.span_head import Found
 
     if asked not in CHECKED_TYPES:
@@ -197,17 +202,33 @@ def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
             phrase = texts[f.passage][a:b]
             if f.start <= a and b <= f.end and not grounding.echoes(question, phrase):
                 key = " ".join(grounding.words(phrase))
-                mass[key] = mass.get(key, 0.0) + f.probability
+                mass[key] = mass.get(key, 0.0) + f.probability * (b - a) / max(1, f.end - f.start)
                 first.setdefault(key, (f.passage, a, b, phrase))
     if not mass:
         return spans[0]
-    ranked = sorted(mass, key=mass.get, reverse=True)
+    score = {k: math.log(m) + (LORA_SUPPORT * support(first[k][0], first[k][1]) if support else 0.0)
+             for k, m in mass.items()}
+    ranked = sorted(score, key=score.get, reverse=True)
     chosen = ranked[0]
-    if kind == "person" and not _named(first[chosen][3]):
-        floor = mass[chosen] * math.exp(-NAME_MARGIN)
-        chosen = next((k for k in ranked if _named(first[k][3]) and mass[k] >= floor), chosen)
+    if kind in ("person", "place") and not _named(first[chosen][3]):
+        chosen = next((k for k in ranked if _named(first[k][3]) and score[k] >= score[chosen] - NAME_MARGIN), chosen)
     p, a, b, phrase = first[chosen]
     return Found(p, a, b, phrase, min(1.0, mass[chosen]))
+
+
+def _support_lookup(question: str, found: list, ranked: list):
+    """support(passage, offset): how well the sentence there, or one of the two before it, matches
+    the question (0-1, as the span head's answer step weighs it)."""
+    top = max(ranked[0][0], 1e-6) if ranked else 1.0
+    lexical = {id(s): max(0.0, score) / top for score, s in ranked}
+    by_passage: dict[int, list] = {}
+    for s in found:
+        by_passage.setdefault(s.passage, []).append(s)
+    support = _sentence_support(by_passage, lexical)
+
+    def lookup(passage: int, offset: int) -> float:
+        return next((support[id(s)] for s in by_passage.get(passage, []) if s.start <= offset < s.end), 0.0)
+    return lookup
 
 
 def _named(text: str) -> bool:
