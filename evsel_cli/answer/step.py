@@ -143,18 +143,18 @@ def reader_answers(question: str, asked: str, dialogue: bool) -> bool:
 
 
 LORA_TOP = 20  # the LoRA reader's best spans the type and option checks choose among
-NAME_MARGIN = 2.3  # nats: a name (person, place) is preferred to a description scoring this much more
-# nats per unit of sentence support (0-1) for the LoRA reader's typed phrases: the weight the span
-# head's answer step chose for support on held-out training questions (its reader.json, rescore)
-LORA_SUPPORT = 8.0
+# a span of the asked type is preferred to a likelier untyped one while it is at most this much
+# less likely (nats): the reader ranks well, the type only breaks near ties
+TYPE_MARGIN = 2.3
+NAME_MARGIN = 2.3  # nats: a person's name is preferred to a likelier description while this close
 CHECKED_TYPES = ("person", "place", "number", "date", "organisation")
 
 
 def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
-    """The LoRA reader's answer: its likeliest span that adds to the question; for a phrase question
-    the phrase of the asked type its LORA_TOP best spans and the question's words support most
-    (_typed_span); one of the question's options when it offers some; in dialogues, none when the
-    reader's no-answer beats that span by more than its calibrated margin."""
+    """The LoRA reader's answer: its likeliest span that adds to the question, of the asked type
+    when one nearly as likely is (_typed_span), one of the question's options when it offers some;
+    in dialogues, none when the reader's no-answer beats that span by more than its calibrated
+    margin."""
     chunks = [s.chunk for s in evidence]
     found = grounding.sentences(chunks)
     ranked = grounding.rank_sentences(question, found)
@@ -163,11 +163,10 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
     texts = [c.text for c in chunks]
     reading = reader.reading(backbone, question, texts)
     spans = [f for f in reading.top(LORA_TOP) if not grounding.echoes(question, f.text)]
-    best = _option_span(question, reading, texts) or \
-        (_typed_span(question, asked, spans, texts, _support_lookup(question, found, ranked)) if spans else None)
+    best = _option_span(question, reading, texts) or (_typed_span(question, asked, spans, texts) if spans else None)
     if best is None:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
-    logp = math.log(best.probability)  # of a typed phrase: the probability its spans hold together
+    logp = math.log(best.probability)
     said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
     speaker = said.speaker if said else None
     # the margin is calibrated on dialogues (LoCoMo's adversarial questions); prose has no
@@ -180,55 +179,42 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
                     answer_type=asked, confidence=math.exp(logp))
 
 
-def _typed_span(question: str, asked: str, spans: list, texts: list[str], support=None):
-    """For a phrase question, the phrase of the asked type held by the reader's best spans, each
-    span lending its probability times the share of it the phrase makes up, plus LORA_SUPPORT times
-    how well the phrase's sentence (or the one or two before it) matches the question
-    (`support(passage, offset)`, 0-1): "Roland Pryce", the reader's own span in "Roland Pryce killed
-    Ambrose Tenterden.", over Bart Skerry of a likelier clause about his marlinspike; "Warsaw", in the
-    sentence about meeting the adventuress, over "Prague". People and places are named where a name
-    scores nearly as well as a description ("Norton" over "an English lawyer", NAME_MARGIN). Without
-    a phrase of the type among the spans, the likeliest span."""
-    from evsel.models.reader.span_head import Found
-
+def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
+    """The best span, or the best one of the asked type within TYPE_MARGIN of it: the reader ranks
+    well, the type breaks near ties (a who-question is not answered by a town while a name is nearly
+    as likely); with none that close, a phrase of the type inside one of the best spans
+    (_typed_phrase_within). A person is named where a name is nearly as likely as a description ("Norton" over
+    "an English lawyer", NAME_MARGIN below the description)."""
     if asked not in CHECKED_TYPES:
         return spans[0]
     kind, roles = grounding.tag_kind(question, asked), grounding.name_roles(texts)
     typed = {p: grounding.typed_spans(text, kind, roles) for p, text in enumerate(texts)}
-    mass: dict[str, float] = {}
-    first: dict[str, tuple] = {}  # each phrase where the likeliest span holding it has it
+    floor = math.log(spans[0].probability) - TYPE_MARGIN
+    # of the type: a typed phrase makes up most of it ("Norton", "£ 4 a week", not a clause)
+    of_type = [f for f in spans if math.log(f.probability) >= floor and any(
+        f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start for a, b in typed[f.passage])]
+    if not of_type:
+        return _typed_phrase_within(question, spans, texts, typed) or spans[0]
+    if kind == "person" and not _named(of_type[0].text):
+        named_floor = math.log(of_type[0].probability) - NAME_MARGIN
+        return next((f for f in of_type if _named(f.text) and math.log(f.probability) >= named_floor), of_type[0])
+    return of_type[0]
+
+
+def _typed_phrase_within(question: str, spans: list, texts: list[str], typed: dict):
+    """When no span of the type is nearly as likely as the best, the first phrase of the type that one
+    of the reader's best spans holds ("Warsaw" in "during a lengthy visit to Warsaw, I made the
+    acquaintance"), a name before other phrases, cut at its sentence's end; None when none holds one."""
+    from evsel.models.reader.span_head import Found
+
+    held = []
     for f in spans:
         for a, b in typed[f.passage]:
-            phrase = texts[f.passage][a:b]
-            if f.start <= a and b <= f.end and not grounding.echoes(question, phrase):
-                key = " ".join(grounding.words(phrase))
-                mass[key] = mass.get(key, 0.0) + f.probability * (b - a) / max(1, f.end - f.start)
-                first.setdefault(key, (f.passage, a, b, phrase))
-    if not mass:
-        return spans[0]
-    score = {k: math.log(m) + (LORA_SUPPORT * support(first[k][0], first[k][1]) if support else 0.0)
-             for k, m in mass.items()}
-    ranked = sorted(score, key=score.get, reverse=True)
-    chosen = ranked[0]
-    if kind in ("person", "place") and not _named(first[chosen][3]):
-        chosen = next((k for k in ranked if _named(first[k][3]) and score[k] >= score[chosen] - NAME_MARGIN), chosen)
-    p, a, b, phrase = first[chosen]
-    return Found(p, a, b, phrase, min(1.0, mass[chosen]))
-
-
-def _support_lookup(question: str, found: list, ranked: list):
-    """support(passage, offset): how well the sentence there, or one of the two before it, matches
-    the question (0-1, as the span head's answer step weighs it)."""
-    top = max(ranked[0][0], 1e-6) if ranked else 1.0
-    lexical = {id(s): max(0.0, score) / top for score, s in ranked}
-    by_passage: dict[int, list] = {}
-    for s in found:
-        by_passage.setdefault(s.passage, []).append(s)
-    support = _sentence_support(by_passage, lexical)
-
-    def lookup(passage: int, offset: int) -> float:
-        return next((support[id(s)] for s in by_passage.get(passage, []) if s.start <= offset < s.end), 0.0)
-    return lookup
+            phrase = re.split(r"(?<=[.!?])\s", texts[f.passage][a:b])[0].rstrip(".")
+            if f.start <= a and a + len(phrase) <= f.end and phrase and not grounding.echoes(question, phrase):
+                held.append(Found(f.passage, a, a + len(phrase), phrase, f.probability))
+    # a name first: "in the autumn" reads as a place to the rules, "Warsaw" is one
+    return next((h for h in held if _named(h.text)), held[0] if held else None)
 
 
 def _named(text: str) -> bool:
