@@ -132,3 +132,17 @@ def test_a_person_is_named_rather_than_described_and_a_nationality_is_no_person(
 
     spans = [found("an English lawyer", 0.5), found("an English lawyer named Norton", 0.1), found("Norton", 0.06)]
     assert step._typed_span("Whom did Irene Adler marry?", "person", spans, texts).text == "Norton"
+
+
+def test_a_phrase_of_the_type_ends_with_its_sentence_and_a_name_part_is_a_name():
+    from evsel.answer import grounding
+    from evsel.models.reader.span_head import Found
+
+    text = "Matthew read of the failure of the Abbey Bank.\n\nThe news was bad. Miss Muriel Stacy taught well."
+    assert text[:grounding.within_sentence(text, 0, len(text))] == "Matthew read of the failure of the Abbey Bank"
+    assert grounding.within_sentence("Doctor T. J. Eckleburg. Then", 0, 28) == len("Doctor T. J. Eckleburg")
+    start = text.index("Muriel")
+    first_name = Found(0, start, start + len("Muriel"), "Muriel", 0.3)
+    start = text.index("bad")
+    other = Found(0, start, start + 3, "bad", 0.5)
+    assert step._typed_span("What is the first name of Miss Stacy?", "person", [other, first_name], [text]).text == "Muriel"

@@ -577,6 +577,17 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
     return out
 
 
+# where a phrase found in a whole passage ends its sentence: a full stop after a word (not an
+# initial or a title: "T. J. Eckleburg", "Mrs. Hammond") or a paragraph break
+_SENTENCE_END = re.compile(r"(?<!\bMr)(?<!\bMrs)(?<!\bMs)(?<!\bDr)(?<!\bSt)(?<!\bMt)(?<!\b[A-Z])[.!?](?=\s)|\n\s*\n")
+
+
+def within_sentence(text: str, a: int, b: int) -> int:
+    """The end of text[a:b] cut at the first sentence end inside it ("Abbey Bank.\n\nThe" -> "Abbey Bank")."""
+    m = _SENTENCE_END.search(text, a, b)
+    return m.start() if m and m.start() > a else b
+
+
 def _unplaced_name(text: str, a: int, b: int, roles: dict[str, str]) -> bool:
     """A capitalised name the passages never use as a place (no locative before it here, no place
     word in it, not a place by `roles`): "IRENE NORTON" signing a letter is no answer to where."""

@@ -188,11 +188,16 @@ def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
     if asked not in CHECKED_TYPES:
         return spans[0]
     kind, roles = grounding.tag_kind(question, asked), grounding.name_roles(texts)
-    typed = {p: grounding.typed_spans(text, kind, roles) for p, text in enumerate(texts)}
+    # the phrases of the type, each within its sentence (found in whole passages)
+    typed = {p: [(a, grounding.within_sentence(text, a, b)) for a, b in grounding.typed_spans(text, kind, roles)]
+             for p, text in enumerate(texts)}
     floor = math.log(spans[0].probability) - TYPE_MARGIN
-    # of the type: a typed phrase makes up most of it ("Norton", "£ 4 a week", not a clause)
+    # of the type: a typed phrase makes up most of it ("Norton", "£ 4 a week", not a clause), or it
+    # is part of a name ("Muriel" of "Muriel Stacy"; an amount's part is no amount)
+    part_counts = kind in ("person", "place", "organisation")
     of_type = [f for f in spans if math.log(f.probability) >= floor and any(
-        f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start for a, b in typed[f.passage])]
+        (f.start <= a and b <= f.end and 2 * (b - a) >= f.end - f.start) or (part_counts and a <= f.start and f.end <= b)
+        for a, b in typed[f.passage])]
     if not of_type:
         return _typed_phrase_within(question, spans, texts, typed) or spans[0]
     if kind == "person" and not _named(of_type[0].text):
@@ -204,15 +209,15 @@ def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
 def _typed_phrase_within(question: str, spans: list, texts: list[str], typed: dict):
     """When no span of the type is nearly as likely as the best, the first phrase of the type that one
     of the reader's best spans holds ("Warsaw" in "during a lengthy visit to Warsaw, I made the
-    acquaintance"), a name before other phrases, cut at its sentence's end; None when none holds one."""
+    acquaintance"), a name before other phrases; None when none holds one."""
     from evsel.models.reader.span_head import Found
 
     held = []
     for f in spans:
         for a, b in typed[f.passage]:
-            phrase = re.split(r"(?<=[.!?])\s", texts[f.passage][a:b])[0].rstrip(".")
-            if f.start <= a and a + len(phrase) <= f.end and phrase and not grounding.echoes(question, phrase):
-                held.append(Found(f.passage, a, a + len(phrase), phrase, f.probability))
+            phrase = texts[f.passage][a:b]
+            if f.start <= a and b <= f.end and phrase and not grounding.echoes(question, phrase):
+                held.append(Found(f.passage, a, b, phrase, f.probability))
     # a name first: "in the autumn" reads as a place to the rules, "Warsaw" is one
     return next((h for h in held if _named(h.text)), held[0] if held else None)
 
