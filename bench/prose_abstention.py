@@ -1,0 +1,67 @@
+"""Could the LoRA reader abstain in prose? On a LoRA run's dev split (OUT/examples.json: held-out
+FairytaleQA train stories, BM25's top 5), each question is read twice: with its own passages, and
+with up to five passages of other questions of its story that hold none of its answer's words (near
+misses: unanswerable). The gap between the reader's no-answer and its best span orders the readings;
+for each share answered, the margin and the precision of the printed answers (right: every content
+word of the reference in the answer).
+Usage: python bench/prose_abstention.py OUT READER_DIR > result.json"""
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def near_misses(item: dict, story: list[dict]) -> list[str]:
+    """Up to five passages of the story's other questions that hold none of `item`'s answer words."""
+    from evsel.answer import grounding
+
+    wanted = {w for answer in item["answers"] for w in grounding.content_words(answer)}
+    out = []
+    for other in story:
+        for passage in other["passages"] if other is not item else ():
+            if passage not in out and passage not in item["passages"] and \
+                    not (wanted and wanted <= set(grounding.words(passage))):
+                out.append(passage)
+    return out[:5]
+
+
+def main(run: str, reader_dir: str) -> None:
+    import torch
+
+    from evsel.answer import grounding
+    from evsel.models.reader.shipped import reader_for
+    from evsel.models.runtime.backbone import Backbone
+
+    torch.set_num_threads(1)
+    dev = json.loads((Path(run) / "examples.json").read_text())["dev"]
+    stories = defaultdict(list)
+    for item in dev:
+        stories[item["id"].rsplit("/", 1)[0]].append(item)
+    backbone = Backbone(device="cpu", threads=1)
+    reader = reader_for(backbone, reader_dir)
+    rows = []  # (gap, unanswerable, right)
+    for item in dev:
+        story = stories[item["id"].rsplit("/", 1)[0]]
+        for passages, unanswerable in ((item["passages"], False), (near_misses(item, story), True)):
+            if not passages:
+                continue
+            reading = reader.reading(backbone, item["question"], passages)
+            top = [f for f in reading.top(20) if not grounding.echoes(item["question"], f.text)]
+            if top:
+                right = not unanswerable and grounding.contained(top[0].text, item["answers"][0])
+                rows.append((reading.null_logp - math.log(top[0].probability), unanswerable, right))
+    rows.sort()
+    out = {"run": run, "reader": reader_dir, "readings": len(rows), "unanswerable": sum(r[1] for r in rows),
+           "right": sum(r[2] for r in rows), "by_share": []}
+    for share in (0.3, 0.5, 0.7, 0.9, 1.0):
+        kept = rows[:int(len(rows) * share)]
+        out["by_share"].append({"answered": share, "margin": round(kept[-1][0], 3), "printed": len(kept),
+                                "precision": round(sum(r[2] for r in kept) / len(kept), 3),
+                                "unanswerable_printed": sum(r[1] for r in kept)})
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
