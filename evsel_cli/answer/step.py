@@ -150,25 +150,38 @@ NAME_MARGIN = 2.3  # nats: a person's name is preferred to a likelier descriptio
 CHECKED_TYPES = ("person", "place", "number", "date", "organisation")
 
 
+def _passages_read(question: str, evidence: list) -> tuple[list, list, list[str]]:
+    """The evidence's sentences, their ranking against the question (empty when no sentence shares a
+    content word with it: nothing to answer from), and the passages' texts, as both readers take them."""
+    chunks = [s.chunk for s in evidence]
+    found = grounding.sentences(chunks)
+    ranked = grounding.rank_sentences(question, found)
+    if ranked and grounding.support(question, ranked[0][1]) == 0.0:
+        ranked = []
+    return found, ranked, [c.text for c in chunks]
+
+
+def _speaker_at(found: list, span) -> str | None:
+    """Who said the sentence a span starts in (dialogues), else None."""
+    said = next((s for s in found if s.passage == span.passage and s.start <= span.start < s.end), None)
+    return said.speaker if said else None
+
+
 def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
     """The LoRA reader's answer: its likeliest span that adds to the question, of the asked type
     when one nearly as likely is (_typed_span), one of the question's options when it offers some;
     in dialogues, none when the reader's no-answer beats that span by more than its calibrated
     margin."""
-    chunks = [s.chunk for s in evidence]
-    found = grounding.sentences(chunks)
-    ranked = grounding.rank_sentences(question, found)
-    if not ranked or grounding.support(question, ranked[0][1]) == 0.0:
+    found, ranked, texts = _passages_read(question, evidence)
+    if not ranked:
         return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
-    texts = [c.text for c in chunks]
     reading = reader.reading(backbone, question, texts)
     spans = [f for f in reading.top(LORA_TOP) if not grounding.echoes(question, f.text)]
     best = _option_span(question, reading, texts) or (_typed_span(question, asked, spans, texts) if spans else None)
     if best is None:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
     logp = math.log(best.probability)
-    said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
-    speaker = said.speaker if said else None
+    speaker = _speaker_at(found, best)
     # the margin is calibrated on dialogues (LoCoMo's adversarial questions); prose has no
     # unanswerable training questions to calibrate one on, so prose answers are always printed
     if dialogue and reading.null_logp - logp > reader.margin:
@@ -249,34 +262,29 @@ def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, 
 
     if not isinstance(reader, Reader):
         return _lora_answer(backbone, reader, question, evidence, asked, dialogue)
-    chunks = [s.chunk for s in evidence]
-    found = grounding.sentences(chunks)
-    ranked = grounding.rank_sentences(question, found)
-    if not ranked or grounding.support(question, ranked[0][1]) == 0.0:
+    found, ranked, texts = _passages_read(question, evidence)
+    if not ranked:
         return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
-    texts = [c.text for c in chunks]
     reading = reader.reading(backbone, question, texts)
     chosen = _option_span(question, reading, texts)
     if chosen is not None:
-        said = next((s for s in found if s.passage == chosen.passage and s.start <= chosen.start < s.end), None)
         return Grounded(chosen.text, "span", None, chosen.passage, chosen.start, chosen.end,
-                        speaker=said.speaker if said else None, answer_type=asked, confidence=chosen.probability)
+                        speaker=_speaker_at(found, chosen), answer_type=asked, confidence=chosen.probability)
     candidates = candidate_spans(reading, question, asked, found, ranked)
     if not candidates:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
     weights = reader.rescore_weights(asked)
     best = max(candidates, key=lambda c: c.score(weights))
-    said = next((s for s in found if s.passage == best.passage and s.start <= best.start < s.end), None)
+    speaker = _speaker_at(found, best)
     probability = math.exp(best.reader_logp)
     # the threshold was chosen on the head's best span (a span that only repeats the question aside)
     surest = max(math.exp(c.reader_logp) for c in candidates)
     if dialogue and surest < reader.threshold:
         return Grounded(None, "abstained", f"the reader is unsure of every answer in the passages "
                         f"(best {surest:.2f}, threshold {reader.threshold:.2f})", best.passage,
-                        best.start, best.end, speaker=said.speaker if said else None, answer_type=asked,
-                        confidence=probability)
+                        best.start, best.end, speaker=speaker, answer_type=asked, confidence=probability)
     return Grounded(best.text, "span", None, best.passage, best.start, best.end,
-                    speaker=said.speaker if said else None, answer_type=asked, confidence=probability)
+                    speaker=speaker, answer_type=asked, confidence=probability)
 
 
 READER_TOP = 30  # the reader's best spans that compete with the typed phrases
