@@ -56,18 +56,26 @@ def _field(default: Any = MISSING, **meta: Any) -> Any:
 
 # the declarations not yet made dataclasses: {class: its fields as declared}
 _UNMADE: dict[type, dict[str, Field]] = {}
+# the one being made now, by the thread holding _MAKING: dataclass() reads it while making it
+_BEING_MADE: set[type] = set()
 _MAKING = threading.RLock()
 
 
 def _make(declaration: type) -> None:
     """Make a declaration the frozen dataclass it declares, once: a daemon's threads may reach it
-    together, and the others wait until it is made."""
+    together, and the others wait until it is made. It leaves `_UNMADE` only once made, so a
+    thread that finds it gone may build it at once."""
     with _MAKING:
-        declared = _UNMADE.pop(declaration, None)
-        if declared is not None:
-            for name, declared_field in declared.items():
+        if declaration not in _UNMADE or declaration in _BEING_MADE:
+            return
+        _BEING_MADE.add(declaration)
+        try:
+            for name, declared_field in _UNMADE[declaration].items():
                 setattr(declaration, name, declared_field)
             dataclass(frozen=True)(declaration)
+            del _UNMADE[declaration]
+        finally:
+            _BEING_MADE.discard(declaration)
 
 
 class _Declared(type):
@@ -76,7 +84,8 @@ class _Declared(type):
     def __getattr__(cls, name: str):
         if name.startswith("__dataclass_") and cls in _UNMADE:
             _make(cls)
-            return getattr(cls, name)
+            if cls not in _UNMADE:
+                return getattr(cls, name)
         raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
 
 
