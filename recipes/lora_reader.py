@@ -65,6 +65,7 @@ class LoraTrainConfig:
     threads: int | None = 1
     seed: int = 0
     precache_only: bool = False  # build the examples and the frozen layers' states, then stop
+    init_from: str | None = None  # a trained LoRA reader whose deltas and head the run starts from
 
 
 SMOKE = {"stories": 3, "questions_per_story": 2, "dev_stories": 1, "dev_questions_per_story": 2,
@@ -159,6 +160,10 @@ class LoraReaderTrainer:
             self.reader = LoraReader.load(checkpoint, model)
             state = json.loads((checkpoint / "trainer.json").read_text())
             self.step, self.best, self.seen = state["step"], state.get("best"), state.get("seen", 0)
+        elif config.init_from:
+            self.reader = LoraReader.load(config.init_from, model)
+            self.reader.meta = {}  # what it was trained on describes the other run
+            state, self.step, self.best, self.seen = None, 0, None, 0
         else:
             self.reader = LoraReader.for_model(model, reader_config, seed=config.seed)
             state, self.step, self.best, self.seen = None, 0, None, 0
@@ -358,6 +363,20 @@ class LoraReaderTrainer:
         return calibration
 
 
+def _shaped_as(config: LoraTrainConfig, reader_folder: Path) -> LoraTrainConfig:
+    """The run's reader shape (cut, deepest, rank, alpha, max_tokens) taken from the reader it starts from."""
+    from dataclasses import replace
+
+    from evsel.models.reader.lora import LoraReader
+
+    if not (reader_folder / "reader.json").is_file():
+        raise InputError(f"--init-from: {reader_folder} holds no LoRA reader (no reader.json)",
+                         "give a folder written by: evsel train reader --lora")
+    shape = LoraReader.load(reader_folder).config
+    return replace(config, init_from=str(reader_folder.absolute()), cut=shape.cut, deepest=shape.deepest,
+                   rank=shape.rank, alpha=shape.alpha, max_tokens=shape.max_tokens)
+
+
 def run_training(engine, out: str, recipe_name: str, options: dict, command: str | None = None,
                  data_dir: str | None = None, on_event=ignore_event) -> dict:
     """`evsel train reader --lora [--resume]`."""
@@ -378,6 +397,8 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
                              f"continue it with: evsel train reader --lora --resume --out {folder}, or choose another --out")
         config = config_of(LoraTrainConfig, out, pick_recipe(recipe_name, SMOKE, FULL),
                            {k: v for k, v in options.items() if k in LoraTrainConfig.__dataclass_fields__})
+        if config.init_from:
+            config = _shaped_as(config, Path(config.init_from))
     import torch
 
     if config.threads:

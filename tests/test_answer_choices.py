@@ -146,3 +146,52 @@ def test_a_phrase_of_the_type_ends_with_its_sentence_and_a_name_part_is_a_name()
     start = text.index("bad")
     other = Found(0, start, start + 3, "bad", 0.5)
     assert step._typed_span("What is the first name of Miss Stacy?", "person", [other, first_name], [text]).text == "Muriel"
+
+
+def test_a_title_and_an_initial_keep_their_full_stop_and_another_word_ends_its_sentence():
+    from evsel.answer import grounding
+
+    text = ("Boscombe Valley is not far from Ross, in Herefordshire. The largest landed proprietor in that "
+            "part is a Mr. John Turner. Doctor T. J. Eckleburg watched.")
+    roles = grounding.name_roles([text])
+    people = [text[a:b] for a, b in grounding.typed_spans(text, "person", roles)]
+    # "Herefordshire. The" was one name, and the title's stop cut "Mr. John Turner" to nothing
+    assert "John Turner" in people and "Doctor T. J. Eckleburg" in people and "Turner. Doctor" not in people
+    assert not any("Herefordshire" in p for p in people) and roles["Herefordshire"] == "place"
+    from evsel.models.reader.span_head import Found
+
+    start = text.index("Herefordshire")
+    county = Found(0, start, start + len("Herefordshire"), "Herefordshire", 0.02)
+    start = text.index("John Turner")
+    turner = Found(0, start, start + len("John Turner"), "John Turner", 0.2)
+    question = "Who was the largest landed proprietor in Boscombe Valley?"
+    assert step._typed_span(question, "person", [turner, county], [text]).text == "John Turner"
+
+
+def test_the_longer_question_phrase_decides_its_type():
+    from evsel.answer import grounding
+
+    assert grounding.answer_type("Which hotel attendant actually stole the blue carbuncle?") == "person"
+    assert grounding.answer_type("Which hotel did the Count stay at?") == "place"
+    assert grounding.answer_type("In which town was the asylum?") == "place"
+
+
+def test_an_answer_is_read_to_the_end_of_the_name_it_cuts_and_a_count_takes_its_noun():
+    from evsel.answer import grounding
+
+    def completed(question: str, asked: str, text: str, phrase: str) -> str:
+        a = text.index(phrase)
+        return text[a:grounding.complete_phrase(question, asked, text, a, a + len(phrase))]
+
+    delight = "They should call it\u2014let me see\u2014the White Way of Delight. It was."
+    assert completed("What name did Anne give the Avenue?", "thing", delight, "the White Way") \
+        == "the White Way of Delight"
+    assert completed("Whose stone was it?", "person", "The Countess of Morcar's blue carbuncle", "Countess") \
+        == "Countess of Morcar"
+    # a name read to its end and no further: no possessive, no next sentence, nothing after "and"
+    assert completed("Who came?", "person", "Tom Buchanan\u2019s mistress came", "Tom Buchanan") == "Tom Buchanan"
+    assert completed("Who came?", "person", "Holmes and Watson came", "Holmes") == "Holmes"
+    hammond = "Mrs. Hammond had eight children. She had twins three times."
+    assert completed("How many children did Mrs. Hammond have?", "number", hammond, "eight") == "eight children"
+    assert completed("How many times did she have twins?", "number", hammond, "three") == "three times"
+    assert completed("How many sons did she have?", "number", hammond, "eight") == "eight"

@@ -357,12 +357,13 @@ _TYPE_RULES = [
 
 def answer_type(question: str) -> str:
     """What the question asks for (one of ANSWER_TYPES), from its question words: the earliest
-    matching wh-phrase decides ("..., an Earl of which location?" asks for a place)."""
-    best = ("thing", len(question) + 1, len(_TYPE_RULES))
+    matching wh-phrase decides ("..., an Earl of which location?" asks for a place), the longer of
+    two that start together ("which hotel attendant" asks for a person, not "which hotel")."""
+    best = ("thing", len(question) + 1, 0, len(_TYPE_RULES))
     for order, (kind, pattern) in enumerate(_TYPE_RULES):
         m = pattern.search(question)
-        if m and (m.start(), order) < best[1:]:
-            best = (kind, m.start(), order)
+        if m and (m.start(), -len(m.group()), order) < best[1:]:
+            best = (kind, m.start(), -len(m.group()), order)
     return best[0]
 
 
@@ -389,9 +390,13 @@ def option_pattern(option: str) -> re.Pattern:
     return re.compile(r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)", re.I)
 
 
-_CAP_WORD = r"(?:[A-Z][\w'\u2019&-]*\.?|\d+(?:st|nd|rd|th)?)"
-_NAME = re.compile(rf"[A-Z][\w'\u2019&-]*\.?(?:\s+(?:(?:de|da|du|van|von|der|del|la|le|y)\s+)*{_CAP_WORD})*")
-_TITLE = re.compile(rf"[A-Z][\w'\u2019&-]*\.?(?:\s+(?:(?:of|the|de|da|du|van|von|der|del|la|le|y|and|&|for|on|in)\s+)*"
+# a capitalised word of a name: a full stop belongs to it only when it is an initial or a title
+# ("Mr. John Turner", "T. J. Eckleburg"); after any other word it ends the sentence ("in Herefordshire. The")
+_ABBREVIATION = r"(?:[A-Z]|Mr|Mrs|Ms|Mme|Mlle|Dr|St|Mt|Jr|Sr|Messrs|Col|Capt|Gen|Lt|Sgt|Rev|Prof|Hon|Gov)\."
+_NAME_WORD = rf"(?:{_ABBREVIATION}|[A-Z][\w'\u2019&-]*)"
+_CAP_WORD = rf"(?:{_NAME_WORD}|\d+(?:st|nd|rd|th)?)"
+_NAME = re.compile(rf"{_NAME_WORD}(?:\s+(?:(?:de|da|du|van|von|der|del|la|le|y)\s+)*{_CAP_WORD})*")
+_TITLE = re.compile(rf"{_NAME_WORD}(?:\s+(?:(?:of|the|de|da|du|van|von|der|del|la|le|y|and|&|for|on|in)\s+)*"
                     rf"{_CAP_WORD})*")
 _NUMBER_WORDS = r"(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|" \
                 r"sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|" \
@@ -475,6 +480,13 @@ def tag_kind(question: str, asked: str) -> str:
     return "money" if asked == "number" and _MONEY_QUESTION.search(question) else asked
 
 
+def _starts_sentence(name: str, first: re.Match) -> bool:
+    """Is a name's first word only capitalised as a sentence's first ("In", "Well", "Mr."), not an
+    initial ("T. J. Eckleburg")?"""
+    initial = len(first.group()) == 1 and name[first.end():first.end() + 1] == "." and first.group().isupper()
+    return first.group().lower() in _SENTENCE_STARTERS and not initial
+
+
 def name_roles(texts: list[str]) -> dict[str, str]:
     """Per capitalised name in the passages, "person" or "place" where the passages' own use of it
     says so more often one way than the other (a name used both ways, or with no cue, is left out)."""
@@ -483,8 +495,8 @@ def name_roles(texts: list[str]) -> dict[str, str]:
         for m in _NAME.finditer(text):
             start, name = m.start(), re.split(r"[.!?]\s", m.group())[0].rstrip(".,'\u2019-&")
             first = WORD.match(name)
-            while first and first.group().lower() in _SENTENCE_STARTERS:  # "In Marysville"
-                rest = name[first.end():].lstrip()
+            while first and _starts_sentence(name, first):  # "In Marysville"
+                rest = name[first.end():].lstrip(". ")
                 start, name = start + len(name) - len(rest), rest
                 first = WORD.match(name)
             if not name:
@@ -498,6 +510,9 @@ def name_roles(texts: list[str]) -> dict[str, str]:
                 tally["place"] += bool(_PLACE_BEFORE.search(before)) or name.split()[-1].lower() in _PLACE_HEADS
     return {name: role for name, tally in votes.items()
             for role, other in (("person", "place"), ("place", "person")) if tally[role] > tally[other]}
+
+
+_CLAUSE_BREAK = re.compile(r"[.!?;:,\u2014\u201c\u201d\"()]")
 
 
 def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> list[tuple[int, int]]:
@@ -522,8 +537,8 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
             piece = text[a:b]
             first = WORD.match(piece)
             # a sentence's first word is capitalised anyway: drop it when it is a function word
-            while first and first.group().lower() in _SENTENCE_STARTERS:
-                rest = piece[first.end():].lstrip()
+            while first and _starts_sentence(piece, first):
+                rest = piece[first.end():].lstrip(". ")
                 a, piece = b - len(rest), rest
                 first = WORD.match(piece) if piece and piece[0].isupper() else None
                 if first is None:
@@ -558,7 +573,9 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
         tokens = list(WORD.finditer(text))
         run: list = []
         for m in tokens + [None]:
-            if m is not None and m.group().lower() not in STOPWORDS and not m.group().isupper():
+            content = m is not None and m.group().lower() not in STOPWORDS and not m.group().isupper()
+            # a phrase stays within its clause: "Mr. John Turner. Doctor T. J." holds no "Turner. Doctor"
+            if content and not (run and _CLAUSE_BREAK.search(text, run[-1].end(), m.start())):
                 run.append(m)
                 continue
             for i, head in enumerate(run if kind == "person" else ()):  # "a gentleman", "an old man"
@@ -567,7 +584,7 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
             for size in range(1, min(3, len(run)) + 1) if kind == "thing" else ():  # a noun phrase's head
                 if size > 1 or not _LIKELY_VERB.fullmatch(run[-1].group()):
                     spans.append((run[-size].start(), run[-1].end()))
-            run = []
+            run = [m] if content else []
     seen, out = set(), []
     for a, b in spans:
         a, b = _trim_span(text, a, b)
@@ -580,6 +597,34 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
 # where a phrase found in a whole passage ends its sentence: a full stop after a word (not an
 # initial or a title: "T. J. Eckleburg", "Mrs. Hammond") or a paragraph break
 _SENTENCE_END = re.compile(r"(?<!\bMr)(?<!\bMrs)(?<!\bMs)(?<!\bDr)(?<!\bSt)(?<!\bMt)(?<!\b[A-Z])[.!?](?=\s)|\n\s*\n")
+
+
+# a name read on through "of" ("the White Way of Delight", "the Countess of Morcar"), no further
+_FULL_NAME = re.compile(rf"{_NAME_WORD}(?:\s+(?:of\s+(?:the\s+)?)?{_CAP_WORD})*")
+_HOW_MANY = re.compile(r"\bhow many\s+((?:[\w'\u2019-]+\s+){0,3})", re.I)
+
+
+def complete_phrase(question: str, asked: str, text: str, a: int, b: int) -> int:
+    """The end of an answer text[a:b] that stops short of its phrase: a name it cuts ("the White
+    Way" of "the White Way of Delight") is read to its end, and the count of a how-many question
+    takes the counted noun the question names ("eight" -> "eight children")."""
+    if asked == "number":
+        asked_words = {w for w in words(_HOW_MANY.search(question).group(1))} if _HOW_MANY.search(question) else set()
+        end = b
+        for m in WORD.finditer(text, b):
+            if text[end:m.start()].strip() or m.group().lower() not in asked_words - STOPWORDS:
+                break
+            end = m.end()
+        return end
+    if asked in ("person", "place", "organisation", "thing") and text[a:b].split() \
+            and text[a:b].split()[-1][:1].isupper():
+        for m in _FULL_NAME.finditer(text, a):
+            if m.start() >= b:
+                break
+            if m.start() < b < m.end():
+                end = within_sentence(text, a, m.end())
+                return end - 2 if text[end - 2:end] in ("'s", "\u2019s") and end - 2 >= b else end
+    return b
 
 
 def within_sentence(text: str, a: int, b: int) -> int:

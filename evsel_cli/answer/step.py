@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import grounding
 from ..defaults import STYLES  # defined there for the CLI's options
@@ -177,7 +177,8 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
         return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
     reading = reader.reading(backbone, question, texts)
     spans = [f for f in reading.top(LORA_TOP) if not grounding.echoes(question, f.text)]
-    best = _option_span(question, reading, texts) or (_typed_span(question, asked, spans, texts) if spans else None)
+    best = _option_span(question, reading, texts) or (_completed(question, asked, _typed_span(
+        question, asked, spans, texts), texts) if spans else None)
     if best is None:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
     logp = math.log(best.probability)
@@ -190,6 +191,12 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
                         speaker=speaker, answer_type=asked, confidence=math.exp(logp))
     return Grounded(best.text, "span", None, best.passage, best.start, best.end, speaker=speaker,
                     answer_type=asked, confidence=math.exp(logp))
+
+
+def _completed(question: str, asked: str, found, texts: list[str]):
+    """`found` read to the end of the phrase it cuts short (grounding.complete_phrase)."""
+    end = grounding.complete_phrase(question, asked, texts[found.passage], found.start, found.end)
+    return found if end == found.end else replace(found, end=end, text=texts[found.passage][found.start:end])
 
 
 def _typed_span(question: str, asked: str, spans: list, texts: list[str]):
@@ -274,7 +281,7 @@ def _reader_answer(backbone, reader, question: str, evidence: list, asked: str, 
     if not candidates:
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
     weights = reader.rescore_weights(asked)
-    best = max(candidates, key=lambda c: c.score(weights))
+    best = _completed(question, asked, max(candidates, key=lambda c: c.score(weights)), texts)
     speaker = _speaker_at(found, best)
     probability = math.exp(best.reader_logp)
     # the threshold was chosen on the head's best span (a span that only repeats the question aside)

@@ -536,6 +536,10 @@ def train_reader(
                     ] = None,
     dev_every: Annotated[Optional[int], typer.Option(
         "--dev-every", parser=INT, help="--lora: steps between dev checks (full: 100).")] = None,
+    init_from: Annotated[Optional[str], typer.Option(
+        "--init-from", parser=path(file_okay=False, exists=True), metavar="DIR",
+        help="--lora: start from the LoRA reader in DIR (its deltas, head and shape), e.g. to train it on "
+             "more examples.")] = None,
     as_json: JsonOption = False,
 ):
     """The reader (the answer step of --style short): a span head on the frozen backbone's states
@@ -554,7 +558,8 @@ def train_reader(
                "batch": batch, "lr": lr, "minutes": minutes, "threads": threads, "seed": seed,
                "rescore_questions": rescore_questions, "rescore_only": rescore_only or None,
                "lora": lora or None, "resume": resume or None, "precache_only": precache_only or None,
-               "cut": cut, "deepest": deepest, "rank": rank, "dev_every": dev_every}
+               "cut": cut, "deepest": deepest, "rank": rank, "dev_every": dev_every,
+               "init_from": str(Path(init_from).absolute()) if init_from else None}
     engine = engine_from(ctx)
     summary = _with_progress(as_json, lambda on_event: engine.train_reader(
         str(Path(out).absolute()), options, command, on_event=on_event, recipe_name=recipe))
