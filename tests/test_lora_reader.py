@@ -55,6 +55,34 @@ def test_the_adapted_pass_from_the_cut_equals_the_backbones_own_pass_with_the_de
     assert torch.equal(after, plain)  # ...only while the reader reads
 
 
+def test_reading_with_the_deltas_merged_equals_the_hooked_pass_and_leaves_the_model_as_it_was(tiny_backbone):
+    import torch
+
+    from evsel.models.reader.lora import LoraReader, encode, span_mask
+
+    model = tiny_backbone.model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    reader = LoraReader.for_model(model, _config())
+    for name, value in reader.params.items():
+        if name.endswith("lora_B"):
+            value.normal_(0, 0.5)
+    seq = encode(tiny_backbone.tokenizer, tiny_backbone.bos_id(), QUESTION, PASSAGES, reader.config)
+    allowed = span_mask(seq, reader.config.max_span)
+    layers = [model.model.layers[n - 1] for n in reader.config.adapted]
+    with torch.no_grad():
+        hooked, hooked_null = reader.upper_scores(layers, model.model.rotary_emb, reader.lower_states(model, seq),
+                                                  allowed)
+    read = reader.reading(tiny_backbone, QUESTION, PASSAGES)
+    total = torch.logsumexp(torch.cat([hooked.reshape(-1), hooked_null[None]]), 0)
+    finite = torch.isfinite(hooked)
+    assert torch.allclose(read.logp_all[finite], (hooked - total)[finite], atol=1e-4)
+    assert read.null_logp == pytest.approx(float(hooked_null - total), abs=1e-4)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert reader.merged_layers(model) is reader.merged_layers(model)  # merged once per model
+    reader.trainable(True)  # deltas that may change are merged again when next read
+    assert reader._merged is None
+
+
 def test_only_the_deltas_and_the_head_learn_and_save_load_keeps_the_scores(tiny_backbone, tmp_path):
     import torch
 
