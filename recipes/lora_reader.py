@@ -390,6 +390,7 @@ def run_training(engine, out: str, recipe_name: str, options: dict, command: str
                              "start one with: evsel train reader --lora --out DIR")
         settings = json.loads(saved.read_text())
         changed = {k: v for k, v in options.items() if v is not None and k in RESUMABLE}
+        changed["precache_only"] = bool(options.get("precache_only"))  # a resumed run trains unless told again
         config = config_of(LoraTrainConfig, out, {k: v for k, v in settings.items() if k != "out"}, changed)
     else:
         if (folder / "checkpoint").exists() or (folder / "examples.json").exists():

@@ -177,6 +177,44 @@ def test_a_stopped_run_resumes_to_the_same_weights_as_one_that_was_not(tiny_back
         _run(tiny_backbone, tmp_path / "nothing", resume=True)
 
 
+def test_a_precached_run_trains_when_resumed_and_a_run_may_start_from_a_trained_reader(tiny_backbone, tmp_path):
+    from safetensors.torch import load_file
+
+    from evsel.errors import InputError
+    from evsel.recipes.lora_reader import LoraTrainConfig, _shaped_as
+
+    data = {"train": _examples(), "dev": _examples()[:1], "calibration": [], "described": {}}
+    settings = {"steps": 2, "batch": 2, "dev_every": 2, "warmup": 1, "cut": 1, "deepest": 3, "rank": 2,
+                "max_tokens": 64, "threads": None, "precache_only": True}
+    (tmp_path / "first").mkdir()
+    (tmp_path / "first" / "examples.json").write_text(json.dumps(data))
+    (tmp_path / "first" / "config.json").write_text(json.dumps({**LoraTrainConfig().__dict__, **settings,
+                                                                  "out": str(tmp_path / "first")}))
+    cached = _run(tiny_backbone, tmp_path / "first", resume=True, precache_only=True)
+    assert cached["cached"] == 4 and cached["steps"] == 0
+    trained = _run(tiny_backbone, tmp_path / "first", resume=True)  # no --precache-only: it trains
+    assert trained["steps"] == 2 and (tmp_path / "first" / "adapter.safetensors").is_file()
+
+    # --init-from: the run takes the trained reader's shape, and its deltas and head to start from
+    shaped = _shaped_as(LoraTrainConfig(out=str(tmp_path / "second")), tmp_path / "first")
+    assert (shaped.cut, shaped.deepest, shaped.rank, shaped.max_tokens) == (1, 3, 2, 64)
+    (tmp_path / "second").mkdir()
+    (tmp_path / "second" / "examples.json").write_text(json.dumps(data))
+    (tmp_path / "second" / "config.json").write_text(json.dumps({**shaped.__dict__, "steps": 0, "threads": None}))
+    assert _run(tiny_backbone, tmp_path / "second", resume=True)["steps"] == 0
+    a = load_file(str(tmp_path / "first" / "adapter.safetensors"))
+    b = load_file(str(tmp_path / "second" / "adapter.safetensors"))
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
+    with pytest.raises(InputError, match="holds no LoRA reader"):
+        _shaped_as(shaped, tmp_path / "nothing")
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
 @pytest.mark.model
 def test_the_shipped_reader_answers_the_sample(capsys):
     """The quickstart, with the real model and the reader it ships."""
