@@ -32,7 +32,8 @@ from pathlib import Path
 from .common import AdapterTrainer, check_sources, config_of, folded_dataset, ignore_event, pick_recipe
 
 LOCATE_F1 = 0.75
-LORA_ONLY = ("lora", "resume", "precache_only", "cut", "deepest", "rank", "no_answer_share", "dev_every")  # options of --lora
+LORA_ONLY = ("lora", "resume", "precache_only", "cut", "deepest", "rank", "no_answer_share", "dev_every",
+             "init_from")  # options of --lora
 
 
 @dataclass

@@ -75,8 +75,8 @@ def test_reading_with_the_deltas_merged_equals_the_hooked_pass_and_leaves_the_mo
     read = reader.reading(tiny_backbone, QUESTION, PASSAGES)
     total = torch.logsumexp(torch.cat([hooked.reshape(-1), hooked_null[None]]), 0)
     finite = torch.isfinite(hooked)
-    assert torch.allclose(read.logp_all[finite], (hooked - total)[finite], atol=1e-4)
-    assert read.null_logp == pytest.approx(float(hooked_null - total), abs=1e-4)
+    assert torch.allclose(read.logp_all[finite], (hooked - total)[finite], atol=1e-3)  # float32 rounding
+    assert read.null_logp == pytest.approx(float(hooked_null - total), abs=1e-3)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert reader.merged_layers(model) is reader.merged_layers(model)  # merged once per model
     reader.trainable(True)  # deltas that may change are merged again when next read
