@@ -392,6 +392,8 @@ class _Trial:
                 styled["answer_shown"] = held
                 if out.get("answer_type"):
                     styled["answer_type"] = out["answer_type"]
+                if out.get("confidence") is not None:  # the reader's probability of its answer
+                    styled["confidence"] = round(out["confidence"], 5)
                 styled["prompt_tokens"] = out["prompt_tokens"]
                 styled["timings"]["generate_s"] = out["generate_s"]
                 styled["scores"] = _score_answer(self.dataset, q, out["metric_text"])
