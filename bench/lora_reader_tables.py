@@ -13,8 +13,9 @@ from pathlib import Path
 def rows(path: Path):
     result = json.loads(path.read_text())
     for name, records in result["per_question"].items():
-        step = "today's reader" if name.endswith("[short]") else "rules step" if name.endswith("[rules]") \
-            else "LoRA reader"
+        style = name.split("[", 1)[-1].rstrip("]")
+        step = "shipped readers" if style == "short" else "rules step" if style == "rules" \
+            else f"{Path(style.partition('@')[2]).name} everywhere"
         n = len(records)
         score = lambda r: r.get("scores", {}).get("locomo_f1", r.get("scores", {}).get("f1", 0.0))  # noqa: E731
         f1 = sum(score(r) for r in records) / max(1, n)

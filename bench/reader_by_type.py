@@ -2,17 +2,35 @@
 (OUT/examples.json: `dev`, held-out FairytaleQA train stories; `calibration`, the held-out LoCoMo
 conversation), each question with BM25's top 5 passages: each reader's best span's token F1,
 grouped by what the question asks for (evsel.answer.grounding.answer_type). This is the split the
-reader routing (docs/ANSWERS.md) is chosen on; no evaluation set is read.
-Usage: python bench/reader_by_type.py OUT READER_DIR... > result.json"""
+reader routing (docs/ANSWERS.md) is chosen on; no evaluation set is read. With --answer-step, the
+F1 of the whole answer step's answer (`ask`'s, that reader forced for every kind) instead of the
+best span's.
+Usage: python bench/reader_by_type.py [--answer-step] OUT READER_DIR... > result.json"""
 
 import json
+import re
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 
-def main(run: str, readers: list[str]) -> None:
+def _evidence(item: dict) -> list:
+    """The example's passages as the answer step takes them (best first); a dialogue's speakers
+    from its "Name: ..." lines."""
+    from evsel.pipeline import Scored
+    from evsel.store.store import ChunkRecord
+
+    out = []
+    for rank, text in enumerate(item["passages"], 1):
+        speakers = sorted(set(re.findall(r"^\s*([A-Z][\w.' -]{0,40}?):", text, re.M))) if item.get("dialogue") else []
+        out.append(Scored(ChunkRecord(id=rank, doc_id=1, seq=rank, text=text, content_hash=str(rank),
+                                      n_tokens=len(text.split()), char_start=0, char_end=len(text),
+                                      speakers=speakers, title="example"), 1.0, rank))
+    return out
+
+
+def main(run: str, readers: list[str], answer_step: bool = False) -> None:
     import torch
 
     from evsel.answer.grounding import answer_type
@@ -26,12 +44,20 @@ def main(run: str, readers: list[str]) -> None:
     examples = json.loads((Path(run) / "examples.json").read_text())
     items = [dict(item, split=split) for split in ("dev", "calibration") for item in examples[split]
              if not item.get("unanswerable")]
-    out = {"run": run, "questions": len(items), "readers": {}}
+    out = {"run": run, "questions": len(items), "measure": "answer step F1" if answer_step else "best span F1",
+           "readers": {}}
     for folder in readers:
         reader = reader_for(backbone, folder)
         started = time.perf_counter()
         by_group = defaultdict(list)
         for item in items:
+            if answer_step:
+                from evsel.answer.step import grounded_answer
+
+                found = grounded_answer(backbone, item["question"], _evidence(item), "short", reader_dir=folder)
+                by_group[(item["split"], answer_type(item["question"]))].append(
+                    metrics.token_f1(found.text, item["answers"]) if found.text else 0.0)
+                continue
             if isinstance(reader, Reader):
                 best = reader.read(backbone, item["question"], item["passages"], 1)
             else:
@@ -43,9 +69,16 @@ def main(run: str, readers: list[str]) -> None:
             "groups": {f"{split}:{kind}": {"n": len(v), "f1": round(sum(v) / len(v), 4)}
                        for (split, kind), v in sorted(by_group.items())},
         }
+        for part in ("dev", "calibration"):
+            values = [f for (split, _), v in by_group.items() if split == part for f in v]
+            out["readers"][folder][part] = {"n": len(values), "f1": round(sum(values) / max(1, len(values)), 4)}
         print(folder, json.dumps(out["readers"][folder]), file=sys.stderr)
     print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if set(flags) - {"--answer-step"} or len(paths) < 2:
+        sys.exit(__doc__.rsplit("Usage: ", 1)[1])
+    main(paths[0], paths[1:], "--answer-step" in flags)
