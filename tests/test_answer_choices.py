@@ -195,3 +195,11 @@ def test_an_answer_is_read_to_the_end_of_the_name_it_cuts_and_a_count_takes_its_
     assert completed("How many children did Mrs. Hammond have?", "number", hammond, "eight") == "eight children"
     assert completed("How many times did she have twins?", "number", hammond, "three") == "three times"
     assert completed("How many sons did she have?", "number", hammond, "eight") == "eight"
+
+
+def test_a_time_or_a_manner_after_a_locative_is_no_place():
+    from evsel.answer import grounding
+
+    text = "I had called upon my friend one day in the autumn of last year, and went to the kitchen. In fact he was at home."
+    places = [text[a:b] for a, b in grounding.typed_spans(text, "place", grounding.name_roles([text]))]
+    assert places == ["kitchen", "home"]

@@ -420,6 +420,11 @@ _DATE = re.compile(
     rf"(?:\w+ )?(?:days?|weeks?|months?|years?) (?:ago|later|before|after)))\b", re.I)
 _LOCATIVE = re.compile(r"\b(?:in|at|to|from|into|near|inside|outside|under|behind|on|towards|across|beside|"
                        r"through)\s+(?:(?:the|a|an|his|her|their|my|our|its|your)\s+)?", re.I)
+# what follows "in", "at", "on" without being a place: a time ("in the autumn of last year"), a manner
+_NO_PLACE = frozenset(
+    "autumn winter summer fall season time times moment meantime while end beginning middle course case fact "
+    "order way manner hope fear turn spite view future past present least last once first instant hurry silence "
+    "vain earnest particular general short sum addition return answer reply".split())
 _PERSON_HEADS = frozenset(
     "man woman men women boy girl child children gentleman lady king queen prince princess knight soldier hunter "
     "farmer peasant fisherman merchant servant maid shepherd priest monk witch wizard giant dwarf fairy stranger "
@@ -562,6 +567,7 @@ def typed_spans(text: str, kind: str, roles: dict[str, str] | None = None) -> li
                 kept.append(w)
             infinitive = m.group().lower().strip() == "to" and not kept[0].group()[0].isupper() if kept else False
             if kept and not infinitive and not _LIKELY_VERB.fullmatch(kept[-1].group()) \
+                    and kept[0].group().lower() not in _NO_PLACE \
                     and not _DATE.match(text, kept[0].start()) and not _AMOUNT.match(text, kept[0].start()):
                 spans.append((kept[0].start(), kept[-1].end()))
     if kind == "number":
