@@ -203,3 +203,10 @@ def test_a_time_or_a_manner_after_a_locative_is_no_place():
     text = "I had called upon my friend one day in the autumn of last year, and went to the kitchen. In fact he was at home."
     places = [text[a:b] for a, b in grounding.typed_spans(text, "place", grounding.name_roles([text]))]
     assert places == ["kitchen", "home"]
+
+
+def test_a_time_with_a_typographic_apostrophe_is_a_time():
+    from evsel.answer import grounding
+
+    text = "It was three o\u2019clock when Matthew came with a doctor. At 4 o'clock he left."
+    assert [text[a:b] for a, b in grounding.typed_spans(text, "date")] == ["three o\u2019clock", "4 o'clock"]

@@ -414,8 +414,8 @@ _DATE = re.compile(
     rf"(?:(?:early|late|mid|the)\s+)?(?<![\d,.])\d{{3,4}}s?|\d{{1,2}}(?:st|nd|rd|th)\s+century|{_WEEKDAY_RE}|"
     rf"(?:january|february|march|april|june|july|august|september|october|november|december)|"
     rf"\d{{1,2}}:\d\d(?:\s*[ap]\.?m\.?)?|(?:half|a quarter|quarter|\w+ minutes) (?:past|to) (?:one|two|three|four|five|six|seven|"
-    rf"eight|nine|ten|eleven|twelve)|\w+ o'clock|midnight|noon|"
-    rf"dawn|dusk|\d{{1,2}}\s*(?:o'clock|[ap]\.?m\.?)|(?:yesterday|today|tomorrow|"
+    rf"eight|nine|ten|eleven|twelve)|\w+ o['\u2019]clock|midnight|noon|"
+    rf"dawn|dusk|\d{{1,2}}\s*(?:o['\u2019]clock|[ap]\.?m\.?)|(?:yesterday|today|tomorrow|"
     rf"last (?:night|week|month|year|summer|winter|spring|autumn|fall)|(?:in the )?(?:morning|evening|afternoon|night)|"
     rf"(?:\w+ )?(?:days?|weeks?|months?|years?) (?:ago|later|before|after)))\b", re.I)
 _LOCATIVE = re.compile(r"\b(?:in|at|to|from|into|near|inside|outside|under|behind|on|towards|across|beside|"
