@@ -210,3 +210,5 @@ def test_a_time_with_a_typographic_apostrophe_is_a_time():
 
     text = "It was three o\u2019clock when Matthew came with a doctor. At 4 o'clock he left."
     assert [text[a:b] for a, b in grounding.typed_spans(text, "date")] == ["three o\u2019clock", "4 o'clock"]
+    said = "I\u2019m sure Mrs. Barry came. Don\u2019t go, Anne."
+    assert [said[a:b] for a, b in grounding.typed_spans(said, "person")] == ["Barry", "Anne"]

@@ -489,7 +489,7 @@ def _starts_sentence(name: str, first: re.Match) -> bool:
     """Is a name's first word only capitalised as a sentence's first ("In", "Well", "Mr."), not an
     initial ("T. J. Eckleburg")?"""
     initial = len(first.group()) == 1 and name[first.end():first.end() + 1] == "." and first.group().isupper()
-    return first.group().lower() in _SENTENCE_STARTERS and not initial
+    return first.group().lower().replace("\u2019", "'") in _SENTENCE_STARTERS and not initial
 
 
 def name_roles(texts: list[str]) -> dict[str, str]:
