@@ -28,7 +28,7 @@ def rows(path: Path):
         sure = sorted((r for r in printed if r.get("confidence") is not None), key=lambda r: -r["confidence"])
         half = sure[: (n + 1) // 2] if len(sure) >= (n + 1) // 2 else []
         f1_answerable = sum(score(r) for r in answerable) / max(1, len(answerable))
-        yield {"set": path.stem.replace("lora-reader-", ""), "step": step, "questions": n, "f1": f1,
+        yield {"set": path.stem.replace("lora-reader-", "").replace("readers-", ""), "step": step, "questions": n, "f1": f1,
                "f1_answerable": f1_answerable, "answerable": len(answerable), "held": len(held),
                "right_held": right_held, "printed": len(printed), "precision": len(right) / max(1, len(printed)),
                "surest_half": sum(map(is_right, half)) / len(half) if half else None,
