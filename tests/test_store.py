@@ -579,3 +579,29 @@ def test_replace_file_checks_between_batches_and_a_cancel_rolls_the_file_back(mo
     assert store.replace_file(collection, "/x", "sha2", [new], on_batch=lambda s, t: calls.append((s, t))) == [doc_id]
     assert calls == [(0, 45), (10, 45), (20, 45), (30, 45), (40, 45), (45, 45), (45, 45)]
     assert len(store.chunks([doc_id])) == 45
+
+
+def test_a_files_pending_record_ends_in_the_transaction_that_stores_it():
+    """A crash between storing a file and ending its pending-ingest record left the file both stored
+    and due to be ingested again: the two now commit together, or neither does."""
+    from evsel.store.journal import PendingIngest
+    from evsel.ingest.chunker import content_hash
+
+    store = Store()
+    journal = Journal(store)
+    collection = store.collection_id("books", create=True)
+    recorded = journal.add_pending_ingests([PendingIngest(f"/{name}.md", "books", "book", 100) for name in "ab"])
+    doc = {"part": "", "kind": "book", "title": "t", "metadata": {}, "n_chars": 4,
+           "chunks": [{"seq": 0, "text": "text", "content_hash": content_hash("text"), "n_tokens": 1,
+                       "char_start": 0, "char_end": 4}]}
+    store.replace_file(collection, "/a.md", "a1", [doc],
+                       before_commit=lambda: journal.finish_pending_ingest(recorded[0].id))
+    assert [p.path for p in journal.pending_ingests()] == ["/b.md"] and store.documents_for_path(collection, "/a.md")
+
+    def crash():
+        journal.finish_pending_ingest(recorded[1].id)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store.replace_file(collection, "/b.md", "b1", [doc], before_commit=crash)
+    assert [p.path for p in journal.pending_ingests()] == ["/b.md"] and not store.documents_for_path(collection, "/b.md")

@@ -158,7 +158,12 @@ class Ingest:
             for index, path in enumerate(paths):
                 on_event({"type": "progress", "task": "files", "label": found[path].name, "done": index,
                           "total": len(paths)})
-                result = misnamed.get(path) or self.ingest_file(path, collection, kind, chunk_tokens, on_event)
+                record = open_records.get(str(path))
+                # the file and the end of its pending record commit together: a crash between them
+                # would leave a stored file to resume
+                finished = None if record is None else (lambda row=record: self.journal.finish_pending_ingest(row))
+                result = misnamed.get(path) or self.ingest_file(path, collection, kind, chunk_tokens, on_event,
+                                                                finished)
                 if result.status == "ingested" and defer:
                     deferred.extend(result.doc_ids)
                 elif result.status == "ingested":
@@ -316,7 +321,8 @@ class Ingest:
         return parsed
 
     def _store_parsed(self, path: Path, collection_id: int, sha: str, kind: str, chunk_tokens: int, config: dict,
-                      parsed: list, on_event: EventSink) -> tuple[list[int], int]:
+                      parsed: list, on_event: EventSink,
+                      before_commit: Callable[[], None] | None = None) -> tuple[list[int], int]:
         """The parsed documents chunked and stored in one transaction: their ids and chunk count."""
         # chunks are made as the store writes them, a batch at a time: a book's chunk list is
         # never held whole. One "store" stage: chunks stored, of an estimate until the last.
@@ -355,13 +361,15 @@ class Ingest:
                          "n_chars": len(doc.text), "chunks": records(doc, before)})
             before += len(doc.text)
         del parsed
-        ids = self.store.replace_file(collection_id, str(path), sha, docs, on_batch=storing)
+        ids = self.store.replace_file(collection_id, str(path), sha, docs, on_batch=storing, before_commit=before_commit)
         return ids, made["stored"]
 
     def ingest_file(
-        self, path: Path, collection: str, kind: str, chunk_tokens: int, on_event: EventSink
+        self, path: Path, collection: str, kind: str, chunk_tokens: int, on_event: EventSink,
+        before_commit: Callable[[], None] | None = None,
     ) -> FileResult:
-        """One file read, parsed, chunked and stored (all or nothing); a failure is its result."""
+        """One file read, parsed, chunked and stored (all or nothing); a failure is its result.
+        `before_commit` runs inside the file's transaction (Store.replace_file)."""
         started = time.perf_counter()
         warnings: list[str] = []
         try:
@@ -377,7 +385,8 @@ class Ingest:
                                   sum(d["n_chunks"] for d in existing), time.perf_counter() - started)
             parsed = self._parse(path, kind, data, warnings, on_event)
             del data
-            ids, n_chunks = self._store_parsed(path, collection_id, sha, kind, chunk_tokens, config, parsed, on_event)
+            ids, n_chunks = self._store_parsed(path, collection_id, sha, kind, chunk_tokens, config, parsed, on_event,
+                                               before_commit)
             return FileResult(str(path), "ingested", ids, n_chunks, time.perf_counter() - started, warnings=warnings,
                               replaced=[d["id"] for d in existing])
         except UnsafeHomeError:  # the home or the model cache, not this file: the command stops, in one line

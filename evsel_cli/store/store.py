@@ -253,7 +253,8 @@ class Store:
         )
 
     def replace_file(self, collection_id: int, path: str, sha256: str, docs: list[dict],
-                     on_batch: Callable[[int, int | None], None] | None = None) -> list[int]:
+                     on_batch: Callable[[int, int | None], None] | None = None,
+                     before_commit: Callable[[], None] | None = None) -> list[int]:
         """Store every document parsed from one file, replacing that file's previous version atomically.
 
         `docs` items: {part, kind, title, metadata, n_chars, chunks}, where `chunks` is a list of chunk
@@ -265,7 +266,8 @@ class Store:
         `on_batch(stored, total)` is called (chunks written so far, of all: None when `chunks` are not
         lists) before the write, after each batch, and between the batches of deletes and index writes,
         inside the transaction: whatever it raises (a cancel) rolls the whole file back, so the store
-        stays as it was.
+        stays as it was. `before_commit()` runs last inside the transaction: what it writes (the file's
+        pending-ingest record deleted) commits with the file or not at all.
         """
         now = time.time()
         ids = []
@@ -300,6 +302,8 @@ class Store:
             for stale in old.values():  # parts that vanished from the new version of the file
                 dropped |= self._delete_document(stale["id"])
             orphans = self._drop_orphan_states(dropped)
+            if before_commit is not None:
+                before_commit()
         self._drop_orphan_files(orphans)
         return ids
 
