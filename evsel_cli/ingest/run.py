@@ -158,12 +158,8 @@ class Ingest:
             for index, path in enumerate(paths):
                 on_event({"type": "progress", "task": "files", "label": found[path].name, "done": index,
                           "total": len(paths)})
-                record = open_records.get(str(path))
-                # the file and the end of its pending record commit together: a crash between them
-                # would leave a stored file to resume
-                finished = None if record is None else (lambda row=record: self.journal.finish_pending_ingest(row))
-                result = misnamed.get(path) or self.ingest_file(path, collection, kind, chunk_tokens, on_event,
-                                                                finished)
+                result = misnamed.get(path) or self._ingest_recorded(path, options, open_records.get(str(path)),
+                                                                     on_event)
                 if result.status == "ingested" and defer:
                     deferred.extend(result.doc_ids)
                 elif result.status == "ingested":
@@ -193,6 +189,13 @@ class Ingest:
                 if r["status"] == "ingested":
                     r.update({key: "background" for key, on in (("states", encode), ("summaries", summaries)) if on})
         return outcome
+
+    def _ingest_recorded(self, path: Path, options: IngestOptions, record: int | None,
+                         on_event: EventSink) -> FileResult:
+        """One file of `files`, its pending-ingest record (if any) ended in the transaction that
+        stores it: a crash between the two would leave a stored file to ingest again."""
+        finished = None if record is None else (lambda: self.journal.finish_pending_ingest(record))
+        return self.ingest_file(path, options.collection, options.kind, options.chunk_tokens, on_event, finished)
 
     def run_deferred(self, work: PendingEncode, on_event: EventSink = _ignore, batch: int = 64,
                      slice_s: float | None = None) -> dict:
