@@ -615,7 +615,8 @@ def complete_phrase(question: str, asked: str, text: str, a: int, b: int) -> int
     Way" of "the White Way of Delight") is read to its end, and the count of a how-many question
     takes the counted noun the question names ("eight" -> "eight children")."""
     if asked == "number":
-        asked_words = {w for w in words(_HOW_MANY.search(question).group(1))} if _HOW_MANY.search(question) else set()
+        counted = _HOW_MANY.search(question)
+        asked_words = set(words(counted.group(1))) if counted else set()
         end = b
         for m in WORD.finditer(text, b):
             if text[end:m.start()].strip() or m.group().lower() not in asked_words - STOPWORDS:
