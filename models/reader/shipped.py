@@ -46,10 +46,15 @@ def reader_for(backbone, folder: str | Path | None = None, dialogue: bool = Fals
     key = (str(path.resolve()), backbone.fingerprint)
     if key not in _LOADED:
         from evsel.models.reader.lora import LORA_READER_FORMAT, LoraReader
+        from evsel.models.reader.span_decoder import SPAN_DECODER_FORMAT, SpanDecoder
 
         fmt = read_json(path / CONFIG_FILE, "the reader's config", "evsel train reader").get("format")
-        _LOADED[key] = LoraReader.load(path, backbone.model) if fmt == LORA_READER_FORMAT \
-            else Reader.load(path, backbone.model.config.hidden_size)
+        if fmt == SPAN_DECODER_FORMAT:
+            _LOADED[key] = SpanDecoder.load(path)
+        elif fmt == LORA_READER_FORMAT:
+            _LOADED[key] = LoraReader.load(path, backbone.model)
+        else:
+            _LOADED[key] = Reader.load(path, backbone.model.config.hidden_size)
     return _LOADED[key]
 
 
