@@ -3,7 +3,8 @@ FairytaleQA train stories, BM25's top 5), each question is read twice: with its 
 with up to five passages of other questions of its story that hold none of its answer's words (near
 misses: unanswerable). The gap between the reader's no-answer and its best span orders the readings;
 for each share answered, the margin and the precision of the printed answers (right: every content
-word of the reference in the answer).
+word of the reference in the answer); and the margin the prose answer step ships (KEEP_RIGHT: the
+smallest that still prints that share of the right answers), with what it prints.
 Usage: python bench/prose_abstention.py OUT READER_DIR > result.json"""
 
 import json
@@ -11,6 +12,9 @@ import math
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+
+KEEP_RIGHT = 0.9  # the share of the dev split's right answers a prose margin must still print
 
 
 def near_misses(item: dict, story: list[dict]) -> list[str]:
@@ -60,6 +64,14 @@ def main(run: str, reader_dir: str) -> None:
         out["by_share"].append({"answered": share, "margin": round(kept[-1][0], 3), "printed": len(kept),
                                 "precision": round(sum(r[2] for r in kept) / len(kept), 3),
                                 "unanswerable_printed": sum(r[1] for r in kept)})
+    gaps = sorted(r[0] for r in rows if r[2])
+    margin = gaps[min(len(gaps) - 1, math.ceil(KEEP_RIGHT * len(gaps)) - 1)]
+    kept = [r for r in rows if r[0] <= margin]
+    out["keep_right"] = {"share_of_right": KEEP_RIGHT, "margin": round(margin, 3), "printed": len(kept),
+                         "answered": round(len(kept) / len(rows), 3),
+                         "precision": round(sum(r[2] for r in kept) / len(kept), 3),
+                         "right_printed": sum(r[2] for r in kept),
+                         "unanswerable_printed": sum(r[1] for r in kept)}
     print(json.dumps(out, indent=1))
 
 

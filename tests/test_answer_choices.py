@@ -197,6 +197,24 @@ def test_an_answer_is_read_to_the_end_of_the_name_it_cuts_and_a_count_takes_its_
     assert completed("How many sons did she have?", "number", hammond, "eight") == "eight"
 
 
+def test_a_how_much_answer_takes_its_currency_and_unit():
+    from evsel.answer import grounding
+
+    def completed(question: str, text: str, phrase: str) -> str:
+        a = text.index(phrase)
+        start, end = grounding.complete_amount(question, text, a, a + len(phrase))
+        return text[start:end]
+
+    sales = "Net sales were $14,544 million in fiscal 2023, down from $14,694 million."
+    assert completed("What were Amcor's net sales in fiscal 2023?", sales, "14,544") == "$14,544 million"
+    assert completed("How much did Anne pay the peddler?", "She paid fifty cents for the dye.", "fifty") \
+        == "fifty cents"
+    assert completed("How much did it cost?", "It cost 12 percent more than before.", "12") == "12 percent"
+    # a count is not an amount, and a whole amount stays as it is
+    assert completed("How many children did he have?", "He had 4 children.", "4") == "4"
+    assert completed("How much was the reward?", "A reward of 1000 pounds was offered.", "1000 pounds") == "1000 pounds"
+
+
 def test_a_time_or_a_manner_after_a_locative_is_no_place():
     from evsel.answer import grounding
 

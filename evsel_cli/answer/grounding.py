@@ -634,6 +634,23 @@ def complete_phrase(question: str, asked: str, text: str, a: int, b: int) -> int
     return b
 
 
+_HOW_MUCH = re.compile(r"\bhow much\b|\bwhat (?:was|is|were|are) (?:the |its |their |[\w.&-]+['\u2019]s )?(?:total )?(?:price|cost|amount|"
+                       r"value|sum|fee|salary|wage|rent|income|revenue|net sales|sales|profit|loss)\b", re.I)
+
+
+def complete_amount(question: str, text: str, a: int, b: int) -> tuple[int, int]:
+    """A how-much answer with its unit: the amount text[a:b] is part of, currency and scale
+    included ("14,544" -> "$14,544 million", "fifty" -> "fifty cents"); else (a, b)."""
+    if not _HOW_MUCH.search(question):
+        return a, b
+    for m in _AMOUNT.finditer(text, max(0, a - 4), min(len(text), b + 60)):
+        if m.start() <= a and b <= m.end() and (m.start(), m.end()) != (a, b):
+            return _trim_span(text, m.start(), m.end())
+        if m.start() > b:
+            break
+    return a, b
+
+
 def within_sentence(text: str, a: int, b: int) -> int:
     """The end of text[a:b] cut at the first sentence end inside it ("Abbey Bank.\n\nThe" -> "Abbey Bank")."""
     m = _SENTENCE_END.search(text, a, b)

@@ -170,8 +170,8 @@ def _speaker_at(found: list, span) -> str | None:
 def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, dialogue: bool) -> Grounded:
     """The LoRA reader's answer: its likeliest span that adds to the question, of the asked type
     when one nearly as likely is (_typed_span), one of the question's options when it offers some;
-    in dialogues, none when the reader's no-answer beats that span by more than its calibrated
-    margin."""
+    none when the reader's no-answer beats its best span by more than the margin calibrated for
+    the kind (chat or prose)."""
     found, ranked, texts = _passages_read(question, evidence)
     if not ranked:
         return Grounded(None, "abstained", "no passage shares a content word with the question", answer_type=asked)
@@ -183,9 +183,11 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
         return Grounded(None, "abstained", "the passages hold no words to answer with", answer_type=asked)
     logp = math.log(best.probability)
     speaker = _speaker_at(found, best)
-    # the margin is calibrated on dialogues (LoCoMo's adversarial questions); prose has no
-    # unanswerable training questions to calibrate one on, so prose answers are always printed
-    if dialogue and reading.null_logp - logp > reader.margin:
+    # each kind's margin is chosen on its own held-out readings (chats on LoCoMo's adversarial
+    # questions, prose on near-miss passages of held-out stories, bench/prose_abstention.py), there
+    # against the reader's best span, as here
+    surest = max(logp, math.log(spans[0].probability)) if spans else logp
+    if reading.null_logp - surest > reader.margin_for(dialogue):
         return Grounded(None, "abstained", f"the reader found no answer it trusts in the passages (its best, "
                         f"\"{_flat(best.text)}\", is less likely than no answer)", best.passage, best.start, best.end,
                         speaker=speaker, answer_type=asked, confidence=math.exp(logp))
@@ -194,9 +196,12 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
 
 
 def _completed(question: str, asked: str, found, texts: list[str]):
-    """`found` read to the end of the phrase it cuts short (grounding.complete_phrase)."""
-    end = grounding.complete_phrase(question, asked, texts[found.passage], found.start, found.end)
-    return found if end == found.end else replace(found, end=end, text=texts[found.passage][found.start:end])
+    """`found` read to the end of the phrase it cuts short (grounding.complete_phrase), and a
+    how-much amount with its currency and unit (grounding.complete_amount)."""
+    text = texts[found.passage]
+    start, end = found.start, grounding.complete_phrase(question, asked, text, found.start, found.end)
+    start, end = grounding.complete_amount(question, text, start, end)
+    return found if (start, end) == (found.start, found.end) else replace(found, start=start, end=end, text=text[start:end])
 
 
 def _typed_span(question: str, asked: str, spans: list, texts: list[str]):

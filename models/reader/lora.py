@@ -357,9 +357,17 @@ class LoraReader:
 
     @property
     def margin(self) -> float:
-        """Abstain when the null's log-probability beats the best span's by more than this (chosen
-        on held-out questions; +inf: never)."""
+        """Abstain in dialogues when the null's log-probability beats the best span's by more than
+        this (chosen on held-out LoCoMo questions; +inf: never)."""
         value = self.meta.get("abstention", {}).get("margin")
+        return math.inf if value is None else float(value)
+
+    def margin_for(self, dialogue: bool) -> float:
+        """The margin for a chat, or for prose (`prose_abstention`: chosen on the prose dev split's
+        answerable and near-miss readings; +inf where there is none)."""
+        if dialogue:
+            return self.margin
+        value = self.meta.get("prose_abstention", {}).get("margin")
         return math.inf if value is None else float(value)
 
 

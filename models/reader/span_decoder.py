@@ -106,8 +106,7 @@ class SpanDecoder:
         (folder / CONFIG_FILE).write_text(json.dumps({"format": SPAN_DECODER_FORMAT, **asdict(self.config), **self.meta},
                                                      indent=1) + "\n")
 
-    @property
-    def margin(self) -> float:
+    def margin_for(self, dialogue: bool) -> float:
         return math.inf  # no no-answer score: the decoder always answers
 
     def windows(self, tokenizer, question: str, passages: list[str]) -> list[Collapsed]:
@@ -139,8 +138,8 @@ class SpanDecoder:
         opening = torch.tensor([tok(ANSWER_OPENING, add_special_tokens=False)["input_ids"]])
         ids = torch.cat([backbone.chat_ids(messages), opening], 1).to(next(model.parameters()).device)
         with torch.inference_mode():
-            out = model(input_ids=ids, use_cache=True)
-        reading = DecodedReading(backbone, passages, shown, out.past_key_values, out.logits[0, -1])
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # the vocabulary only where it is read
+        reading = DecodedReading(backbone, passages, shown, out.cache, out.logits[0, -1])
         reading.decode(self.config)
         return reading
 
@@ -227,7 +226,7 @@ class DecodedReading:
                     break
                 step = torch.tensor([[b.tokens[-1] if not b.done else self.end_id] for b in beams], device=device)
                 with torch.inference_mode():
-                    logits = model(input_ids=step, past_key_values=cache, use_cache=True).logits[:, -1]
+                    logits = model(input_ids=step, cache=cache, use_cache=True).logits[:, -1]
                 logps = logits.float().log_softmax(-1)
                 for beam, logp in zip(beams, logps):
                     if not beam.done:
@@ -263,7 +262,7 @@ class DecodedReading:
         model = self.backbone.model
         device = next(model.parameters()).device
         with torch.inference_mode():
-            logits = model(input_ids=torch.tensor([tokens], device=device), past_key_values=copy.deepcopy(self.cache),
+            logits = model(input_ids=torch.tensor([tokens], device=device), cache=copy.deepcopy(self.cache),
                            use_cache=True).logits[0]
         logp = logits.float().log_softmax(-1)
         words = float(self.first_logp[tokens[0]]) + float(logp[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])].sum())
