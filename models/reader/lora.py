@@ -91,7 +91,7 @@ def encode(tokenizer, bos_id: int, question: str, passages: list[str], config: L
     encoded = [passage_tokens(tokenizer, text, 100_000) for text in passages]
     # a fair share each: a short passage leaves its room to the others
     lengths = [len(e[0]) for e in encoded]
-    share = _fair_share(lengths, max(room, 0))
+    share = fair_share(lengths, max(room, 0))
     starts, offsets, w_start, w_end = [], [], [], []
     newline = plain("\n")
     for label, (p_ids, spans, ok_start, ok_end), n in zip(labels, encoded, share):
@@ -109,7 +109,7 @@ def encode(tokenizer, bos_id: int, question: str, passages: list[str], config: L
     return Sequence(ids, starts, offsets, w_start, w_end)
 
 
-def _fair_share(lengths: list[int], room: int) -> list[int]:
+def fair_share(lengths: list[int], room: int) -> list[int]:
     """How many tokens each passage keeps: all of it when all fit, else an equal cap, raised
     while the short ones leave room."""
     if sum(lengths) <= room:

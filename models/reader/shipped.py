@@ -4,6 +4,7 @@ models/reader/lora.py; the folder's reader.json says which); and what `evsel mod
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from evsel.models.reader.span_head import CONFIG_FILE, Reader
@@ -62,13 +63,16 @@ def describe(reader: "Reader | None") -> dict | None:
     """What `evsel models info` says of a reader: what it was trained on and its held-out numbers."""
     if reader is None:
         return None
+    if not isinstance(reader, Reader) and not hasattr(reader, "params"):  # the span decoder
+        return {"kind": "span decoder", "settings": asdict(reader.config)}
     if not isinstance(reader, Reader):  # the LoRA reader
         trained = reader.meta.get("trained_on", {})
         sources = {k: len(v.get("question_ids", [])) for k, v in trained.items() if isinstance(v, dict)}
         return {"kind": "lora", "layers": f"{reader.config.cut + 1}-{reader.config.deepest}",
                 "rank": reader.config.rank, "trained_on": {"fold": trained.get("fold"), "questions": sources,
                                                            "no_answer": trained.get("no_answer_examples")},
-                "dev": reader.meta.get("dev"), "abstention_dev": reader.meta.get("abstention")}
+                "dev": reader.meta.get("dev"), "abstention_dev": reader.meta.get("abstention"),
+                "prose_abstention": reader.meta.get("prose_abstention")}
     trained = reader.meta.get("trained_on", {})
     sources = {k: len(v.get("question_ids", [])) for k, v in trained.items() if isinstance(v, dict)}
     rescore = reader.meta.get("rescore", {})

@@ -111,11 +111,11 @@ class SpanDecoder:
 
     def windows(self, tokenizer, question: str, passages: list[str]) -> list[Collapsed]:
         """Each passage cut to its fair share of the tokens, keeping its middle (as the LoRA reader)."""
-        from evsel.models.reader.lora import _fair_share, passage_tokens
+        from evsel.models.reader.lora import fair_share, passage_tokens
 
         framing = len(tokenizer(SYSTEM + question, add_special_tokens=False)["input_ids"]) + 24 + 4 * len(passages)
         encoded = [passage_tokens(tokenizer, text, 100_000) for text in passages]
-        share = _fair_share([len(e[0]) for e in encoded], max(self.config.max_tokens - framing, 0))
+        share = fair_share([len(e[0]) for e in encoded], max(self.config.max_tokens - framing, 0))
         out = []
         for text, (ids, spans, _, _), n in zip(passages, encoded, share):
             if not n:
