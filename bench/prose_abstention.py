@@ -15,6 +15,7 @@ from pathlib import Path
 
 
 KEEP_RIGHT = 0.9  # the share of the dev split's right answers a prose margin must still print
+OTHER_SHARES = (0.8, 0.95, 1.0)  # shown beside it
 
 
 def near_misses(item: dict, story: list[dict]) -> list[str]:
@@ -64,15 +65,20 @@ def main(run: str, reader_dir: str) -> None:
         out["by_share"].append({"answered": share, "margin": round(kept[-1][0], 3), "printed": len(kept),
                                 "precision": round(sum(r[2] for r in kept) / len(kept), 3),
                                 "unanswerable_printed": sum(r[1] for r in kept)})
-    gaps = sorted(r[0] for r in rows if r[2])
-    margin = gaps[min(len(gaps) - 1, math.ceil(KEEP_RIGHT * len(gaps)) - 1)]
-    kept = [r for r in rows if r[0] <= margin]
-    out["keep_right"] = {"share_of_right": KEEP_RIGHT, "margin": round(margin, 3), "printed": len(kept),
-                         "answered": round(len(kept) / len(rows), 3),
-                         "precision": round(sum(r[2] for r in kept) / len(kept), 3),
-                         "right_printed": sum(r[2] for r in kept),
-                         "unanswerable_printed": sum(r[1] for r in kept)}
+    out["keep_right"] = keeping(rows, KEEP_RIGHT)
+    out["keep_right_other_shares"] = [keeping(rows, share) for share in OTHER_SHARES]
+    out["gaps"] = [[round(gap, 4), unanswerable, right] for gap, unanswerable, right in rows]
     print(json.dumps(out, indent=1))
+
+
+def keeping(rows: list[tuple], share: float) -> dict:
+    """The smallest margin that still prints `share` of the right answers, and what it prints."""
+    gaps = sorted(r[0] for r in rows if r[2])
+    margin = gaps[min(len(gaps) - 1, math.ceil(share * len(gaps)) - 1)]
+    kept = [r for r in rows if r[0] <= margin]
+    return {"share_of_right": share, "margin": round(margin, 3), "printed": len(kept),
+            "answered": round(len(kept) / len(rows), 3), "precision": round(sum(r[2] for r in kept) / len(kept), 3),
+            "right_printed": sum(r[2] for r in kept), "unanswerable_printed": sum(r[1] for r in kept)}
 
 
 if __name__ == "__main__":

@@ -230,3 +230,48 @@ def test_a_time_with_a_typographic_apostrophe_is_a_time():
     assert [text[a:b] for a, b in grounding.typed_spans(text, "date")] == ["three o\u2019clock", "4 o'clock"]
     said = "I\u2019m sure Mrs. Barry came. Don\u2019t go, Anne."
     assert [said[a:b] for a, b in grounding.typed_spans(said, "person")] == ["Barry", "Anne"]
+
+
+class _ScriptedLoraReading:
+    """The LoRA reader's reading from a table of span texts' probabilities and a no-answer's."""
+
+    def __init__(self, texts: list[str], probabilities: dict[str, float], null: float):
+        from evsel.models.reader.span_head import Found
+
+        self.null_logp = math.log(null)
+        self.found = sorted((Found(p, t.index(s), t.index(s) + len(s), s, q) for s, q in probabilities.items()
+                             for p, t in enumerate(texts) if s in t), key=lambda f: -f.probability)
+
+    def top(self, k: int) -> list:
+        return self.found[:k]
+
+    def logp_of(self, passage: int, start: int, end: int):
+        return None
+
+
+class _ScriptedLoraReader:
+    def __init__(self, probabilities: dict[str, float], null: float, prose_margin: float, chat_margin: float):
+        self.probabilities, self.null = probabilities, null
+        self.margins = {False: prose_margin, True: chat_margin}
+
+    def margin_for(self, dialogue: bool) -> float:
+        return self.margins[dialogue]
+
+    def reading(self, backbone, question, texts):
+        return _ScriptedLoraReading(texts, self.probabilities, self.null)
+
+
+def test_prose_answers_abstain_by_the_prose_margin_and_chats_by_theirs():
+    text = "The keeper locked the tower at dusk and walked down to the harbour with his lamp."
+    question = "Where did the keeper walk with his lamp?"
+    prose = [Scored(_chunk(text), 1.0, 1)]
+    # the no-answer beats the best span by log(0.6 / 0.2) = 1.1 nats
+    unsure = _ScriptedLoraReader({"the harbour": 0.2}, null=0.6, prose_margin=0.987, chat_margin=math.inf)
+    out = step._reader_answer(None, unsure, question, prose, "place", False)
+    assert out.text is None and out.kind == "abstained" and "no answer it trusts" in out.reason
+    assert text[out.start:out.end] == "the harbour"  # the evidence it would have answered from is still shown
+    sure = _ScriptedLoraReader({"the harbour": 0.5}, null=0.3, prose_margin=0.987, chat_margin=math.inf)
+    assert step._reader_answer(None, sure, question, prose, "place", False).text == "the harbour"
+    # a chat is judged by the chat margin, not the prose one
+    chat = [Scored(_chunk("Keeper: I walked down to the harbour with my lamp.\n", ["Keeper"]), 1.0, 1)]
+    assert step._reader_answer(None, unsure, question, chat, "place", True).text == "the harbour"

@@ -108,6 +108,10 @@ def test_only_the_deltas_and_the_head_learn_and_save_load_keeps_the_scores(tiny_
     reader.save(tmp_path / "r")
     again = LoraReader.load(tmp_path / "r", model)
     assert again.margin == 1.5 and again.config.adapted == [2, 3]
+    assert again.margin_for(True) == 1.5 and again.margin_for(False) == float("inf")  # no prose margin: always answer
+    reader.meta["prose_abstention"] = {"margin": 0.5}
+    reader.save(tmp_path / "r")
+    assert LoraReader.load(tmp_path / "r", model).margin_for(False) == 0.5
     first = reader.reading(tiny_backbone, QUESTION, PASSAGES)
     second = again.reading(tiny_backbone, QUESTION, PASSAGES)
     assert torch.allclose(first.logp_all, second.logp_all) and first.null_logp == second.null_logp
