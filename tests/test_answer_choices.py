@@ -275,3 +275,23 @@ def test_prose_answers_abstain_by_the_prose_margin_and_chats_by_theirs():
     # a chat is judged by the chat margin, not the prose one
     chat = [Scored(_chunk("Keeper: I walked down to the harbour with my lamp.\n", ["Keeper"]), 1.0, 1)]
     assert step._reader_answer(None, unsure, question, chat, "place", True).text == "the harbour"
+
+
+def test_an_answer_in_a_table_row_takes_the_cell_whose_header_the_question_names():
+    from evsel.answer import grounding
+
+    table = ("($ in millions) | 2023 | 2022\nNet sales | 2023: $14,694 | 2022: $14,544\n"
+             "Operating income | Year ended June 30, 2023: 1,508 | Year ended June 30, 2022: 1,239\n")
+
+    def cell(question: str, phrase: str) -> str:
+        a = table.index(phrase)
+        start, end = grounding.table_cell(question, table, a, a + len(phrase))
+        return table[start:end]
+
+    assert cell("How much were Amcor's net sales in fiscal 2023?", "$14,544") == "$14,694"
+    assert cell("What was the operating income in 2023?", "1,239") == "1,508"
+    # the named column, no named column, or a cell outside any row stays as it is
+    assert cell("How much were net sales in fiscal 2022?", "$14,544") == "$14,544"
+    assert cell("How much were net sales?", "$14,544") == "$14,544"
+    prose = "Sales rose to $14,694 in 2023 from $14,544 in 2022."
+    assert grounding.table_cell("What were sales in 2023?", prose, 31, 38) == (31, 38)

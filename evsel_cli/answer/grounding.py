@@ -651,6 +651,31 @@ def complete_amount(question: str, text: str, a: int, b: int) -> tuple[int, int]
     return a, b
 
 
+_TABLE_CELL = re.compile(r"\|\s*([^|:\n]+?):\s*([^|\n]*?)\s*(?=\||$)", re.M)
+
+
+def table_cell(question: str, text: str, a: int, b: int) -> tuple[int, int]:
+    """An answer inside a table row's cell ("Net sales | 2023: $14,694 | 2022: $14,544", as ingest
+    writes a row with its headers) moves to the cell of the same row whose header the question
+    names when its own header is not named ("... net sales in fiscal 2023?" takes the 2023 cell,
+    not the 2022 one); else (a, b)."""
+    line_start = text.rfind("\n", 0, a) + 1
+    line_end = text.find("\n", b)
+    line_end = len(text) if line_end < 0 else line_end
+    cells = list(_TABLE_CELL.finditer(text, line_start, line_end))
+    own = next((c for c in cells if c.start(2) <= a and b <= c.end(2) and c.end(2) > c.start(2)), None)
+    if own is None:
+        return a, b
+    asked = set(words(question))
+    # what tells a header from the row's others ("2023" of "Year ended June 30, 2023")
+    shared = set.intersection(*(set(words(c.group(1))) for c in cells))
+    named = lambda cell: bool((set(words(cell.group(1))) - shared) & asked)  # noqa: E731
+    others = [c for c in cells if c is not own and c.end(2) > c.start(2) and named(c)]
+    if named(own) or len(others) != 1:
+        return a, b
+    return others[0].start(2), others[0].end(2)
+
+
 def within_sentence(text: str, a: int, b: int) -> int:
     """The end of text[a:b] cut at the first sentence end inside it ("Abbey Bank.\n\nThe" -> "Abbey Bank")."""
     m = _SENTENCE_END.search(text, a, b)

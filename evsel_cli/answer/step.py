@@ -196,10 +196,12 @@ def _lora_answer(backbone, reader, question: str, evidence: list, asked: str, di
 
 
 def _completed(question: str, asked: str, found, texts: list[str]):
-    """`found` read to the end of the phrase it cuts short (grounding.complete_phrase), and a
-    how-much amount with its currency and unit (grounding.complete_amount)."""
+    """`found` read to the end of the phrase it cuts short (grounding.complete_phrase), moved to
+    the table cell whose header the question names (grounding.table_cell), and a how-much amount
+    with its currency and unit (grounding.complete_amount)."""
     text = texts[found.passage]
     start, end = found.start, grounding.complete_phrase(question, asked, text, found.start, found.end)
+    start, end = grounding.table_cell(question, text, start, end)
     start, end = grounding.complete_amount(question, text, start, end)
     return found if (start, end) == (found.start, found.end) else replace(found, start=start, end=end, text=text[start:end])
 
