@@ -89,15 +89,10 @@ def encode(tokenizer, bos_id: int, question: str, passages: list[str], config: L
     labels = [plain(f"[{i}] ") for i in range(1, len(passages) + 1)]
     room = config.max_tokens - len(ids) - len(end) - sum(len(x) + 1 for x in labels)
     encoded = [passage_tokens(tokenizer, text, 100_000) for text in passages]
-    # a fair share each: a short passage leaves its room to the others
-    lengths = [len(e[0]) for e in encoded]
-    share = fair_share(lengths, max(room, 0))
+    windows = middle_windows([len(e[0]) for e in encoded], room)
     starts, offsets, w_start, w_end = [], [], [], []
     newline = plain("\n")
-    for label, (p_ids, spans, ok_start, ok_end), n in zip(labels, encoded, share):
-        # a passage over its share keeps its middle: a shown chunk read with the text beside it
-        # (evsel/answer/windows.py) sits in the middle of its window
-        a = (len(p_ids) - n) // 2
+    for label, (p_ids, spans, ok_start, ok_end), (a, n) in zip(labels, encoded, windows):
         ids += label
         starts.append(len(ids))
         ids += p_ids[a:a + n]
@@ -109,7 +104,14 @@ def encode(tokenizer, bos_id: int, question: str, passages: list[str], config: L
     return Sequence(ids, starts, offsets, w_start, w_end)
 
 
-def fair_share(lengths: list[int], room: int) -> list[int]:
+def middle_windows(lengths: list[int], room: int) -> list[tuple[int, int]]:
+    """(first token, tokens kept) of each passage sharing `room` tokens: a fair share each (a short
+    passage leaves its room to the others), and a passage over its share keeps its middle (a shown
+    chunk read with the text beside it, evsel/answer/windows.py, sits in the middle of its window)."""
+    return [((length - n) // 2, n) for length, n in zip(lengths, _fair_share(lengths, max(room, 0)))]
+
+
+def _fair_share(lengths: list[int], room: int) -> list[int]:
     """How many tokens each passage keeps: all of it when all fit, else an equal cap, raised
     while the short ones leave room."""
     if sum(lengths) <= room:

@@ -63,7 +63,9 @@ def describe(reader: "Reader | None") -> dict | None:
     """What `evsel models info` says of a reader: what it was trained on and its held-out numbers."""
     if reader is None:
         return None
-    if not isinstance(reader, Reader) and not hasattr(reader, "params"):  # the span decoder
+    from evsel.models.reader.span_decoder import SpanDecoder
+
+    if isinstance(reader, SpanDecoder):
         return {"kind": "span decoder", "settings": asdict(reader.config)}
     if not isinstance(reader, Reader):  # the LoRA reader
         trained = reader.meta.get("trained_on", {})

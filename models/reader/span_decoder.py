@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from evsel.errors import ModelError
@@ -29,7 +29,6 @@ SYSTEM = "Answer the question with a short phrase copied from the passages."
 # the answer is read as a quotation the assistant's turn opens: the instruct model otherwise starts
 # with a preamble ("The answer to this question would be ..."); a closing quote ends it
 ANSWER_OPENING = 'The answer is "'
-
 
 
 @dataclass
@@ -98,30 +97,21 @@ class SpanDecoder:
         config = SpanDecoderConfig(**{k: v for k, v in meta.items() if k in fields})
         return cls(config, {k: v for k, v in meta.items() if k not in fields and k != "format"})
 
-    def save(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        import json
-
-        (folder / CONFIG_FILE).write_text(json.dumps({"format": SPAN_DECODER_FORMAT, **asdict(self.config), **self.meta},
-                                                     indent=1) + "\n")
-
     def margin_for(self, dialogue: bool) -> float:
         return math.inf  # no no-answer score: the decoder always answers
 
     def windows(self, tokenizer, question: str, passages: list[str]) -> list[Collapsed]:
         """Each passage cut to its fair share of the tokens, keeping its middle (as the LoRA reader)."""
-        from evsel.models.reader.lora import fair_share, passage_tokens
+        from evsel.models.reader.lora import middle_windows, passage_tokens
 
         framing = len(tokenizer(SYSTEM + question, add_special_tokens=False)["input_ids"]) + 24 + 4 * len(passages)
         encoded = [passage_tokens(tokenizer, text, 100_000) for text in passages]
-        share = fair_share([len(e[0]) for e in encoded], max(self.config.max_tokens - framing, 0))
         out = []
-        for text, (ids, spans, _, _), n in zip(passages, encoded, share):
+        for text, (_, spans, _, _), (first, n) in zip(passages, encoded, middle_windows(
+                [len(e[0]) for e in encoded], self.config.max_tokens - framing)):
             if not n:
                 out.append(Collapsed("", 0))
                 continue
-            first = (len(ids) - n) // 2
             a, b = spans[first][0], spans[first + n - 1][1]
             out.append(Collapsed(text[a:b], a))
         return out
